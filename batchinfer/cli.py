@@ -1,0 +1,212 @@
+"""Command line: parse, call the library, print, map errors to exit codes (SPEC §2).
+
+Heavy libraries (Beam, MLflow, onnxruntime) are imported only by the commands that need them.
+Every failure prints one line — what was wrong and what to do — and exits with its code;
+``--debug`` adds the traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import traceback
+from pathlib import Path
+from typing import Sequence
+
+from . import __version__
+from .errors import BatchInferError
+
+
+def _job_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("job", help="job spec (YAML)")
+    p.add_argument("--ds", help="partition date YYYY-MM-DD, replaces {ds}")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one spec key by dotted path; value parsed as YAML (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="batchinfer", description="Audited, versioned batch inference.")
+    parser.add_argument("--version", action="version", version=f"batchinfer {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and library logs")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("run", help="score one partition")
+    _job_args(p)
+    p.add_argument("--overwrite", action="store_true", help="replace a partition committed under another triple")
+    p.add_argument("--dry-run", action="store_true", help="check everything, score nothing")
+
+    p = sub.add_parser("validate", help="check the input against the schema only")
+    _job_args(p)
+
+    p = sub.add_parser("plan", help="resolve shards, triple and contract; write nothing")
+    _job_args(p)
+
+    p = sub.add_parser("inspect", help="summarise a committed output")
+    p.add_argument("output")
+    p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+
+    p = sub.add_parser("stamp", help="write a model's declaration (version triple)")
+    p.add_argument("model", help="model file or models:/name/version")
+    p.add_argument("--job", required=True, help="the job whose schema and preprocessing to declare")
+    p.add_argument("--model-version", help="e.g. credit_risk:3 (default: the job's model.version)")
+    p.add_argument("--ds")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+
+    p = sub.add_parser("track", help="upload metrics that MLflow missed at run time")
+    p.add_argument("output")
+    p.add_argument("--tracking-uri", help="upload here instead of the job's tracking.uri")
+
+    p = sub.add_parser("demo", help="write and score the credit-risk demo under ./demo/")
+    p.add_argument("--dir", default="demo", help="where to write it (default: ./demo)")
+    p.add_argument("--rows", type=int, default=120_000)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _configure_logging(args.debug)
+    try:
+        return COMMANDS[args.command](args)
+    except BatchInferError as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"batchinfer {args.command}: {exc.message}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"batchinfer {args.command}: interrupted; nothing was committed by this run", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a failure of the system, not of the user's input
+        if args.debug:
+            traceback.print_exc()
+        text = " ".join(str(exc).split())[:300]
+        print(f"batchinfer {args.command}: unexpected {type(exc).__name__}: {text} "
+              f"(rerun with --debug for the traceback)", file=sys.stderr)
+        return 5
+
+
+def _configure_logging(debug: bool) -> None:
+    # Libraries (Beam especially) log warnings that say nothing to a user of a job; --debug shows all.
+    logging.basicConfig(level=logging.INFO if debug else logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("batchinfer").setLevel(logging.DEBUG if debug else logging.WARNING)
+
+
+def _load(args):
+    from .spec import load_job
+
+    return load_job(args.job, ds=args.ds, overrides=args.overrides)
+
+
+def cmd_run(args) -> int:
+    from .job import run_job
+
+    job = _load(args)
+    outcome = run_job(job, overwrite=args.overwrite, dry_run=args.dry_run, progress=print)
+    print(outcome.message)
+    if outcome.status == "committed":
+        _print_totals(outcome.manifest)
+        print(f"tracking: {outcome.tracking}")
+        print(f"wall time: {outcome.timings['wall_s']:.1f} s")
+    return 0
+
+
+def cmd_validate(args) -> int:
+    from .job import validate_input
+
+    job = _load(args)
+    report = validate_input(job)
+    q = job.spec.quarantine
+    print(f"{report.shards} shards, {report.rows_in} rows, {report.rows_bad} bad "
+          f"({report.bad_fraction:.2%}; max {q.max_bad_fraction:.2%}), "
+          f"{len(report.unreadable)} unreadable (max {q.max_bad_shards})")
+    for (column, check), n in sorted(report.by_reason.items(), key=lambda kv: -kv[1]):
+        print(f"  {n:>8}  {column or '(row)'}: {check}")
+    for name, reason in report.unreadable:
+        print(f"  unreadable  {name}: {reason}")
+    if report.bad_fraction > q.max_bad_fraction or len(report.unreadable) > q.max_bad_shards:
+        print("batchinfer validate: above the quarantine thresholds: `run` would exit 4", file=sys.stderr)
+        return 4
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from .job import resolve
+
+    job = _load(args)
+    resolved = resolve(job)
+    spec = job.spec
+    print(f"job:        {spec.name}  (spec sha256 {job.spec_sha256[:16]}…)")
+    print(f"partition:  {job.ds or '-'}")
+    print(f"input:      {job.display(spec.input.path)}  ({len(resolved.shards)} shards)")
+    for name in resolved.shard_names():
+        print(f"  {name}")
+    print(f"schema:     {resolved.schema.ref}  ({len(resolved.features)} features)")
+    print(f"preprocess: {spec.preprocess or 'default (FEATURES as float32)'}")
+    print(f"model:      {job.display(spec.model.uri)}  ({spec.model.backend}, device {spec.model.device})")
+    for key, value in resolved.triple.as_dict().items():
+        print(f"  {key:<16} {value}")
+    print("contract:   ok (declaration matches)")
+    print(f"output:     {job.display(spec.output.path)}")
+    print(f"runner:     {spec.runner.name}")
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    from .job import inspect_output
+
+    manifest = inspect_output(args.output)
+    if args.json:
+        print(json.dumps(manifest, indent=2))
+        return 0
+    print(f"{args.output}: job {manifest['job']}, ds {manifest['ds']}, attempt {manifest['attempt']}")
+    for key, value in manifest["triple"].items():
+        print(f"  {key:<16} {value}")
+    print(f"runner {manifest['runner']}, device {manifest['device']}, "
+          f"{manifest['started_at']} → {manifest['finished_at']}, MLflow run {manifest['mlflow_run_id']}")
+    _print_totals(manifest)
+    by_status: dict[str, int] = {}
+    for shard in manifest["shards"]:
+        by_status[shard["status"]] = by_status.get(shard["status"], 0) + 1
+    print("shards by status: " + ", ".join(f"{k} {v}" for k, v in sorted(by_status.items())))
+    for shard in manifest["shards"]:
+        if shard["status"] != "scored":
+            print(f"  {shard['status']:<12} {shard['path']}: {shard['reason'] or ''}")
+    files = [f for s in manifest["shards"] for f in s["files"]]
+    print(f"files: {len(files)} ({sum(f['rows'] for f in files)} rows)")
+    return 0
+
+
+def cmd_stamp(args) -> int:
+    from .job import stamp
+    from .spec import load_job
+
+    job = load_job(args.job, ds=args.ds, overrides=args.overrides)
+    triple, where = stamp(job, args.model, args.model_version)
+    print(f"declared {args.model} in {where}:")
+    for key, value in triple.as_dict().items():
+        print(f"  {key:<16} {value}")
+    return 0
+
+
+def cmd_track(args) -> int:
+    from .job import upload_tracking
+
+    run_id = upload_tracking(args.output, args.tracking_uri)
+    print(f"uploaded to MLflow run {run_id}")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from .demo.run import run_demo
+
+    return run_demo(Path(args.dir), rows=args.rows)
+
+
+def _print_totals(manifest: dict) -> None:
+    t = manifest["totals"]
+    print(f"rows: {t['rows_in']} in, {t['rows_scored']} scored, {t['rows_quarantined']} quarantined; "
+          f"shards: {t['shards']} ({t['shards_unreadable']} unreadable)")
+
+
+COMMANDS = {"run": cmd_run, "validate": cmd_validate, "plan": cmd_plan, "inspect": cmd_inspect,
+            "stamp": cmd_stamp, "track": cmd_track, "demo": cmd_demo}

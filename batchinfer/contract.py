@@ -1,0 +1,215 @@
+"""The version triple and the model's declaration of it (SPEC §1).
+
+Pure functions compute the parts (digests, preprocess hash); the declaration is read from a
+sidecar ``<model file>.batchinfer.json`` or, for ``models:/name/version`` URIs, from the model
+version's tags. :func:`check_contract` compares what a job would run with what the model
+declares and raises one :class:`~batchinfer.errors.ContractError` naming every part.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+from .errors import ContractError, ModelError
+
+PREPROCESS_PREFIX = "batchinfer-preprocess/1\n"
+SIDECAR_SUFFIX = ".batchinfer.json"
+TAG_PREFIX = "batchinfer."
+PARTS = ("model_version", "model_digest", "schema_version", "preprocess_hash")
+# Formats that unpickle arbitrary objects on load; refused unless the job opts in.
+PICKLE_SUFFIXES = (".pkl", ".pickle", ".pt", ".pth", ".joblib", ".ckpt", ".bin")
+
+
+@dataclass(frozen=True)
+class Triple:
+    """What a partition was scored under: model, schema and preprocessing versions."""
+
+    model_version: str
+    model_digest: str
+    schema_version: str
+    preprocess_hash: str
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+# -- preprocess hash ---------------------------------------------------------------------------
+
+def preprocess_hash(module: str, function: str, source_text: str,
+                    assets: Sequence[tuple[str, bytes]] = ()) -> str:
+    """sha256 of the preprocessing code, as SPEC §1 defines it.
+
+    ``"batchinfer-preprocess/1\\n<module>:<function>\\n"`` then the module's source with LF line
+    endings. Each asset listed in the module's ``ASSETS`` then adds, in the listed order,
+    ``"\\nasset <path as listed> <byte length>\\n"`` and its bytes, so a changed tokenizer file
+    changes the hash just as changed code does.
+    """
+    h = hashlib.sha256()
+    h.update(f"{PREPROCESS_PREFIX}{module}:{function}\n".encode())
+    h.update(source_text.replace("\r\n", "\n").encode("utf-8"))
+    for name, data in assets:
+        h.update(f"\nasset {name} {len(data)}\n".encode())
+        h.update(data)
+    return h.hexdigest()
+
+
+def default_preprocess_hash(features: Sequence[str]) -> str:
+    """The hash of "no preprocess function": FEATURES cast to float32, in order."""
+    text = f"{PREPROCESS_PREFIX}default-float32\n" + ",".join(features)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# -- model digest ------------------------------------------------------------------------------
+
+def model_files(model_path: str | Path, backend: str = "onnxruntime") -> list[Path]:
+    """The files whose bytes make up the model: the file, then ONNX external data by name.
+
+    Raises:
+        ModelError: the model file does not exist.
+        ContractError: an external-data path leaves the model's folder (safe loading).
+    """
+    path = Path(model_path)
+    if not path.is_file():
+        raise ModelError(f"model file {model_path} not found")
+    if path.suffix.lower() != ".onnx":
+        return [path]
+    return [path, *onnx_external_files(path)]
+
+
+def onnx_external_files(path: Path) -> list[Path]:
+    """External-data files an ONNX model refers to, sorted by name, all inside its folder."""
+    import onnx  # only needed for ONNX models
+
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:
+        raise ModelError(f"{path} is not a readable ONNX model: {exc}") from None
+    folder = path.parent.resolve()
+    locations: set[str] = set()
+    for tensor in _all_tensors(proto.graph):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    locations.add(entry.value)
+    files = []
+    for location in sorted(locations):
+        target = (folder / location).resolve()  # resolves symlinks and ../
+        if os.path.isabs(location) or not target.is_relative_to(folder):
+            raise ContractError(
+                f"{path}: external data {location!r} leaves the model's folder; refusing to load "
+                f"it (keep external-data files beside the model)")
+        if not target.is_file():
+            raise ModelError(f"{path}: external data file {location!r} not found")
+        files.append(folder / location)
+    return files
+
+
+def _all_tensors(graph) -> Iterable:
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from _all_tensors(attr.g)
+            for sub in attr.graphs:
+                yield from _all_tensors(sub)
+
+
+def digest_files(files: Sequence[Path]) -> str:
+    """sha256 over the files' bytes, concatenated in the given order."""
+    h = hashlib.sha256()
+    for file in files:
+        with open(file, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def model_digest(model_path: str | Path, backend: str = "onnxruntime") -> str:
+    return digest_files(model_files(model_path, backend))
+
+
+def refuse_pickle(model_path: str | Path, allow_pickle: bool = False) -> None:
+    """Safe loading: refuse pickle-based model formats unless the job explicitly allows them."""
+    if not allow_pickle and str(model_path).lower().endswith(PICKLE_SUFFIXES):
+        raise ContractError(
+            f"{model_path} is a pickle-based format, which can run arbitrary code when loaded; "
+            f"export it to ONNX or torch.export (.pt2) instead")
+
+
+# -- declarations ------------------------------------------------------------------------------
+
+def sidecar_path(model_path: str | Path) -> Path:
+    return Path(f"{model_path}{SIDECAR_SUFFIX}")
+
+
+def read_sidecar(model_path: str | Path) -> dict[str, str] | None:
+    path = sidecar_path(model_path)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except ValueError:
+        raise ContractError(f"{path} is not valid JSON: re-run batchinfer stamp") from None
+    return {k: str(data[k]) for k in PARTS if k in data}
+
+
+def write_sidecar(model_path: str | Path, triple: Triple) -> Path:
+    path = sidecar_path(model_path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(triple.as_dict(), indent=2) + "\n")
+    os.replace(tmp, path)  # a reader never sees half a declaration
+    return path
+
+
+def declaration_from_tags(tags: Mapping[str, str]) -> dict[str, str] | None:
+    found = {k: tags[TAG_PREFIX + k] for k in PARTS if TAG_PREFIX + k in tags}
+    return found or None
+
+
+def triple_tags(triple: Triple) -> dict[str, str]:
+    return {TAG_PREFIX + k: v for k, v in triple.as_dict().items()}
+
+
+# -- the check ---------------------------------------------------------------------------------
+
+def check_contract(model: str, declared: Mapping[str, str] | None, found: Triple,
+                   spec_version: str | None = None) -> None:
+    """Raise ContractError unless ``declared`` matches what the job would run.
+
+    Args:
+        model: the model's URI, for the message.
+        declared: the declaration (sidecar or tags), or None if there is none.
+        found: the triple computed from the model bytes, the job's schema and preprocessing;
+            its ``model_version`` is the declared one (the bytes cannot say their version).
+        spec_version: ``model.version`` from the job spec, if set.
+    """
+    if declared is None:
+        raise ContractError(
+            f"{model} has no declaration (expected {sidecar_path(model).name} or batchinfer.* "
+            f"model-version tags): run `batchinfer stamp {model} --job JOB.yaml`")
+    missing = [k for k in PARTS if k not in declared]
+    if missing:
+        raise ContractError(f"{model}: declaration lacks {', '.join(missing)}: re-run batchinfer stamp")
+    expected = dict(declared)
+    actual = found.as_dict()
+    if spec_version is not None:
+        actual["model_version"] = spec_version
+    bad = [k for k in PARTS if expected[k] != actual[k]]
+    if not bad:
+        return
+    parts = []
+    for k in PARTS:
+        if k in bad:
+            parts.append(f"{k} declared {expected[k]} found {actual[k]}")
+        else:
+            parts.append(f"{k} ok ({expected[k][:16]})")
+    hint = ("the model file changed since it was stamped" if "model_digest" in bad
+            else "re-stamp the model for this job, or use the schema/preprocessing it was stamped with")
+    raise ContractError(f"contract mismatch for {model}: " + "; ".join(parts) + f" ({hint})")

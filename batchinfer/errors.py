@@ -1,0 +1,78 @@
+"""One exception tree for batchinfer, mapped to the exit codes of the contract (SPEC §2).
+
+    BatchInferError                 (root; never raised itself)
+     ├── UsageError           → 2   the user's mistake in how the job is described
+     │    ├── SpecError               bad, missing or unknown job-spec key; bad --set; {ds} without --ds
+     │    ├── UnknownSchemaError      `name@N` not found (the message lists the known versions)
+     │    ├── PreprocessError         the preprocessing module or function cannot be imported
+     │    └── NoShardsError           no shard matches input.path
+     ├── ContractError        → 3   the version triple or declaration does not hold
+     ├── DataQualityError     → 4   bad rows or unreadable shards above the quarantine thresholds
+     └── RuntimeFailure       → 5   the system failed: model load/run, backend, device, storage
+          ├── ModelError
+          └── StorageError
+
+Every error carries a one-line message that says what was wrong and what to do; the CLI prints
+exactly that line. Exceptions must survive pickling (they may cross Beam workers), so each one
+keeps its constructor arguments in ``args``.
+"""
+from __future__ import annotations
+
+
+class BatchInferError(Exception):
+    """Root of every error batchinfer raises on purpose."""
+
+    exit_code = 1
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(BatchInferError):
+    exit_code = 2
+
+
+class SpecError(UsageError):
+    """The job spec (or a --set override) is invalid."""
+
+
+class UnknownSchemaError(UsageError):
+    """A `name@N` schema reference that the registry does not know."""
+
+
+class PreprocessError(UsageError):
+    """The preprocessing module or function cannot be loaded."""
+
+
+class NoShardsError(UsageError):
+    """input.path matches no shard."""
+
+
+class ContractError(BatchInferError):
+    """The version triple, the model declaration or a committed partition disagree."""
+
+    exit_code = 3
+
+
+class DataQualityError(BatchInferError):
+    """Too many bad rows or unreadable shards: nothing was committed."""
+
+    exit_code = 4
+
+
+class RuntimeFailure(BatchInferError):
+    """The system failed (not the user's input): model, backend, device or storage."""
+
+    exit_code = 5
+
+
+class ModelError(RuntimeFailure):
+    """The model cannot be loaded or cannot run at all."""
+
+
+class StorageError(RuntimeFailure):
+    """Reading or writing storage failed after retries."""

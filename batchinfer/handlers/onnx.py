@@ -1,0 +1,126 @@
+"""ONNX Runtime backend: CPU, CUDA and TensorRT execution providers.
+
+``onnxruntime`` is imported only when a model is described or loaded. Session options come
+from the job's ``model.options`` (validated here, so a typo is an error, not a silent default).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from ..errors import ModelError, SpecError
+from .base import BatchModelHandler
+
+OPTIONS = {
+    "intra_op_num_threads": int,      # 0 = ONNX Runtime's default (one per core)
+    "inter_op_num_threads": int,
+    "graph_optimization_level": str,  # disable | basic | extended | all
+    "enable_cpu_mem_arena": bool,
+    "chunk_rows": int,                # rows per session.run call (default: the whole batch)
+    "providers": list,                # explicit provider list, overrides `device`
+}
+_ORT_TYPES = {
+    "tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
+    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_, "tensor(string)": np.object_,
+}
+
+
+def check_options(options: dict[str, Any]) -> dict[str, Any]:
+    for key, value in options.items():
+        kind = OPTIONS.get(key)
+        if kind is None:
+            raise SpecError(f"unknown key 'model.options.{key}' for backend onnxruntime "
+                            f"(known: {', '.join(sorted(OPTIONS))})")
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise SpecError(f"model.options.{key}: expected {kind.__name__}, got {value!r}")
+    return options
+
+
+def providers_for(device: str, options: dict[str, Any]) -> tuple[list[str], str]:
+    """The execution providers to ask for, and the device they give ("cpu", "cuda:0")."""
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    if options.get("providers"):
+        wanted = list(options["providers"])
+        missing = [p for p in wanted if p not in available]
+        if missing:
+            raise ModelError(f"execution providers {missing} are not available here "
+                             f"(available: {available})")
+        gpu = any(p in ("CUDAExecutionProvider", "TensorrtExecutionProvider") for p in wanted)
+        return wanted, "cuda:0" if gpu else "cpu"
+    has_cuda = "CUDAExecutionProvider" in available
+    if device == "cuda" and not has_cuda:
+        raise ModelError("model.device is cuda but ONNX Runtime has no CUDA provider here: install "
+                         "onnxruntime-gpu (not beside onnxruntime) or set model.device: cpu")
+    if device in ("cuda", "auto") and has_cuda:
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"], "cuda:0"
+    return ["CPUExecutionProvider"], "cpu"
+
+
+class OnnxModelHandler(BatchModelHandler):
+    """Runs an ONNX model with ONNX Runtime.
+
+    Args:
+        model_path: a local ``.onnx`` file (external data beside it).
+        digest: the model digest that was checked; part of the per-process cache key.
+        device: ``auto`` | ``cpu`` | ``cuda``.
+        options: validated ``model.options``.
+    """
+
+    def __init__(self, model_path: str, *, digest: str, device: str = "auto",
+                 options: Optional[dict[str, Any]] = None):
+        options = check_options(dict(options or {}))
+        super().__init__(chunk_rows=options.get("chunk_rows"))
+        self.model_path = model_path
+        self.digest = digest
+        self.device = device
+        self.options = options
+
+    def model_key(self) -> Any:
+        return ("onnxruntime", self.digest, self.device, repr(sorted(self.options.items())))
+
+    def open_model(self) -> Any:
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        if "intra_op_num_threads" in self.options:
+            so.intra_op_num_threads = self.options["intra_op_num_threads"]
+        if "inter_op_num_threads" in self.options:
+            so.inter_op_num_threads = self.options["inter_op_num_threads"]
+        if "enable_cpu_mem_arena" in self.options:
+            so.enable_cpu_mem_arena = self.options["enable_cpu_mem_arena"]
+        level = self.options.get("graph_optimization_level", "all")
+        so.graph_optimization_level = {
+            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        }[level]
+        providers, _ = providers_for(self.device, self.options)
+        try:
+            return ort.InferenceSession(self.model_path, sess_options=so, providers=providers)
+        except Exception as exc:
+            raise ModelError(f"ONNX Runtime cannot load {self.model_path}: {' '.join(str(exc).split())[:300]}") from None
+
+    def device_used(self) -> str:
+        return providers_for(self.device, self.options)[1]
+
+    def input_names(self, model: Any) -> list[str]:
+        return [i.name for i in model.get_inputs()]
+
+    def output_names(self, model: Any) -> list[str]:
+        return [o.name for o in model.get_outputs()]
+
+    def predict(self, model: Any, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        feed = {}
+        for meta in model.get_inputs():
+            value = inputs[meta.name]
+            want = _ORT_TYPES.get(meta.type)
+            if want is not None and want is not np.object_ and value.dtype != want:
+                value = value.astype(want)
+            feed[meta.name] = value
+        names = self.output_names(model)
+        return dict(zip(names, model.run(names, feed)))

@@ -1,0 +1,119 @@
+"""The manifest: the one commit point of a partition (SPEC §4, §5.2).
+
+``_manifest.json`` is created exclusively and written last. On a local file system the bytes
+are written to scratch first and hard-linked into place (``link`` fails if the name exists, and
+the manifest appears whole or not at all); on object stores a conditional put
+(``pipe_file(mode="create")``) does the same. Whoever creates it has committed; everyone else
+sees it exists.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from ..errors import StorageError
+from .outputs import MANIFEST, PREDICTIONS, QUARANTINE, TMP, Layout, write_file
+from .storage import is_local, join
+
+MANIFEST_VERSION = 1
+
+
+def read_manifest(fs: Any, root: str) -> dict | None:
+    """The committed manifest under ``root``, or None if the partition is not committed."""
+    path = join(root, MANIFEST)
+    try:
+        data = fs.cat_file(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StorageError(f"cannot read {path}: {exc}") from None
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise StorageError(f"{path} is not valid JSON; the partition needs --overwrite") from None
+
+
+def manifest_bytes(manifest: dict) -> bytes:
+    return (json.dumps(manifest, indent=2) + "\n").encode()
+
+
+def commit(layout: Layout, manifest: dict, *, replace: bool = False) -> bool:
+    """Create the manifest. Return False if another run committed first (and not ``replace``)."""
+    fs, data = layout.fs, manifest_bytes(manifest)
+    final = layout.manifest
+    try:
+        if is_local(fs):
+            scratch = join(layout.root, TMP, layout.attempt, MANIFEST)
+            write_file(fs, scratch, data)
+            if replace:
+                os.replace(scratch, final)
+            else:
+                try:
+                    os.link(scratch, final)
+                except FileExistsError:
+                    return False
+        elif replace:
+            fs.pipe_file(final, data)
+        else:
+            try:
+                fs.pipe_file(final, data, mode="create")
+            except FileExistsError:
+                return False
+    except OSError as exc:
+        raise StorageError(f"cannot write {final}: {exc}") from None
+    return True
+
+
+def listed_files(manifest: dict) -> set[str]:
+    return {f["path"] for shard in manifest.get("shards", []) for f in shard.get("files", [])}
+
+
+def remove_attempt(layout: Layout, attempt: str) -> None:
+    """Delete an attempt's data files and scratch (best effort: debris is never part of a
+    partition, and the next run cleans what this one could not)."""
+    fs = layout.fs
+    for kind in (PREDICTIONS, QUARANTINE, TMP):
+        path = join(layout.root, kind, attempt)
+        try:
+            if fs.exists(path):
+                fs.rm(path, recursive=True)
+        except OSError:
+            pass
+
+
+def clean_after_commit(layout: Layout, manifest: dict) -> None:
+    """Remove every attempt but the committed one, scratch, and unlisted files of this attempt."""
+    fs, committed = layout.fs, manifest["attempt"]
+    for kind in (PREDICTIONS, QUARANTINE, TMP):
+        base = join(layout.root, kind)
+        try:
+            entries = fs.ls(base, detail=False) if fs.exists(base) else []
+        except OSError:
+            continue
+        for entry in entries:
+            name = entry.rstrip("/").rsplit("/", 1)[-1]
+            if kind == TMP or name != committed:
+                try:
+                    fs.rm(entry, recursive=True)
+                except OSError:
+                    pass
+    listed = listed_files(manifest)
+    for kind in (PREDICTIONS, QUARANTINE):
+        base = join(layout.root, kind, committed)
+        try:
+            present = fs.find(base) if fs.exists(base) else []
+        except OSError:
+            continue
+        for path in present:
+            relative = path[len(layout.root):].lstrip("/")
+            if relative not in listed:
+                try:
+                    fs.rm(path)
+                except OSError:
+                    pass
+    try:
+        if fs.exists(join(layout.root, TMP)):
+            fs.rm(join(layout.root, TMP), recursive=True)
+    except OSError:
+        pass

@@ -1,0 +1,81 @@
+"""The output layout of a partition (SPEC §4) and writing its files.
+
+    <output.path>/_manifest.json                                   the commit
+    <output.path>/predictions/<attempt>/part-SSSSS-BBBBB.parquet   shard S, batch B
+    <output.path>/quarantine/<attempt>/part-SSSSS-BBBBB.parquet
+    <output.path>/_tmp/<attempt>/shards/SSSSS.json                 per-shard results (scratch)
+
+Files are serialised in memory, hashed, then written with one put: the sha256 recorded in the
+manifest is of exactly the bytes written, and an object store sees one request per file.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import StorageError
+from .storage import join, url_to_fs
+
+MANIFEST = "_manifest.json"
+PREDICTIONS = "predictions"
+QUARANTINE = "quarantine"
+TMP = "_tmp"
+METRICS = "_metrics.json"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Paths of one attempt's files under an output root (fsspec path, no protocol)."""
+
+    fs: Any
+    root: str
+    attempt: str
+
+    @classmethod
+    def for_url(cls, url: str, attempt: str) -> "Layout":
+        fs, root = url_to_fs(url)
+        return cls(fs, root, attempt)
+
+    @property
+    def manifest(self) -> str:
+        return join(self.root, MANIFEST)
+
+    def part(self, kind: str, shard: int, batch: int) -> str:
+        """Relative path of a data file (``kind`` is predictions or quarantine)."""
+        return f"{kind}/{self.attempt}/part-{shard:05d}-{batch:05d}.parquet"
+
+    def shard_result(self, shard: int) -> str:
+        return join(self.root, TMP, self.attempt, "shards", f"{shard:05d}.json")
+
+    def abs(self, relative: str) -> str:
+        return join(self.root, relative)
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return sink.getvalue().to_pybytes()
+
+
+def write_file(fs: Any, path: str, data: bytes) -> str:
+    """Write ``data`` to ``path``; return its sha256."""
+    try:
+        parent = path.rsplit("/", 1)[0]
+        fs.makedirs(parent, exist_ok=True)
+        fs.pipe_file(path, data)
+    except OSError as exc:
+        raise StorageError(f"cannot write {path}: {exc}") from None
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_json(fs: Any, path: str, obj: Any) -> None:
+    write_file(fs, path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
+
+
+def read_json(fs: Any, path: str) -> Any:
+    return json.loads(fs.cat_file(path))

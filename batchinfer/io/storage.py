@@ -1,0 +1,32 @@
+"""fsspec helpers: one place that turns URLs into (filesystem, path) and back."""
+from __future__ import annotations
+
+import posixpath
+from typing import Any
+
+import fsspec
+
+
+def url_to_fs(url: str) -> tuple[Any, str]:
+    fs, path = fsspec.core.url_to_fs(url)
+    return fs, path.rstrip("/") or "/"
+
+
+def is_local(fs: Any) -> bool:
+    return "file" in _protocols(fs)
+
+
+def full_url(fs: Any, path: str) -> str:
+    """The URL a user would write for ``path`` on ``fs`` (local paths stay plain paths)."""
+    if is_local(fs):
+        return path
+    return fs.unstrip_protocol(path)
+
+
+def join(*parts: str) -> str:
+    return posixpath.join(*parts)
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    proto = fs.protocol
+    return (proto,) if isinstance(proto, str) else tuple(proto)

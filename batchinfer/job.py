@@ -1,0 +1,410 @@
+"""What the commands do: plan, validate, run (score and commit), stamp, inspect.
+
+The order of :func:`run_job` is the contract's (SPEC §1, §4):
+
+1. resolve everything (schema, preprocessing, shards, model) and check the triple against the
+   model's declaration — before any work;
+2. look at the partition: committed with the same triple → no-op; another triple → exit 3
+   unless ``--overwrite``;
+3. run the Beam pipeline into this attempt's folder;
+4. apply the quarantine thresholds (exit 4, nothing committed);
+5. create ``_manifest.json`` exclusively — the commit; then remove other attempts and scratch;
+6. tracking, which can fail without undoing anything.
+"""
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from .contract import Triple, check_contract, model_digest, refuse_pickle
+from .errors import ContractError, DataQualityError, RuntimeFailure, SpecError
+from .io.manifest import (MANIFEST_VERSION, clean_after_commit, commit, read_manifest,
+                          remove_attempt)
+from .io.outputs import METRICS, Layout, read_json, write_json
+from .io.shards import Shard, list_shards
+from .io.storage import url_to_fs
+from .models import ResolvedModel, declare, resolve_model
+from .preprocess import Preprocessor, load_preprocessor
+from .schemas import SchemaVersion, resolve_schema
+from .spec import Job
+
+log = logging.getLogger("batchinfer")
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def rfc3339(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def new_attempt(now: datetime) -> str:
+    return f"{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
+
+
+@dataclass
+class Resolved:
+    """A job with everything it names looked up and the triple computed."""
+
+    job: Job
+    schema: SchemaVersion
+    preprocessor: Preprocessor
+    features: tuple[str, ...]
+    model: ResolvedModel
+    triple: Triple
+    shards: list[Shard] = field(default_factory=list)
+
+    def shard_names(self) -> tuple[str, ...]:
+        return tuple(self.job.display(s.url) for s in self.shards)
+
+
+def resolve(job: Job, *, list_input: bool = True, check: bool = True) -> Resolved:
+    """Look up schema, preprocessing, model and shards; compute the triple; check the contract."""
+    spec = job.spec
+    schema = resolve_schema(spec.schemas.root, spec.schema_)
+    missing_ids = [c for c in spec.output.id_columns if c not in schema.columns]
+    if missing_ids:
+        raise SpecError(f"output.id_columns {missing_ids} are not columns of schema {schema.ref}")
+    features = schema.features_for(spec.output.id_columns)
+    preprocessor = load_preprocessor(spec.preprocess, job.folder, features)
+    refuse_pickle(spec.model.uri, bool(spec.model.options.get("allow_pickle", False)))
+    model = resolve_model(spec.model.uri, spec.model.backend, spec.tracking.uri)
+    digest = model_digest(model.path, spec.model.backend)
+    declared_version = (model.declaration or {}).get("model_version") or spec.model.version or ""
+    triple = Triple(declared_version, digest, schema.ref, preprocessor.hash)
+    if check:
+        check_contract(job.display(spec.model.uri), model.declaration, triple, spec.model.version)
+    shards = list_shards(spec.input.path) if list_input else []
+    return Resolved(job, schema, preprocessor, features, model, triple, shards)
+
+
+# -- stamp -------------------------------------------------------------------------------------
+
+def stamp(job: Job, model_uri: str | None, model_version: str | None) -> tuple[Triple, str]:
+    """Write the model's declaration for this job's schema and preprocessing."""
+    spec = job.spec
+    if model_uri is not None:
+        job = _with_model(job, model_uri)
+    resolved = resolve(job, list_input=False, check=False)
+    version = model_version or spec.model.version
+    if not version:
+        if resolved.model.registry:
+            version = ":".join(resolved.model.registry)
+        else:
+            raise SpecError("stamp needs a model version: pass --model-version NAME:V or set "
+                            "model.version in the job")
+    triple = Triple(version, resolved.triple.model_digest, resolved.triple.schema_version,
+                    resolved.triple.preprocess_hash)
+    where = declare(resolved.model, triple, job.spec.tracking.uri)
+    return triple, where
+
+
+def _with_model(job: Job, model_uri: str) -> Job:
+    from .spec import resolve_path
+    from pathlib import Path
+
+    uri = resolve_path(model_uri, Path.cwd())
+    spec = job.spec.model_copy(update={"model": job.spec.model.model_copy(update={"uri": uri})})
+    return Job(spec=spec, path=job.path, ds=job.ds, spec_sha256=job.spec_sha256, secrets=job.secrets)
+
+
+# -- run ---------------------------------------------------------------------------------------
+
+@dataclass
+class Outcome:
+    """What a run did, for the CLI to print."""
+
+    status: str                       # committed | noop | lost_race | dry_run
+    message: str
+    manifest: dict | None = None
+    output: str = ""
+    tracking: str = ""
+    timings: dict = field(default_factory=dict)
+
+
+def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
+            clock: Callable[[], datetime] = utc_now,
+            progress: Callable[[str], None] = lambda line: None) -> Outcome:
+    """Score one partition and commit it (see the module docstring for the order)."""
+    t_start = time.perf_counter()
+    started = clock()
+    spec = job.spec
+    resolved = resolve(job)
+    out_fs, out_root = url_to_fs(spec.output.path)
+    shown_output = job.display(spec.output.path)
+    existing = read_manifest(out_fs, out_root)
+    if existing is not None:
+        same = existing.get("triple") == resolved.triple.as_dict()
+        if same and not overwrite:
+            return Outcome("noop", f"{shown_output} is already committed with this triple "
+                                   f"(attempt {existing.get('attempt')}); nothing to do",
+                           existing, shown_output)
+        if not same and not overwrite:
+            raise ContractError(_triple_conflict(shown_output, existing.get("triple", {}),
+                                                 resolved.triple.as_dict()))
+    if dry_run:
+        return Outcome("dry_run", f"dry run: would score {len(resolved.shards)} shards into "
+                                  f"{shown_output}", None, shown_output)
+
+    from .tracking import TrackingRun
+
+    attempt = new_attempt(started)
+    tracking = TrackingRun(spec.tracking.uri, spec.tracking.experiment, f"{spec.name}-{job.ds or attempt}",
+                           {"batchinfer.job": spec.name, "batchinfer.attempt": attempt,
+                            "batchinfer.ds": job.ds or ""})
+    handler, device = _handler(resolved)
+    layout = Layout(out_fs, out_root, attempt)
+    progress(f"scoring {len(resolved.shards)} shards into {shown_output} (attempt {attempt}, "
+             f"{spec.runner.name} runner, {device})")
+    t_pipeline = time.perf_counter()
+    try:
+        _run_pipeline(resolved, handler, layout)
+    except Exception:
+        remove_attempt(layout, attempt)
+        raise
+    pipeline_s = time.perf_counter() - t_pipeline
+
+    shards = _collect(layout, resolved)
+    totals = _totals(shards)
+    bad_fraction = totals["rows_quarantined"] / totals["rows_in"] if totals["rows_in"] else 0.0
+    q = spec.quarantine
+    if bad_fraction > q.max_bad_fraction or totals["shards_unreadable"] > q.max_bad_shards:
+        remove_attempt(layout, attempt)
+        tracking.finish({"attempt": attempt}, _metrics(totals, pipeline_s, 0.0, shards), {}, "FAILED")
+        raise DataQualityError(
+            f"data quality: {totals['rows_quarantined']} of {totals['rows_in']} rows quarantined "
+            f"({bad_fraction:.2%}, max {q.max_bad_fraction:.2%}) and "
+            f"{totals['shards_unreadable']} unreadable shards (max {q.max_bad_shards}); nothing "
+            f"committed: run `batchinfer validate` to see why")
+
+    run_id = tracking.wait()
+    finished = clock()
+    manifest = {
+        "manifest_version": MANIFEST_VERSION, "job": spec.name, "ds": job.ds, "attempt": attempt,
+        "triple": resolved.triple.as_dict(), "job_spec_sha256": job.spec_sha256,
+        "runner": spec.runner.name, "device": device,
+        "started_at": rfc3339(started), "finished_at": rfc3339(finished),
+        "mlflow_run_id": run_id, "totals": totals,
+        "shards": [{k: v for k, v in s.items() if k != "compute_ms"} for s in shards],
+    }
+    if not commit(layout, manifest, replace=overwrite and existing is not None):
+        winner = read_manifest(out_fs, out_root) or {}
+        remove_attempt(layout, attempt)
+        tracking.finish({"attempt": attempt}, {}, {}, "KILLED")
+        if winner.get("triple") != resolved.triple.as_dict():
+            raise ContractError(_triple_conflict(shown_output, winner.get("triple", {}),
+                                                 resolved.triple.as_dict()))
+        return Outcome("lost_race", f"{shown_output} was already committed by attempt "
+                                    f"{winner.get('attempt')}; this run's files were removed",
+                       winner, shown_output)
+    if existing is not None and overwrite:
+        remove_attempt(layout, existing.get("attempt", ""))
+    clean_after_commit(layout, manifest)
+
+    wall_s = time.perf_counter() - t_start
+    metrics = _metrics(totals, pipeline_s, wall_s, shards)
+    params = {**{f"triple.{k}": v for k, v in resolved.triple.as_dict().items()},
+              "job": spec.name, "ds": job.ds or "", "attempt": attempt,
+              "job_spec_sha256": job.spec_sha256, "runner": spec.runner.name, "device": device,
+              "schema": resolved.schema.ref, "backend": spec.model.backend}
+    import json
+
+    manifest_text = json.dumps(manifest, indent=2)
+    uploaded = tracking.finish(params, metrics, {"manifest.json": manifest_text})
+    record = {"mlflow_run_id": run_id, "uploaded": uploaded, "error": tracking.error,
+              "tracking_uri": job.display(spec.tracking.uri), "experiment": spec.tracking.experiment,
+              "run_name": f"{spec.name}-{job.ds or attempt}", "params": params, "metrics": metrics,
+              "tags": {"batchinfer.job": spec.name, "batchinfer.attempt": attempt}}
+    try:
+        write_json(out_fs, layout.abs(METRICS), record)
+    except Exception as exc:  # the partition is committed; a missing metrics file is not fatal
+        log.warning("could not write %s: %s", METRICS, exc)
+    if uploaded:
+        tracking_line = f"MLflow run {run_id} in {job.display(spec.tracking.uri)}"
+    else:
+        tracking_line = (f"MLflow unavailable ({tracking.error}); metrics kept in "
+                         f"{shown_output}/{METRICS}: upload later with `batchinfer track {shown_output}`")
+    return Outcome("committed", f"committed {shown_output} (attempt {attempt})", manifest,
+                   shown_output, tracking_line, {"wall_s": wall_s, "pipeline_s": pipeline_s})
+
+
+def _handler(resolved: Resolved):
+    """Build the backend's handler and load the model once before any work (exit 5 early);
+    in-process workers reuse this load (see handlers.base.shared_model)."""
+    from .handlers import handler_class
+
+    spec = resolved.job.spec.model
+    cls = handler_class(spec.backend)
+    options = {k: v for k, v in spec.options.items() if k != "allow_pickle"}
+    handler = cls(str(resolved.model.path), digest=resolved.triple.model_digest,
+                  device=spec.device, options=options)
+    model = handler.load_model()
+    outputs = handler.output_names(model)
+    wanted = resolved.job.spec.output.predictions
+    if wanted:
+        unknown = [o for o in wanted if o not in outputs]
+        if unknown:
+            raise SpecError(f"output.predictions names {unknown}, which the model does not output "
+                            f"(its outputs: {outputs})")
+    return handler, handler.device_used()
+
+
+def _run_pipeline(resolved: Resolved, handler, layout: Layout) -> None:
+    import apache_beam as beam
+
+    from .pipeline import ScoringPlan, build
+    from .runners import pipeline_options
+
+    spec = resolved.job.spec
+    plan = ScoringPlan(
+        shard_urls=tuple(s.url for s in resolved.shards), shard_names=resolved.shard_names(),
+        output_url=spec.output.path, attempt=layout.attempt, batch_rows=spec.batch.rows,
+        schema=resolved.schema, preprocessor=resolved.preprocessor, triple=resolved.triple,
+        id_columns=tuple(spec.output.id_columns),
+        prediction_names=dict(spec.output.predictions) if spec.output.predictions else None,
+        hash_columns=resolved.schema.columns)
+    options = pipeline_options(spec.runner.name, spec.runner.options)
+    try:
+        with beam.Pipeline(options=options) as pipeline:
+            build(pipeline, plan, handler)
+    except Exception as exc:
+        raise RuntimeFailure(f"the scoring pipeline failed: {_last_line(exc)}") from exc
+
+
+def _collect(layout: Layout, resolved: Resolved) -> list[dict]:
+    shards = []
+    for shard in resolved.shards:
+        try:
+            shards.append(read_json(layout.fs, layout.shard_result(shard.index)))
+        except FileNotFoundError:
+            raise RuntimeFailure(f"shard {resolved.shard_names()[shard.index]} has no result: the "
+                                 f"pipeline ended without finishing it (or another run removed "
+                                 f"this attempt's files)") from None
+    return shards
+
+
+def _totals(shards: list[dict]) -> dict:
+    return {"shards": len(shards),
+            "rows_in": sum(s["rows_in"] or 0 for s in shards),
+            "rows_scored": sum(s["rows_scored"] for s in shards),
+            "rows_quarantined": sum(s["rows_quarantined"] for s in shards),
+            "shards_unreadable": sum(s["status"] == "unreadable" for s in shards)}
+
+
+def _metrics(totals: dict, pipeline_s: float, wall_s: float, shards: list[dict]) -> dict:
+    metrics = {k: float(v) for k, v in totals.items()}
+    metrics["pipeline_seconds"] = pipeline_s
+    metrics["compute_ms"] = float(sum(s.get("compute_ms") or 0.0 for s in shards))
+    if wall_s:
+        metrics["wall_seconds"] = wall_s
+        metrics["rows_per_second"] = totals["rows_in"] / wall_s if wall_s else 0.0
+    return metrics
+
+
+def _triple_conflict(output: str, committed: dict, wanted: dict) -> str:
+    diffs = [f"{k} committed {committed.get(k)} now {wanted[k]}" for k in wanted
+             if committed.get(k) != wanted[k]]
+    return (f"{output} is committed under another triple ({'; '.join(diffs)}): pass --overwrite "
+            f"to replace it")
+
+
+def _last_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return (lines[-1] if lines else type(exc).__name__)[:400]
+
+
+# -- validate ----------------------------------------------------------------------------------
+
+@dataclass
+class ValidationReport:
+    shards: int
+    rows_in: int
+    rows_bad: int
+    unreadable: list[tuple[str, str]]
+    by_reason: dict[tuple[str, str], int]     # (column, check) → rows whose first failure it is
+
+    @property
+    def bad_fraction(self) -> float:
+        return self.rows_bad / self.rows_in if self.rows_in else 0.0
+
+
+def validate_input(job: Job) -> ValidationReport:
+    """Check every shard against the schema only (no preprocessing, no model, no writes).
+
+    Unlike ``run``, this needs no model declaration: it answers "is this data fit?" alone.
+    """
+    from .io.shards import ShardReader, Unreadable
+    from .validation import validate_batch
+
+    spec = job.spec
+    schema = resolve_schema(spec.schemas.root, spec.schema_)
+    shards = list_shards(spec.input.path)
+    rows_in = rows_bad = 0
+    unreadable: list[tuple[str, str]] = []
+    by_reason: dict[tuple[str, str], int] = {}
+    for shard in shards:
+        name = job.display(shard.url)
+        try:
+            reader = ShardReader(shard.url)
+            first = 0
+            counts: dict[tuple[str, str], int] = {}
+            bad = 0
+            for batch in reader.batches(spec.batch.rows):
+                result = validate_batch(batch, schema.schema, source_shard=name, first_row=first)
+                first += batch.num_rows
+                q = result.quarantine
+                bad += q.num_rows
+                if q.num_rows:
+                    pairs = zip(q.column("_column").to_pylist(), q.column("_check").to_pylist())
+                    for column, check in pairs:
+                        key = (column or "", check)
+                        counts[key] = counts.get(key, 0) + 1
+        except Unreadable as exc:
+            unreadable.append((name, str(exc)))
+            continue
+        rows_in += reader.num_rows
+        rows_bad += bad
+        for key, n in counts.items():
+            by_reason[key] = by_reason.get(key, 0) + n
+    return ValidationReport(len(shards), rows_in, rows_bad, unreadable, by_reason)
+
+
+# -- inspect -----------------------------------------------------------------------------------
+
+def inspect_output(url: str) -> dict:
+    """The committed manifest of ``url`` (raises SpecError when nothing is committed there)."""
+    fs, root = url_to_fs(url)
+    manifest = read_manifest(fs, root)
+    if manifest is None:
+        raise SpecError(f"{url} holds no committed partition (no _manifest.json)")
+    return manifest
+
+
+def upload_tracking(url: str, tracking_uri: str | None = None) -> str:
+    """Upload the ``_metrics.json`` of a committed output that MLflow missed; return run id."""
+    from .tracking import upload_pending
+
+    fs, root = url_to_fs(url)
+    manifest = inspect_output(url)
+    from .io.storage import join
+
+    try:
+        record = read_json(fs, join(root, METRICS))
+    except FileNotFoundError:
+        raise SpecError(f"{url} has no {METRICS} to upload") from None
+    if record.get("uploaded"):
+        return record.get("mlflow_run_id") or ""
+    import json
+
+    record["manifest_text"] = json.dumps(manifest, indent=2)
+    uri = tracking_uri or record["tracking_uri"]
+    run_id = upload_pending(uri, record["experiment"], record)
+    record.pop("manifest_text")
+    record.update({"uploaded": True, "mlflow_run_id": run_id, "error": None})
+    write_json(fs, join(root, METRICS), record)
+    return run_id

@@ -1,0 +1,106 @@
+"""Where a model comes from: a file (with its sidecar declaration) or the MLflow registry
+(``models:/name/version``, declaration in the model version's tags)."""
+from __future__ import annotations
+
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .contract import (Triple, declaration_from_tags, read_sidecar, triple_tags, write_sidecar)
+from .errors import ModelError, StorageError
+
+_REGISTRY_URI = re.compile(r"^models:/(?P<name>[^/]+)/(?P<version>[0-9]+)$")
+MODEL_SUFFIXES = {"onnxruntime": (".onnx",), "tensorrt": (".engine", ".plan", ".trt"),
+                  "torch": (".pt2",)}
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A model file on local disk and what it declares.
+
+    Attributes:
+        uri: as the job spec gives it.
+        path: the local file to load (downloaded for registry models).
+        declaration: the declared triple parts, or None.
+        registry: ``(name, version)`` for ``models:/`` URIs.
+    """
+
+    uri: str
+    path: Path
+    declaration: dict | None
+    registry: tuple[str, str] | None = None
+
+
+def registry_ref(uri: str) -> tuple[str, str] | None:
+    match = _REGISTRY_URI.match(uri)
+    return (match["name"], match["version"]) if match else None
+
+
+def resolve_model(uri: str, backend: str, tracking_uri: str) -> ResolvedModel:
+    """Find the model file and read its declaration.
+
+    Raises:
+        ModelError: the file or registry version does not exist, or holds no model file.
+        StorageError: the registry cannot be reached.
+    """
+    ref = registry_ref(uri)
+    if ref is None:
+        if uri.startswith("models:"):
+            raise ModelError(f"model.uri {uri}: use models:/<name>/<version>")
+        path = Path(uri)
+        if not path.is_file():
+            raise ModelError(f"model file {uri} not found")
+        return ResolvedModel(uri, path, read_sidecar(path))
+    client = _client(tracking_uri)
+    name, version = ref
+    try:
+        model_version = client.get_model_version(name, version)
+    except Exception as exc:
+        raise _registry_error(exc, f"model version {uri}", tracking_uri) from None
+    try:
+        import mlflow.artifacts
+
+        folder = mlflow.artifacts.download_artifacts(
+            artifact_uri=f"models:/{name}/{version}", tracking_uri=tracking_uri,
+            dst_path=tempfile.mkdtemp(prefix="batchinfer-model-"))
+    except Exception as exc:
+        raise _registry_error(exc, f"artifacts of {uri}", tracking_uri) from None
+    path = _model_file(Path(folder), backend, uri)
+    return ResolvedModel(uri, path, declaration_from_tags(model_version.tags or {}), ref)
+
+
+def declare(model: ResolvedModel, triple: Triple, tracking_uri: str) -> str:
+    """Write the declaration (sidecar, or registry tags); return where it went."""
+    if model.registry is None:
+        return str(write_sidecar(model.path, triple))
+    client = _client(tracking_uri)
+    name, version = model.registry
+    try:
+        for key, value in triple_tags(triple).items():
+            client.set_model_version_tag(name, version, key, value)
+    except Exception as exc:
+        raise _registry_error(exc, f"tags of {model.uri}", tracking_uri) from None
+    return f"tags of {model.uri}"
+
+
+def _model_file(folder: Path, backend: str, uri: str) -> Path:
+    suffixes = MODEL_SUFFIXES.get(backend, ())
+    found = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in suffixes)
+    if len(found) != 1:
+        what = "no" if not found else f"{len(found)}"
+        raise ModelError(f"{uri} holds {what} {'/'.join(suffixes)} files; it must hold exactly one")
+    return found[0]
+
+
+def _client(tracking_uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+
+def _registry_error(exc: Exception, what: str, tracking_uri: str) -> Exception:
+    text = " ".join(str(exc).split())[:200]
+    if "RESOURCE_DOES_NOT_EXIST" in text or "not found" in text.lower():
+        return ModelError(f"{what} not found in the registry at {tracking_uri}: {text}")
+    return StorageError(f"cannot read {what} from the registry at {tracking_uri}: {text}")

@@ -1,0 +1,323 @@
+"""The Beam pipeline that scores one partition (DESIGN "Data flow").
+
+    Create(shards) → Reshuffle → ReadShard ──batches──→ Prepare → RunInference → WriteBatch ─┐
+                                   └────shard info────────────────────────────────────────────┴→
+                                      GroupByKey(shard) → FinishShard (per-shard JSON in _tmp)
+
+Elements are Arrow RecordBatches of ``batch.rows`` rows, never single rows. Nothing here raises
+for bad data: bad rows become quarantine rows and unreadable shards become shard records, so the
+outcome travels as data (exceptions crossing Beam workers lose their type). The driver
+(:mod:`batchinfer.job`) reads the per-shard records, applies the thresholds and commits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+from apache_beam.ml.inference.base import PredictionResult, RunInference
+
+from .contract import Triple
+from .handlers.base import BatchModelHandler, Prepared
+from .hashing import row_hashes
+from .io.outputs import PREDICTIONS, QUARANTINE, Layout, parquet_bytes, write_file, write_json
+from .io.shards import ShardReader, Unreadable
+from .isolation import run_isolating
+from .preprocess import Preprocessor
+from .quarantine import Failure, build_quarantine, empty_quarantine
+from .schemas import SchemaVersion
+from .validation import validate_batch
+
+SHARD_INFO = "shard_info"
+
+
+@dataclass(frozen=True)
+class ScoringPlan:
+    """Everything the pipeline's workers need; plain, picklable data.
+
+    Attributes:
+        shard_urls: shard URLs to read, by shard index.
+        shard_names: what ``_source_shard`` records for each (``${NAME}`` values put back).
+        output_url: ``output.path``.
+        attempt: this run's attempt id.
+        batch_rows: rows per RecordBatch.
+        schema: the loaded schema version (its source travels, not the module).
+        preprocessor: the preprocessing step.
+        triple: written on every prediction row.
+        id_columns: copied from input to predictions.
+        prediction_names: model output name → column name (None: every output, same name).
+    """
+
+    shard_urls: tuple[str, ...]
+    shard_names: tuple[str, ...]
+    output_url: str
+    attempt: str
+    batch_rows: int
+    schema: SchemaVersion
+    preprocessor: Preprocessor
+    triple: Triple
+    id_columns: tuple[str, ...]
+    prediction_names: dict[str, str] | None = None
+    hash_columns: tuple[str, ...] = field(default=())
+
+
+@dataclass
+class Payload:
+    """What travels beside the features to the writer."""
+
+    first_row: int
+    rows_in: int
+    valid: pa.RecordBatch          # original rows that passed validation and preprocessing
+    source_rows: np.ndarray        # int64 row of each valid row within its shard
+    input_hash: pa.Array           # per valid row
+    quarantine: list[pa.Table]     # rows already quarantined (schema, preprocess)
+
+
+def build(pipeline: beam.Pipeline, plan: ScoringPlan, handler: BatchModelHandler):
+    """Add the scoring transforms to ``pipeline``; returns the per-shard result PCollection."""
+    shards = (pipeline
+              | "Shards" >> beam.Create(list(enumerate(plan.shard_urls)))
+              | "Spread" >> beam.Reshuffle())
+    read = shards | "ReadShard" >> beam.ParDo(ReadShard(plan)).with_outputs(SHARD_INFO, main="batches")
+    written = (read.batches
+               | "Prepare" >> beam.ParDo(PrepareBatch(plan))
+               | "RunInference" >> RunInference(handler)
+               | "WriteBatch" >> beam.ParDo(WriteBatch(plan)))
+    return ((read[SHARD_INFO], written)
+            | "Merge" >> beam.Flatten()
+            | "ByShard" >> beam.GroupByKey()
+            | "FinishShard" >> beam.ParDo(FinishShard(plan)))
+
+
+class ReadShard(beam.DoFn):
+    """(shard index, url) → RecordBatches keyed by (shard, batch), plus one shard record."""
+
+    def __init__(self, plan: ScoringPlan):
+        self.plan = plan
+
+    def process(self, element) -> Iterator[Any]:
+        index, url = element
+        try:
+            reader = ShardReader(url)
+        except Unreadable as exc:
+            yield beam.pvalue.TaggedOutput(SHARD_INFO, (index, _info(None, None, str(exc))))
+            return
+        yield beam.pvalue.TaggedOutput(SHARD_INFO, (index, _info(reader.sha256, reader.num_rows, None)))
+        first_row = 0
+        try:
+            for number, batch in enumerate(reader.batches(self.plan.batch_rows)):
+                yield (index, number, first_row, batch)
+                first_row += batch.num_rows
+        except Unreadable as exc:
+            # Batches already sent on are dropped by FinishShard: the shard counts as unreadable.
+            yield beam.pvalue.TaggedOutput(SHARD_INFO, (index, _info(reader.sha256, None, str(exc))))
+
+
+def _info(sha256, rows_in, unreadable_reason) -> dict:
+    return {"kind": "info", "sha256": sha256, "rows_in": rows_in, "unreadable": unreadable_reason}
+
+
+class PrepareBatch(beam.DoFn):
+    """Validate, hash and preprocess one batch; bad rows go to the payload's quarantine."""
+
+    def __init__(self, plan: ScoringPlan):
+        self.plan = plan
+
+    def process(self, element) -> Iterator[Prepared]:
+        index, number, first_row, batch = element
+        plan = self.plan
+        name = plan.shard_names[index]
+        result = validate_batch(batch, plan.schema.schema, source_shard=name, first_row=first_row)
+        quarantine = [result.quarantine] if result.quarantine.num_rows else []
+        valid = result.valid
+        source_rows = result.valid_rows.astype(np.int64) + first_row
+        features: Any = None
+        if valid.num_rows:
+            done, failed = run_isolating(valid.num_rows,
+                                         lambda s, e: plan.preprocessor(valid.slice(s, e - s)))
+            if failed:
+                rows = np.array([r for r, _ in failed], dtype=np.int64)
+                quarantine.append(build_quarantine(
+                    name, source_rows[rows],
+                    [[Failure(None, "preprocess", f"preprocessing failed: {msg}")] for _, msg in failed],
+                    valid.take(pa.array(rows))))
+                keep = _rows_of(done)
+                valid = valid.take(pa.array(keep))
+                source_rows = source_rows[keep]
+            features = _concat_features([r for _, _, r in done]) if done else None
+        input_hash = (row_hashes(valid, plan.hash_columns) if valid.num_rows
+                      else pa.array([], pa.string()))
+        yield Prepared(key=(index, number), rows=valid.num_rows, features=features,
+                       payload=Payload(first_row, batch.num_rows, valid, source_rows, input_hash,
+                                       quarantine))
+
+
+class WriteBatch(beam.DoFn):
+    """Model results → prediction and quarantine files of this attempt; one batch record out."""
+
+    def __init__(self, plan: ScoringPlan):
+        self.plan = plan
+
+    def setup(self):
+        self.layout = Layout.for_url(self.plan.output_url, self.plan.attempt)
+
+    def process(self, result: PredictionResult) -> Iterator[Any]:
+        plan, layout = self.plan, self.layout
+        item: Prepared = result.example
+        inference = result.inference
+        payload: Payload = item.payload
+        index, number = item.key
+        name = plan.shard_names[index]
+        quarantine = list(payload.quarantine)
+
+        ok = inference.ok_rows
+        outputs = inference.outputs
+        failed = list(inference.failed)
+        if ok.size:
+            finite = _finite_rows(outputs, ok.size)
+            if not finite.all():
+                bad_outputs = {k for k, v in outputs.items() if not _finite_rows({k: v}, ok.size).all()}
+                failed.extend((int(r), f"non-finite model output in {', '.join(sorted(bad_outputs))}")
+                              for r in ok[~finite])
+                outputs = {k: v[finite] for k, v in outputs.items()}
+                ok = ok[finite]
+        if failed:
+            failed.sort()
+            rows = np.array([r for r, _ in failed], dtype=np.int64)
+            quarantine.append(build_quarantine(
+                name, payload.source_rows[rows],
+                [[Failure(None, "model", msg)] for _, msg in failed],
+                payload.valid.take(pa.array(rows))))
+
+        files = []
+        inference_id = f"{plan.attempt}-{index:05d}-{number:05d}"
+        if ok.size:
+            table = self._predictions(payload, ok, outputs, name, inference_id, inference.compute_ms)
+            files.append(self._write(PREDICTIONS, index, number, table))
+        quarantined = 0
+        first_reason = None
+        if quarantine:
+            table = pa.concat_tables(quarantine).sort_by("_source_row")
+            quarantined = table.num_rows
+            first_reason = table.column("_reason")[0].as_py()
+            files.append(self._write(QUARANTINE, index, number, table))
+        yield (index, {"kind": "batch", "batch": number, "rows_in": payload.rows_in,
+                       "rows_scored": int(ok.size), "rows_quarantined": quarantined,
+                       "files": files, "first_reason": first_reason,
+                       "compute_ms": inference.compute_ms})
+
+    def _write(self, kind: str, index: int, number: int, table: pa.Table) -> dict:
+        relative = self.layout.part(kind, index, number)
+        digest = write_file(self.layout.fs, self.layout.abs(relative), parquet_bytes(table))
+        return {"path": relative, "rows": table.num_rows, "sha256": digest}
+
+    def _predictions(self, payload: Payload, ok: np.ndarray, outputs: dict[str, np.ndarray],
+                     shard_name: str, inference_id: str, compute_ms: float) -> pa.Table:
+        plan = self.plan
+        n = int(ok.size)
+        take = pa.array(ok)
+        columns: dict[str, pa.Array] = {}
+        for column in plan.id_columns:
+            columns[column] = payload.valid.column(column).take(take)
+        mapping = plan.prediction_names or {k: k for k in outputs}
+        for output, column in mapping.items():
+            columns[column] = prediction_array(outputs[output])
+        columns["_source_shard"] = pa.repeat(shard_name, n).cast(pa.string())
+        columns["_source_row"] = pa.array(payload.source_rows[ok], pa.int64())
+        columns["_input_hash"] = payload.input_hash.take(take)
+        for part, value in plan.triple.as_dict().items():
+            columns[f"_{part}"] = _constant_dictionary(value, n)
+        columns["_inference_id"] = pa.repeat(inference_id, n).cast(pa.string())
+        columns["_compute_ms"] = pa.repeat(float(compute_ms), n).cast(pa.float64())
+        return pa.table(columns)
+
+
+class FinishShard(beam.DoFn):
+    """Fold a shard's record and its batches' records into one shard entry of the manifest."""
+
+    def __init__(self, plan: ScoringPlan):
+        self.plan = plan
+
+    def setup(self):
+        self.layout = Layout.for_url(self.plan.output_url, self.plan.attempt)
+
+    def process(self, element) -> Iterator[int]:
+        index, records = element
+        entry = fold_shard(self.plan.shard_names[index], list(records))
+        write_json(self.layout.fs, self.layout.shard_result(index), entry)
+        yield index
+
+
+def fold_shard(name: str, records: Sequence[dict]) -> dict:
+    """One manifest shard entry from a shard's info record(s) and batch records (pure).
+
+    Raises:
+        RuntimeError: the batches do not account for every row (a bug, never bad data).
+    """
+    infos = [r for r in records if r["kind"] == "info"]
+    batches = sorted((r for r in records if r["kind"] == "batch"), key=lambda r: r["batch"])
+    sha256 = next((i["sha256"] for i in infos if i["sha256"]), None)
+    unreadable = next((i["unreadable"] for i in infos if i["unreadable"]), None)
+    if unreadable:
+        return {"path": name, "sha256": sha256, "rows_in": None, "rows_scored": 0,
+                "rows_quarantined": 0, "status": "unreadable", "reason": unreadable, "files": []}
+    rows_in = next(i["rows_in"] for i in infos)
+    scored = sum(b["rows_scored"] for b in batches)
+    quarantined = sum(b["rows_quarantined"] for b in batches)
+    seen = sum(b["rows_in"] for b in batches)
+    if seen != rows_in or scored + quarantined != rows_in:
+        raise RuntimeError(f"accounting failed for shard {name}: {rows_in} rows in the footer, "
+                           f"{seen} read, {scored} scored + {quarantined} quarantined")
+    if rows_in == 0:
+        status, reason = "empty", None
+    elif scored == 0:
+        status = "quarantined"
+        reason = next((b["first_reason"] for b in batches if b["first_reason"]), None)
+    else:
+        status, reason = "scored", None
+    files = [f for b in batches for f in b["files"]]
+    return {"path": name, "sha256": sha256, "rows_in": rows_in, "rows_scored": scored,
+            "rows_quarantined": quarantined, "status": status, "reason": reason, "files": files,
+            "compute_ms": sum(b["compute_ms"] for b in batches)}
+
+
+def prediction_array(values: np.ndarray) -> pa.Array:
+    """A model output as an Arrow column: [N] or [N, 1] → scalars, [N, K, ...] → fixed-size lists."""
+    values = np.asarray(values)
+    if values.ndim == 2 and values.shape[1] == 1:
+        values = values[:, 0]
+    if values.ndim <= 1:
+        return pa.array(np.ascontiguousarray(values))
+    flat = pa.array(np.ascontiguousarray(values).reshape(-1))
+    for size in reversed(values.shape[1:]):
+        flat = pa.FixedSizeListArray.from_arrays(flat, size)
+    return flat
+
+
+def _finite_rows(outputs: dict[str, np.ndarray], n: int) -> np.ndarray:
+    ok = np.ones(n, dtype=bool)
+    for value in outputs.values():
+        value = np.asarray(value)
+        if value.dtype.kind in "fc":
+            ok &= np.isfinite(value.reshape(n, -1)).all(axis=1)
+    return ok
+
+
+def _constant_dictionary(value: str, n: int) -> pa.Array:
+    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([value]))
+
+
+def _rows_of(done) -> np.ndarray:
+    if not done:
+        return np.zeros(0, np.int64)
+    return np.concatenate([np.arange(s, e, dtype=np.int64) for s, e, _ in done])
+
+
+def _concat_features(parts: list[Any]) -> Any:
+    if len(parts) == 1:
+        return parts[0]
+    if isinstance(parts[0], dict):
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    return np.concatenate(parts)

@@ -1,0 +1,97 @@
+"""Preprocessing: the user's ``transform(batch) -> ndarray | Mapping[str, ndarray]``, or the
+default (FEATURES stacked as float32).
+
+The function is loaded from the module's exact source (see :mod:`batchinfer.sources`) so that
+what runs is what ``preprocess_hash`` covers. A module may list files it reads in ``ASSETS``
+(paths relative to the module's folder); their bytes are part of the hash.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from .contract import default_preprocess_hash, preprocess_hash
+from .errors import PreprocessError
+from .sources import ModuleSource, find_module_file
+
+Features = "np.ndarray | Mapping[str, np.ndarray]"
+
+
+@dataclass(frozen=True)
+class Preprocessor:
+    """A picklable preprocessing step and its hash.
+
+    Attributes:
+        ref: ``module:function``, or None for the default.
+        hash: the triple's ``preprocess_hash``.
+        features: the FEATURES the default stacks (unused by a user function).
+        source: the user module's source, None for the default.
+    """
+
+    ref: str | None
+    hash: str
+    features: tuple[str, ...]
+    source: ModuleSource | None = None
+
+    def __call__(self, batch: pa.RecordBatch) -> Any:
+        if self.source is None:
+            return stack_float32(batch, self.features)
+        function = getattr(self.source.load(), self.ref.split(":")[1])
+        return function(batch)
+
+
+def load_preprocessor(ref: str | None, job_folder: Path, features: Sequence[str]) -> Preprocessor:
+    """Resolve the job's ``preprocess`` setting.
+
+    The job file's folder is put first on ``sys.path`` (SPEC §3), then the module is found as
+    ``import`` would find it, read, hashed (with its ASSETS) and executed once to check it.
+
+    Raises:
+        PreprocessError: the module cannot be found or imported, or lacks the function.
+    """
+    features = tuple(features)
+    if ref is None:
+        return Preprocessor(ref=None, hash=default_preprocess_hash(features), features=features)
+    module_name, function_name = ref.split(":")
+    search = (str(job_folder),)
+    path = find_module_file(module_name, search)
+    if path is None:
+        raise PreprocessError(
+            f"preprocess {ref}: module {module_name!r} not found (looked in {job_folder} and "
+            f"sys.path; it must be a .py file)")
+    source = ModuleSource.read(module_name, path, search)
+    try:
+        module = source.load()
+    except Exception as exc:
+        raise PreprocessError(f"preprocess {ref}: {path} failed to import: "
+                              f"{type(exc).__name__}: {exc}") from None
+    if not callable(getattr(module, function_name, None)):
+        raise PreprocessError(f"preprocess {ref}: {path} defines no function {function_name!r}")
+    assets = []
+    for name in getattr(module, "ASSETS", ()) or ():
+        asset = path.parent / name
+        try:
+            assets.append((str(name), asset.read_bytes()))
+        except OSError as exc:
+            raise PreprocessError(f"preprocess {ref}: asset {name!r} unreadable: {exc}") from None
+    digest = preprocess_hash(module_name, function_name, source.text, assets)
+    return Preprocessor(ref=ref, hash=digest, features=features, source=source)
+
+
+def stack_float32(batch: pa.RecordBatch, features: Sequence[str]) -> np.ndarray:
+    """The default preprocessing: FEATURES as a C-contiguous float32 [rows, features] matrix.
+
+    Nulls become NaN (a schema that allows nulls in a feature should say how to fill them in a
+    preprocess function instead).
+    """
+    out = np.empty((batch.num_rows, len(features)), dtype=np.float32)
+    for i, name in enumerate(features):
+        column = batch.column(name)
+        if column.null_count:
+            column = column.cast(pa.float64()).fill_null(np.nan)
+        out[:, i] = column.to_numpy(zero_copy_only=False)
+    return out

@@ -1,0 +1,38 @@
+"""Beam pipeline options for the runners a job spec can name (SPEC §3 ``runner``).
+
+The job itself never changes between runners; only these options do. ``runner.options`` are
+passed to Beam as ``--key=value`` flags (``true`` → ``--key``), so anything Beam's runner
+accepts can be set from the spec or with ``--set runner.options.key=value``.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+RUNNERS = {
+    "direct": "DirectRunner",
+    "portable": "PortableRunner",
+    "flink": "FlinkRunner",
+    "dataflow": "DataflowRunner",
+}
+
+
+def beam_args(name: str, options: Mapping[str, Any]) -> list[str]:
+    """Command-line style Beam arguments for ``runner: {name, options}``."""
+    args = [f"--runner={RUNNERS[name]}"]
+    for key, value in options.items():
+        flag = "--" + str(key).lstrip("-")
+        if value is True:
+            args.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, (list, tuple)):
+            args.extend(f"{flag}={item}" for item in value)
+        else:
+            args.append(f"{flag}={value}")
+    return args
+
+
+def pipeline_options(name: str, options: Mapping[str, Any]):
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    return PipelineOptions(beam_args(name, options))

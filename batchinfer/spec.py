@@ -1,0 +1,271 @@
+"""The job spec: YAML → --set overrides → typed model → templating → a resolved Job.
+
+Order matters and is part of the contract (SPEC §3):
+
+1. the YAML file is parsed into plain data;
+2. ``--set a.b=value`` overrides are applied to that data (values parsed as YAML);
+3. ``job_spec_sha256`` is taken over the result (canonical JSON), before any templating, so it
+   names the job, not the partition, and never covers an environment value;
+4. the data is validated (unknown, missing and bad keys are errors that name the key);
+5. ``{ds}`` and ``${NAME}`` are substituted and relative paths resolved against the job file's
+   folder. Values that came from ``${NAME}`` are remembered so that every string batchinfer
+   prints, logs or writes can be shown with ``${NAME}`` in their place (:meth:`Job.display`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import SpecError
+
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# Secrets shorter than this are not redacted by substring: a one-letter value would mangle
+# every path that happens to contain that letter.
+_MIN_REDACT_LEN = 4
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class InputSpec(_Strict):
+    path: str = Field(min_length=1)
+
+
+class SchemasSpec(_Strict):
+    root: str = "schemas"
+
+
+class ModelSpec(_Strict):
+    uri: str = Field(min_length=1)
+    backend: Literal["onnxruntime", "tensorrt", "torch"] = "onnxruntime"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    version: str | None = None
+    # Backend-specific settings (e.g. ONNX Runtime threads); each backend validates its own.
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class OutputSpec(_Strict):
+    path: str = Field(min_length=1)
+    id_columns: list[str] = Field(default_factory=list)
+    predictions: dict[str, str] | None = None
+
+
+class QuarantineSpec(_Strict):
+    max_bad_fraction: float = Field(default=0.01, ge=0.0, le=1.0)
+    max_bad_shards: int = Field(default=0, ge=0)
+
+
+class BatchSpec(_Strict):
+    rows: int = Field(default=65536, gt=0, le=16_777_216)
+
+
+class TrackingSpec(_Strict):
+    uri: str = "sqlite:///mlflow.db"
+    experiment: str | None = None  # default: the job's name
+
+
+class RunnerSpec(_Strict):
+    name: Literal["direct", "portable", "flink", "dataflow"] = "direct"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class JobSpec(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=200)
+    input: InputSpec
+    schema_: str = Field(alias="schema", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*@[0-9]+$")
+    schemas: SchemasSpec = Field(default_factory=SchemasSpec)
+    preprocess: str | None = Field(
+        default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")
+    model: ModelSpec
+    output: OutputSpec
+    quarantine: QuarantineSpec = Field(default_factory=QuarantineSpec)
+    batch: BatchSpec = Field(default_factory=BatchSpec)
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    runner: RunnerSpec = Field(default_factory=RunnerSpec)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A validated, templated job spec with every path resolved.
+
+    Attributes:
+        spec: the typed spec, after templating and path resolution.
+        path: the job file.
+        ds: the partition date, or None.
+        spec_sha256: sha256 of the spec after --set, before templating.
+        secrets: environment values substituted for ``${NAME}``, by name.
+    """
+
+    spec: JobSpec
+    path: Path
+    ds: str | None
+    spec_sha256: str
+    secrets: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def folder(self) -> Path:
+        return self.path.parent
+
+    def display(self, text: str) -> str:
+        """Return ``text`` with every ``${NAME}`` value put back as ``${NAME}``."""
+        for name, value in sorted(self.secrets.items(), key=lambda kv: -len(kv[1])):
+            if len(value) >= _MIN_REDACT_LEN:
+                text = text.replace(value, "${%s}" % name)
+        return text
+
+
+def load_job(path: str | os.PathLike, *, ds: str | None = None,
+             overrides: Sequence[str] = (), environ: Mapping[str, str] | None = None) -> Job:
+    """Load, override, validate, template and resolve a job file.
+
+    Args:
+        path: the job YAML file.
+        ds: the partition date (YYYY-MM-DD) for ``{ds}``.
+        overrides: ``key.path=value`` strings; values are parsed as YAML.
+        environ: the environment for ``${NAME}`` (default: ``os.environ``).
+
+    Raises:
+        SpecError: anything wrong with the file, an override, ``ds`` or the environment.
+    """
+    job_path = Path(path).resolve()
+    try:
+        text = job_path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"cannot read job file {path}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where else ""
+        raise SpecError(f"{job_path.name}: not valid YAML{at}: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{job_path.name}: a job spec must be a YAML mapping of keys")
+    for item in overrides:
+        apply_override(data, item)
+    spec_sha256 = hashlib.sha256(canonical_json(data).encode()).hexdigest()
+    parse_spec(data, source=job_path.name)  # validate before templating: errors name keys, not values
+    if ds is not None and not _DATE.match(ds):
+        raise SpecError(f"--ds {ds!r} is not a date: use YYYY-MM-DD")
+    env = os.environ if environ is None else environ
+    secrets: dict[str, str] = {}
+    templated = _template(data, ds=ds, env=env, secrets=secrets, where="")
+    spec = parse_spec(templated, source=job_path.name)
+    spec = _resolve_paths(spec, job_path.parent)
+    return Job(spec=spec, path=job_path, ds=ds, spec_sha256=spec_sha256, secrets=secrets)
+
+
+def parse_spec(data: Any, *, source: str = "job spec") -> JobSpec:
+    """Validate plain data as a :class:`JobSpec`; raise one-line :class:`SpecError` otherwise."""
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(f"{source}: {_describe(exc)}") from None
+
+
+def apply_override(data: dict, item: str) -> None:
+    """Apply one ``a.b.c=value`` override to ``data`` in place (value parsed as YAML)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise SpecError(f"--set {item!r}: use --set key.path=value, e.g. --set batch.rows=8192")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        raise SpecError(f"--set {key}: value {raw!r} is not valid YAML") from None
+    node = data
+    parts = key.split(".")
+    for depth, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise SpecError(f"--set {key}: {'.'.join(parts[:depth + 1])} is not a mapping")
+        node = child
+    node[parts[-1]] = value
+
+
+def canonical_json(data: Any) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def _template(value: Any, *, ds: str | None, env: Mapping[str, str], secrets: dict, where: str) -> Any:
+    if isinstance(value, dict):
+        return {k: _template(v, ds=ds, env=env, secrets=secrets, where=f"{where}{k}.")
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [_template(v, ds=ds, env=env, secrets=secrets, where=where) for v in value]
+    if not isinstance(value, str):
+        return value
+    key = where.rstrip(".") or "value"
+    if "{ds}" in value:
+        if ds is None:
+            raise SpecError(f"{key} uses {{ds}}: pass --ds YYYY-MM-DD")
+        value = value.replace("{ds}", ds)
+
+    def substitute(match: re.Match) -> str:
+        name = match.group(1)
+        if name not in env:
+            raise SpecError(f"{key} uses ${{{name}}}, which is not set in the environment")
+        secrets[name] = env[name]
+        return env[name]
+
+    return _ENV.sub(substitute, value)
+
+
+def has_scheme(uri: str) -> bool:
+    """True for ``s3://…``, ``models:/…``, ``sqlite:///…``; False for plain paths."""
+    return bool(re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", uri)) and not re.match(r"^[A-Za-z]:[\\/]", uri)
+
+
+def resolve_path(value: str, folder: Path) -> str:
+    """Resolve a plain relative path against ``folder``; leave URLs and absolute paths alone."""
+    if has_scheme(value) or os.path.isabs(value):
+        return value
+    return str((folder / value).resolve())
+
+
+def _resolve_tracking_uri(uri: str, folder: Path) -> str:
+    # sqlite:///rel.db is relative to the working directory in SQLAlchemy; we make it relative
+    # to the job file like every other path, so the store does not depend on where you stand.
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return "sqlite:///" + str((folder / uri[len("sqlite:///"):]).resolve())
+    if not has_scheme(uri):
+        return resolve_path(uri, folder)
+    return uri
+
+
+def _resolve_paths(spec: JobSpec, folder: Path) -> JobSpec:
+    return spec.model_copy(update={
+        "input": spec.input.model_copy(update={"path": resolve_path(spec.input.path, folder)}),
+        "schemas": spec.schemas.model_copy(update={"root": resolve_path(spec.schemas.root, folder)}),
+        "model": spec.model.model_copy(update={"uri": resolve_path(spec.model.uri, folder)}),
+        "output": spec.output.model_copy(update={"path": resolve_path(spec.output.path, folder)}),
+        "tracking": spec.tracking.model_copy(update={
+            "uri": _resolve_tracking_uri(spec.tracking.uri, folder),
+            "experiment": spec.tracking.experiment or spec.name}),
+    })
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join("schema" if p == "schema_" else str(p) for p in err["loc"])
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            parts.append(f"unknown key '{loc}'")
+        elif kind == "missing":
+            parts.append(f"missing required key '{loc}'")
+        else:
+            got = err.get("input")
+            shown = "" if isinstance(got, (dict, list)) else f" (got {str(got)[:80]!r})"
+            parts.append(f"{loc}: {err['msg']}{shown}")
+    return "; ".join(parts)
