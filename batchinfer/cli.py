@@ -180,7 +180,7 @@ def cmd_stamp(args) -> int:
     from .job import stamp
     from .spec import load_job
 
-    job = load_job(args.job, ds=args.ds, overrides=args.overrides)
+    job = load_job(args.job, ds=args.ds, overrides=args.overrides, require_ds=False)
     triple, where = stamp(job, args.model, args.model_version)
     print(f"declared {args.model} in {where}:")
     for key, value in triple.as_dict().items():

@@ -119,17 +119,19 @@ def row_hashes(
     count = len(hashes)
     if count * 16 > np.iinfo(np.int32).max:
         raise ValueError(f"{count} rows is too many for one StringArray of hashes; hash in batches")
-    # Build the text with numpy, not a per-row f-string: each big-endian byte becomes two hex
-    # digits, taken from a 16-entry table.
-    digits = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
-    hash_bytes = hashes.astype(">u8").view(np.uint8).reshape(count, 8)
-    text = np.empty((count, 16), dtype=np.uint8)
-    text[:, 0::2] = digits[hash_bytes >> 4]
-    text[:, 1::2] = digits[hash_bytes & 0x0F]
+    # Build the text with numpy, not a per-row f-string: each byte of the big-endian hash
+    # becomes its two hex digits by one lookup in a 256-entry table of digit pairs.
+    hash_bytes = hashes.astype(">u8").view(np.uint8)
+    text = np.take(_HEX_PAIRS, hash_bytes)  # np.take: about 2x faster than [] here
     offsets = np.arange(0, 16 * (count + 1), 16, dtype="<i4")
-    return pa.StringArray.from_buffers(
-        count, pa.py_buffer(offsets.tobytes()), pa.py_buffer(text.tobytes())
-    )
+    return pa.StringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(text))
+
+
+# Entry b holds the two ASCII hex digits of byte b, in memory order (hence "<u2" of "<" bytes).
+_HEX_PAIRS = np.frombuffer(
+    b"".join(f"{b:02x}".encode("ascii") for b in range(256)), dtype="<u2"
+).copy()
+_HEX_PAIRS.flags.writeable = False
 
 
 # --- Selecting and describing columns --------------------------------------------------------
@@ -679,18 +681,23 @@ def _combine(columns: Sequence[_Column], count: int) -> np.ndarray:
         block_rows = min(count, _BLOCK_ROWS)
         block = np.empty((width, block_rows), dtype=np.uint64)
         scratch = np.empty_like(block)
+        # Each column is widened into its matrix row through a view of the block of the right
+        # dtype (float64 for floats, int64 for signed), so numpy's cast does the widening.
+        views = {"f": block.view(np.float64), "i": block.view(np.int64), "u": block, "w": block}
+        fills = [(views[columns[j].kind], row, columns[j].values) for row, j in enumerate(order)]
         for start in range(0, count, block_rows):
             stop = min(count, start + block_rows)
-            words = block[:, : stop - start]
-            for row, j in enumerate(order):
-                _fill(words[row], columns[j].kind, columns[j].values[start:stop])
+            size = stop - start
+            for target, row, values in fills:
+                target[row, :size] = values[start:stop]
+            words = block[:, :size]
             if float_rows:
                 _canonicalise_nan(words[:float_rows])
             # After the NaN step: NULL_WORD is itself a NaN and must survive it.
             for row, invalid in nullable:
                 words[row][invalid[start:stop]] = _NULL_WORD
             words ^= keys
-            _fmix64(words, scratch[:, : stop - start])
+            _fmix64(words, scratch[:, :size])
             words *= weights
             np.sum(words, axis=0, out=hashes[start:stop])
     hashes ^= _ROW_SEED

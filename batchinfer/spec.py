@@ -125,7 +125,8 @@ class Job:
 
 
 def load_job(path: str | os.PathLike, *, ds: str | None = None,
-             overrides: Sequence[str] = (), environ: Mapping[str, str] | None = None) -> Job:
+             overrides: Sequence[str] = (), environ: Mapping[str, str] | None = None,
+             require_ds: bool = True) -> Job:
     """Load, override, validate, template and resolve a job file.
 
     Args:
@@ -133,6 +134,8 @@ def load_job(path: str | os.PathLike, *, ds: str | None = None,
         ds: the partition date (YYYY-MM-DD) for ``{ds}``.
         overrides: ``key.path=value`` strings; values are parsed as YAML.
         environ: the environment for ``${NAME}`` (default: ``os.environ``).
+        require_ds: False for commands that never read the partition (``stamp``): ``{ds}`` is
+            then left as is when no date is given.
 
     Raises:
         SpecError: anything wrong with the file, an override, ``ds`` or the environment.
@@ -158,7 +161,7 @@ def load_job(path: str | os.PathLike, *, ds: str | None = None,
         raise SpecError(f"--ds {ds!r} is not a date: use YYYY-MM-DD")
     env = os.environ if environ is None else environ
     secrets: dict[str, str] = {}
-    templated = _template(data, ds=ds, env=env, secrets=secrets, where="")
+    templated = _template(data, ds=ds, env=env, secrets=secrets, where="", require_ds=require_ds)
     spec = parse_spec(templated, source=job_path.name)
     spec = _resolve_paths(spec, job_path.parent)
     return Job(spec=spec, path=job_path, ds=ds, spec_sha256=spec_sha256, secrets=secrets)
@@ -197,16 +200,18 @@ def canonical_json(data: Any) -> str:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
-def _template(value: Any, *, ds: str | None, env: Mapping[str, str], secrets: dict, where: str) -> Any:
+def _template(value: Any, *, ds: str | None, env: Mapping[str, str], secrets: dict, where: str,
+              require_ds: bool = True) -> Any:
     if isinstance(value, dict):
-        return {k: _template(v, ds=ds, env=env, secrets=secrets, where=f"{where}{k}.")
-                for k, v in value.items()}
+        return {k: _template(v, ds=ds, env=env, secrets=secrets, where=f"{where}{k}.",
+                             require_ds=require_ds) for k, v in value.items()}
     if isinstance(value, list):
-        return [_template(v, ds=ds, env=env, secrets=secrets, where=where) for v in value]
+        return [_template(v, ds=ds, env=env, secrets=secrets, where=where, require_ds=require_ds)
+                for v in value]
     if not isinstance(value, str):
         return value
     key = where.rstrip(".") or "value"
-    if "{ds}" in value:
+    if "{ds}" in value and (ds is not None or require_ds):
         if ds is None:
             raise SpecError(f"{key} uses {{ds}}: pass --ds YYYY-MM-DD")
         value = value.replace("{ds}", ds)

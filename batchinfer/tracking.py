@@ -16,6 +16,8 @@ from typing import Any, Mapping
 # down" in seconds and commit anyway. A user's own settings win.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
+# MLflow logs store migrations at INFO; batchinfer reports tracking in its own summary line.
+os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 
 
 def short_error(exc: BaseException) -> str:

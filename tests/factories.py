@@ -1,0 +1,173 @@
+"""Test data, models and jobs, made on the spot (nothing is downloaded).
+
+Everything is deterministic for a given seed. Used by unit, end-to-end and fault tests alike.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+REPO = Path(__file__).resolve().parents[1]
+DS = "2026-01-15"
+
+
+def make_mlp_onnx(path: Path, n_features: int = 4, hidden: int = 8, seed: int = 0,
+                  input_name: str = "x", output_name: str = "y") -> Path:
+    """A small MLP (F → hidden → 1, ReLU, sigmoid) as ONNX; also returns its weights via
+    :func:`mlp_reference` for parity checks."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w1, b1, w2, b2 = _weights(n_features, hidden, seed)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", [input_name, "w1"], ["h0"]),
+         helper.make_node("Add", ["h0", "b1"], ["h1"]),
+         helper.make_node("Relu", ["h1"], ["h2"]),
+         helper.make_node("MatMul", ["h2", "w2"], ["o0"]),
+         helper.make_node("Add", ["o0", "b2"], ["o1"]),
+         helper.make_node("Sigmoid", ["o1"], [output_name])],
+        "mlp",
+        [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, ["N", n_features])],
+        [helper.make_tensor_value_info(output_name, TensorProto.FLOAT, ["N", 1])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(b1, "b1"),
+         numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(b2, "b2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def _weights(n_features: int, hidden: int, seed: int):
+    rng = np.random.default_rng(seed)
+    w1 = rng.standard_normal((n_features, hidden)).astype(np.float32) * 0.5
+    b1 = rng.standard_normal(hidden).astype(np.float32) * 0.1
+    w2 = rng.standard_normal((hidden, 1)).astype(np.float32) * 0.5
+    b2 = rng.standard_normal(1).astype(np.float32) * 0.1
+    return w1, b1, w2, b2
+
+
+def make_shards(folder: Path, shards: int = 3, rows: int = 1000, n_features: int = 4,
+                seed: int = 0) -> list[Path]:
+    """Parquet shards with ``id`` int64 and ``f0..`` float32 in [-3, 3]."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    paths = []
+    for s in range(shards):
+        x = np.clip(rng.standard_normal((rows, n_features)), -3, 3).astype(np.float32)
+        cols: dict[str, Any] = {"id": np.arange(s * rows, (s + 1) * rows, dtype=np.int64)}
+        cols.update({f"f{i}": x[:, i] for i in range(n_features)})
+        path = folder / f"part-{s:05d}.parquet"
+        pq.write_table(pa.table(cols), path)
+        paths.append(path)
+    return paths
+
+
+def write_schema(root: Path, name: str = "feats", version: int = 1, n_features: int = 4,
+                 strict: bool = True, low: float = -10, high: float = 10) -> Path:
+    """A pandera-polars schema module: id Int64 plus f0.. Float32 in [low, high]."""
+    path = root / name / f"v{version}.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    columns = "\n".join(
+        f'        "f{i}": pa.Column(pl.Float32, checks=pa.Check.in_range({low}, {high})),'
+        for i in range(n_features))
+    path.write_text(textwrap.dedent(f'''\
+        import pandera.polars as pa
+        import polars as pl
+
+        SCHEMA = pa.DataFrameSchema(
+            {{
+                "id": pa.Column(pl.Int64, nullable=False),
+        {columns}
+            }},
+            strict={strict},
+        )
+        FEATURES = [{", ".join(f'"f{i}"' for i in range(n_features))}]
+        '''))
+    return path
+
+
+def write_job(folder: Path, *, name: str = "testjob", schema: str = "feats@1",
+              preprocess: str | None = None, model: str = "models/model.onnx",
+              extra: dict | None = None, **sections: Any) -> Path:
+    """A job spec in ``folder``; keyword sections replace the defaults (dicts, as YAML)."""
+    import yaml
+
+    spec: dict[str, Any] = {
+        "name": name,
+        "input": {"path": "data/dt={ds}/*.parquet"},
+        "schema": schema,
+        "schemas": {"root": "schemas"},
+        "model": {"uri": model, "backend": "onnxruntime", "device": "cpu"},
+        "output": {"path": "out/dt={ds}", "id_columns": ["id"]},
+        "tracking": {"uri": "sqlite:///mlflow.db", "experiment": name},
+    }
+    if preprocess:
+        spec["preprocess"] = preprocess
+    spec.update(sections)
+    spec.update(extra or {})
+    path = folder / "job.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def numeric_project(folder: Path, *, shards: int = 3, rows: int = 1000, n_features: int = 4,
+                    stamp: bool = True, **job_sections: Any) -> Path:
+    """A complete job folder: schema feats@1, data for DS, an MLP model (stamped), job.yaml."""
+    write_schema(folder / "schemas", n_features=n_features)
+    make_shards(folder / "data" / f"dt={DS}", shards=shards, rows=rows, n_features=n_features)
+    make_mlp_onnx(folder / "models" / "model.onnx", n_features=n_features)
+    job = write_job(folder, **job_sections)
+    if stamp:
+        result = run_cli("stamp", "models/model.onnx", "--job", "job.yaml",
+                         "--model-version", "model:1", cwd=folder)
+        assert result.returncode == 0, result.stderr
+    return job
+
+
+def mlp_reference(x: np.ndarray, n_features: int = 4, hidden: int = 8, seed: int = 0) -> np.ndarray:
+    """What :func:`make_mlp_onnx`'s model computes, in numpy (float64)."""
+    w1, b1, w2, b2 = _weights(n_features, hidden, seed)
+    h = np.maximum(x.astype(np.float64) @ w1 + b1, 0)
+    return 1 / (1 + np.exp(-(h @ w2 + b2)))[:, 0]
+
+
+def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300
+            ) -> subprocess.CompletedProcess:
+    """``python -m batchinfer ARGS`` in a subprocess, as a user runs it."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "batchinfer", *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def read_partition(output: Path | str, fs=None) -> tuple[pa.Table, pa.Table, dict]:
+    """(predictions, quarantine, manifest) of a committed output, following the manifest only."""
+    import fsspec
+
+    if fs is None:
+        fs, root = fsspec.core.url_to_fs(str(output))
+    else:
+        root = str(output)
+    manifest = json.loads(fs.cat_file(f"{root}/_manifest.json"))
+    preds, quar = [], []
+    for shard in manifest["shards"]:
+        for f in shard["files"]:
+            with fs.open(f"{root}/{f['path']}", "rb") as fh:
+                table = pq.read_table(fh)
+            (preds if f["path"].startswith("predictions/") else quar).append(table)
+    empty = pa.table({})
+    return (pa.concat_tables(preds) if preds else empty,
+            pa.concat_tables(quar, promote_options="permissive") if quar else empty, manifest)
+
+
+def all_input_rows(paths: Sequence[Path]) -> set[tuple[str, int]]:
+    return {(str(p), i) for p in paths for i in range(pq.ParquetFile(p).metadata.num_rows)}
