@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
 
+from . import faults
 from .contract import Triple, check_contract, model_digest, refuse_pickle
 from .errors import ContractError, DataQualityError, RuntimeFailure, SpecError
 from .io.manifest import (MANIFEST_VERSION, clean_after_commit, commit, read_manifest,
@@ -141,6 +142,8 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
     if existing is not None:
         same = existing.get("triple") == resolved.triple.as_dict()
         if same and not overwrite:
+            if not dry_run:  # a run that crashed after its commit left debris behind
+                clean_after_commit(Layout(out_fs, out_root, existing.get("attempt", "")), existing)
             return Outcome("noop", f"{shown_output} is already committed with this triple "
                                    f"(attempt {existing.get('attempt')}); nothing to do",
                            existing, shown_output)
@@ -192,6 +195,7 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
         "mlflow_run_id": run_id, "totals": totals,
         "shards": [{k: v for k, v in s.items() if k != "compute_ms"} for s in shards],
     }
+    faults.point("before_commit")
     if not commit(layout, manifest, replace=overwrite and existing is not None):
         winner = read_manifest(out_fs, out_root) or {}
         remove_attempt(layout, attempt)
@@ -202,6 +206,7 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
         return Outcome("lost_race", f"{shown_output} was already committed by attempt "
                                     f"{winner.get('attempt')}; this run's files were removed",
                        winner, shown_output)
+    faults.point("after_commit")
     if existing is not None and overwrite:
         remove_attempt(layout, existing.get("attempt", ""))
     clean_after_commit(layout, manifest)

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.ml.inference.base import PredictionResult, RunInference
 
+from . import faults
 from .contract import Triple
 from .handlers.base import BatchModelHandler, Prepared
 from .hashing import row_hashes
@@ -104,6 +105,7 @@ class ReadShard(beam.DoFn):
         except Unreadable as exc:
             yield beam.pvalue.TaggedOutput(SHARD_INFO, (index, _info(None, None, str(exc))))
             return
+        faults.point("read")
         yield beam.pvalue.TaggedOutput(SHARD_INFO, (index, _info(reader.sha256, reader.num_rows, None)))
         first_row = 0
         try:
@@ -210,7 +212,12 @@ class WriteBatch(beam.DoFn):
 
     def _write(self, kind: str, index: int, number: int, table: pa.Table) -> dict:
         relative = self.layout.part(kind, index, number)
-        digest = write_file(self.layout.fs, self.layout.abs(relative), parquet_bytes(table))
+        data = parquet_bytes(table)
+        if faults.armed("mid_write"):
+            write_file(self.layout.fs, self.layout.abs(relative), data[: len(data) // 2])
+            faults.point("mid_write")
+        digest = write_file(self.layout.fs, self.layout.abs(relative), data)
+        faults.point("write")
         return {"path": relative, "rows": table.num_rows, "sha256": digest}
 
     def _predictions(self, payload: Payload, ok: np.ndarray, outputs: dict[str, np.ndarray],
@@ -247,6 +254,7 @@ class FinishShard(beam.DoFn):
         index, records = element
         entry = fold_shard(self.plan.shard_names[index], list(records))
         write_json(self.layout.fs, self.layout.shard_result(index), entry)
+        faults.point("shard_done")
         yield index
 
 

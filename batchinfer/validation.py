@@ -199,7 +199,7 @@ def validate_batch(
     valid_rows = np.flatnonzero(keep).astype(np.int64)
     valid = batch.filter(pa.array(keep)) if len(valid_rows) else batch.slice(0, 0)
     quarantine = build_quarantine(
-        source_shard, bad + np.int64(first_row), failures, batch.take(pa.array(bad))
+        source_shard, bad, failures, batch.take(pa.array(bad))
     )
     return ValidationResult(valid, valid_rows, quarantine)
 

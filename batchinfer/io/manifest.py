@@ -12,6 +12,7 @@ import json
 import os
 from typing import Any
 
+from .. import faults
 from ..errors import StorageError
 from .outputs import MANIFEST, PREDICTIONS, QUARANTINE, TMP, Layout, write_file
 from .storage import is_local, join
@@ -46,6 +47,7 @@ def commit(layout: Layout, manifest: dict, *, replace: bool = False) -> bool:
         if is_local(fs):
             scratch = join(layout.root, TMP, layout.attempt, MANIFEST)
             write_file(fs, scratch, data)
+            faults.point("during_commit")
             if replace:
                 os.replace(scratch, final)
             else:

@@ -1,0 +1,41 @@
+"""Fault injection for crash-safety tests: ``BATCHINFER_FAULT=<point>[:<n>]`` kills the process
+with SIGKILL (no cleanup, no atexit, like ``kill -9``) the n-th time (default 1st) it reaches
+``<point>``. Unset, every call is one dictionary look-up.
+
+Points, in the order a run meets them:
+    read          a shard's bytes have been read
+    mid_write     half of an output file's bytes are written (then the process dies)
+    write         an output file was written
+    shard_done    a shard's result record was written to _tmp
+    before_commit the pipeline finished, thresholds passed, manifest not yet written
+    during_commit the manifest's bytes are in scratch, not yet linked into place
+    after_commit  the manifest exists, other attempts not yet cleaned up
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+_spec = os.environ.get("BATCHINFER_FAULT", "")
+_point, _, _nth = _spec.partition(":")
+_target = int(_nth) if _nth.isdigit() else 1
+_count = 0
+_lock = threading.Lock()
+
+
+def point(name: str) -> None:
+    """Die here if this is the configured fault point and occurrence."""
+    global _count
+    if name != _point:
+        return
+    with _lock:
+        _count += 1
+        hit = _count == _target
+    if hit:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def armed(name: str) -> bool:
+    """True if ``name`` is the configured point (for faults that need to act before dying)."""
+    return name == _point
