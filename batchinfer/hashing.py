@@ -91,7 +91,8 @@ def row_hashes_uint64(
     if sys.byteorder != "little":
         raise NotImplementedError(f"{HASH_ALGORITHM} reads Arrow buffers as little-endian")
     selected = _select_columns(data, columns)
-    with np.errstate(over="ignore"):
+    # uint64 arithmetic wraps on purpose; widening a signalling NaN raises "invalid".
+    with np.errstate(over="ignore", invalid="ignore"):
         hashed = [_make_column(name, column) for name, column in selected]
         return _combine(hashed, data.num_rows)
 
@@ -578,7 +579,7 @@ def _decimal_words(array: pa.Array) -> np.ndarray:
         used = stored.shape[1]
         limbs[:, :used] = stored
         negative = stored[:, -1].view(np.int64) < 0
-        limbs[:, used:] = np.where(negative, _ALL_ONES, np.uint64(0))[:, None]
+        limbs[:, used:] = 0
     terms = _element_terms(limbs.reshape(-1))
     return _sequence_words(np.arange(count + 1, dtype=np.int64) * 4, lambda lo, hi: terms[lo:hi])
 

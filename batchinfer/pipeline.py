@@ -17,11 +17,11 @@ from typing import Any, Iterator, Sequence
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-from apache_beam.ml.inference.base import PredictionResult, RunInference
 
 from . import faults
 from .contract import Triple
-from .handlers.base import BatchModelHandler, Prepared
+from .handlers.base import BatchModelHandler, Prepared, PredictionResult
+from .handlers.base import _beam_inference
 from .hashing import row_hashes
 from .io.outputs import PREDICTIONS, QUARANTINE, Layout, parquet_bytes, write_file, write_json
 from .io.shards import ShardReader, Unreadable
@@ -84,7 +84,7 @@ def build(pipeline: beam.Pipeline, plan: ScoringPlan, handler: BatchModelHandler
     read = shards | "ReadShard" >> beam.ParDo(ReadShard(plan)).with_outputs(SHARD_INFO, main="batches")
     written = (read.batches
                | "Prepare" >> beam.ParDo(PrepareBatch(plan))
-               | "RunInference" >> RunInference(handler)
+               | "RunInference" >> _beam_inference.RunInference(handler)
                | "WriteBatch" >> beam.ParDo(WriteBatch(plan)))
     return ((read[SHARD_INFO], written)
             | "Merge" >> beam.Flatten()

@@ -394,7 +394,8 @@ def _py_json(v: object) -> str:
     if isinstance(v, (_dt.datetime, _dt.date, _dt.time)):
         return '"' + v.isoformat() + '"'
     if isinstance(v, dict):
-        return "{" + ",".join(json.dumps(str(k), ensure_ascii=False) + ":" + _py_json(x) for k, x in v.items()) + "}"
+        items = (json.dumps(str(k), ensure_ascii=False) + ":" + _py_json(x) for k, x in v.items())
+        return "{" + ",".join(items) + "}"
     if isinstance(v, (list, tuple)):
         return "[" + ",".join(_py_json(x) for x in v) + "]"
     return json.dumps(str(v), ensure_ascii=False)  # Decimal, timedelta, MonthDayNano, …

@@ -8,6 +8,7 @@ importing whatever file a worker happens to find under the same name.
 from __future__ import annotations
 
 import hashlib
+import importlib.machinery
 import importlib.util
 import sys
 import threading
@@ -99,6 +100,17 @@ def _execute(source: ModuleSource) -> types.ModuleType:
 
 def find_module_file(name: str, search_path: tuple[str, ...]) -> Path | None:
     """Locate a module's source file as ``import`` would, with ``search_path`` first."""
+    # Search the job's folders themselves first: find_spec answers from sys.modules, which may
+    # hold a same-named module that another job loaded from another folder.
+    spec, locations = None, list(search_path)
+    for depth, part in enumerate(name.split(".")):
+        spec = importlib.machinery.PathFinder.find_spec(
+            ".".join(name.split(".")[:depth + 1]), locations) if locations else None
+        if spec is None:
+            break
+        locations = list(spec.submodule_search_locations or [])
+    if spec is not None and spec.origin and spec.origin.endswith(".py"):
+        return Path(spec.origin)
     added = [f for f in search_path if f not in sys.path]
     sys.path[:0] = added
     try:

@@ -27,6 +27,7 @@ failure record and per bad row only.
 from __future__ import annotations
 
 import math
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -199,7 +200,7 @@ def validate_batch(
     valid_rows = np.flatnonzero(keep).astype(np.int64)
     valid = batch.filter(pa.array(keep)) if len(valid_rows) else batch.slice(0, 0)
     quarantine = build_quarantine(
-        source_shard, bad, failures, batch.take(pa.array(bad))
+        source_shard, bad + np.int64(first_row), failures, batch.take(pa.array(bad))
     )
     return ValidationResult(valid, valid_rows, quarantine)
 
@@ -273,7 +274,10 @@ def _to_frame(kind: str, batch: pa.RecordBatch):
     return to_pandas_frame(batch)
 
 
-def _check(resolved: _Resolved, batch: pa.RecordBatch) -> tuple[list[Failure], dict[int, list[Failure]]]:
+_Folded = tuple[list[Failure], dict[int, list[Failure]]]
+
+
+def _check(resolved: _Resolved, batch: pa.RecordBatch) -> _Folded:
     """Run pandera lazily; return (failures of every row, failures by row index)."""
     from pandera.config import ValidationDepth, config_context
     from pandera.errors import SchemaErrors
@@ -283,9 +287,12 @@ def _check(resolved: _Resolved, batch: pa.RecordBatch) -> tuple[list[Failure], d
     except MemoryError:
         raise
     except Exception as exc:  # an Arrow type the frame library cannot hold
-        return [Failure(None, "conversion", _message(f"batch cannot be converted to a {resolved.kind} frame: {_error_text(exc)}"))], {}
+        text = f"batch cannot be converted to a {resolved.kind} frame: {_error_text(exc)}"
+        return [Failure(None, "conversion", _message(text))], {}
     try:
-        with config_context(validation_enabled=True, validation_depth=ValidationDepth.SCHEMA_AND_DATA):
+        with config_context(
+            validation_enabled=True, validation_depth=ValidationDepth.SCHEMA_AND_DATA
+        ):
             if resolved.kind == "pandas":  # the frame is ours: skip pandera's defensive copy
                 resolved.schema.validate(frame, lazy=True, inplace=True)
             else:
@@ -295,18 +302,20 @@ def _check(resolved: _Resolved, batch: pa.RecordBatch) -> tuple[list[Failure], d
     except MemoryError:
         raise
     except Exception as exc:  # pandera or a check crashed outside its own error reporting
-        return [Failure(None, "validation_error", _message(f"schema validation raised {_error_text(exc)}"))], {}
+        text = f"schema validation raised {_error_text(exc)}"
+        return [Failure(None, "validation_error", _message(text))], {}
     return [], {}
 
 
-def _fold(failure_cases, kind: str, n: int) -> tuple[list[Failure], dict[int, list[Failure]]]:
+def _fold(failure_cases, kind: str, n: int) -> _Folded:
     if kind == "polars":
         get = lambda name: failure_cases.get_column(name).to_list()  # noqa: E731
     else:
         get = lambda name: failure_cases[name].tolist()  # noqa: E731
     frame_failures: list[Failure] = []
     row_failures: dict[int, list[Failure]] = {}
-    for column, check, case, index in zip(get("column"), get("check"), get("failure_case"), get("index")):
+    records = zip(get("column"), get("check"), get("failure_case"), get("index"))
+    for column, check, case, index in records:
         row = _row_index(index, n)
         failure = _failure(_text_or_none(column), _text_or_none(check), case, row is None)
         if row is None:
@@ -352,7 +361,10 @@ def _failure(column: str | None, check: str | None, case: object, frame_level: b
         text = f"{column}: {check} failed: found {value}"
     else:
         prefix = f"{column}: " if column else ""
-        text = f"{prefix}{check} failed: {value}" if frame_level else f"{prefix}{check} failed for value {value}"
+        if frame_level:
+            text = f"{prefix}{check} failed: {value}"
+        else:
+            text = f"{prefix}{check} failed for value {value}"
     return Failure(column, check, _message(text))
 
 
@@ -365,10 +377,12 @@ def _value_text(value: object) -> str:
 
 
 def _error_text(exc: BaseException) -> str:
-    return _one_line(f"{type(exc).__name__}: {exc}", MAX_VALUE_CHARS)
+    text = re.sub(r"\s*[\r\n]+\s*", " | ", f"{type(exc).__name__}: {exc}".strip())
+    return _one_line(text, MAX_VALUE_CHARS)
 
 
 def _one_line(text: str, limit: int) -> str:
+    """``text`` on one line (line breaks shown as ``\\n``), cut to ``limit`` characters."""
     text = text.replace("\r\n", "\\n").replace("\n", "\\n").replace("\r", "\\n")
     if len(text) > limit:
         text = text[:limit] + f"…({len(text)} chars)"

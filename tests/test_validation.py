@@ -2,11 +2,9 @@
 from __future__ import annotations
 
 import json
-import sys
 import warnings
 from datetime import date, datetime, timezone
 from decimal import Decimal
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -18,11 +16,6 @@ import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-try:
-    import batchinfer.validation  # noqa: F401
-except ImportError:  # running from a checkout that is not installed
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from batchinfer.errors import UsageError
 from batchinfer.quarantine import (
@@ -693,3 +686,15 @@ def test_property_accounting(rows, frame_mutation, backend, first_row):
             assert values["x"] == (None if x is None else pytest.approx(x, rel=1e-6))
         else:
             assert values["x"] == ("NaN" if np.isnan(x) else "Infinity" if x > 0 else "-Infinity")
+
+
+def test_scalar_false_check_with_row_failures_polars_never_crashes():
+    # pandera-polars may fail to combine a boolean frame-level failure with string ones;
+    # either way every row must be accounted for, all of them quarantined.
+    schema = pap.DataFrameSchema(
+        {"a": pap.Column(pl.Float64, pap.Check.ge(0))}, checks=[pap.Check(lambda d: False, name="never")]
+    )
+    batch = pa.RecordBatch.from_pydict({"a": [1.0, -1.0, 2.0]})
+    result = validate_batch(batch, schema, source_shard=SHARD)
+    assert check_accounting(result, batch) == {0, 1, 2}
+    assert set(result.quarantine.column("_check").to_pylist()) <= {"never", "validation_error"}

@@ -14,15 +14,40 @@ rows (never one row), so Beam's ``BatchElements`` is told to pass them one at a 
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
-from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 
 from ..isolation import run_isolating
+
+
+def _import_beam_inference():
+    """Import Beam's RunInference base without paying for torch.
+
+    ``apache_beam.ml.inference.base`` imports its model manager, which imports torch whenever
+    torch is installed (1–6 s here) although batchinfer never uses the model manager. Hiding
+    torch for the duration of that import makes Beam fall back (it guards the import), and
+    torch stays importable for the torch backend afterwards.
+    """
+    if "torch" in sys.modules or "apache_beam.ml.inference.base" in sys.modules:
+        import apache_beam.ml.inference.base as base
+        return base
+    sys.modules["torch"] = None  # type: ignore[assignment]  # makes `import torch` raise ImportError
+    try:
+        import apache_beam.ml.inference.base as base
+    finally:
+        if sys.modules.get("torch", 0) is None:
+            del sys.modules["torch"]
+    return base
+
+
+_beam_inference = _import_beam_inference()
+ModelHandler = _beam_inference.ModelHandler
+PredictionResult = _beam_inference.PredictionResult
 
 _models: dict[Any, Any] = {}
 _models_lock = threading.Lock()

@@ -1,0 +1,440 @@
+"""Real servers for integration tests: an S3-compatible store, an MLflow tracking server, and a
+fault-injecting HTTP proxy (DESIGN "Real components and how tests start them").
+
+Each server is a plain context manager (usable outside pytest) with a session-scoped pytest
+fixture around it. Servers are subprocesses on 127.0.0.1, so job subprocesses reach them over
+HTTP exactly as a user's jobs reach real ones, and they are always torn down: the process group
+is terminated, then killed, in a ``finally``.
+
+Test modules register the fixtures with ``from servers import *``.
+"""
+from __future__ import annotations
+
+import contextlib
+import http.client
+import http.server
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+__all__ = ["free_port", "closed_port", "MotoServer", "moto_server", "MlflowServer", "mlflow_server",
+           "FaultRule", "FaultProxy", "fault_proxy", "s3_server", "mlflow_live", "s3_proxy",
+           "s3_env", "new_bucket"]
+
+HOST = "127.0.0.1"
+S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                  "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+def closed_port() -> int:
+    """A port where a connection is refused (bound once, then released)."""
+    return free_port()
+
+
+def _wait_http(url: str, proc: subprocess.Popen | None, timeout: float, log: Path | None,
+               expect: bytes | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
+            raise RuntimeError(f"server exited with {proc.returncode} before answering {url}:\n{tail}")
+        try:
+            with urllib.request.urlopen(url, timeout=3) as resp:
+                body = resp.read()
+                if resp.status == 200 and (expect is None or expect in body):
+                    return
+        except Exception as exc:  # not up yet
+            last = exc
+        time.sleep(0.25)
+    tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
+    raise RuntimeError(f"{url} did not answer within {timeout:.0f} s ({last}):\n{tail}")
+
+
+def _stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """Terminate the process group this test started (the server and any workers it spawned)."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+    # Workers of a server may outlive its parent: kill whatever is left of the group.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5)
+
+
+def _start(cmd: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
+    handle = open(log, "wb")
+    try:
+        # A new session makes the server its own process group, so teardown reaches its workers.
+        return subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **(env or {})}, start_new_session=True)
+    finally:
+        handle.close()
+
+
+# -- S3: moto in server mode -------------------------------------------------------------------
+
+class MotoServer:
+    """``python -m moto.server`` on 127.0.0.1, as s3fs's own tests run it.
+
+    Attributes:
+        endpoint: ``http://127.0.0.1:PORT``.
+        env: the standard AWS_* variables a job needs to use it (and nothing else).
+    """
+
+    def __init__(self, workdir: Path):
+        self.workdir = Path(workdir)
+        self.port = free_port()
+        self.endpoint = f"http://{HOST}:{self.port}"
+        self.log = self.workdir / "moto.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        return env_for(self.endpoint)
+
+    def __enter__(self) -> "MotoServer":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.proc = _start([sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(self.port)],
+                           self.log)
+        try:
+            _wait_http(f"{self.endpoint}/moto-api/", self.proc, 60, self.log)
+        except BaseException:
+            _stop(self.proc)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None:
+            _stop(self.proc)
+
+    def s3fs(self, endpoint: str | None = None):
+        """A fresh s3fs file system on this server (or on ``endpoint``, e.g. a proxy)."""
+        return s3fs_for(endpoint or self.endpoint)
+
+    def make_bucket(self, name: str | None = None) -> str:
+        name = name or f"bkt-{uuid.uuid4().hex[:12]}"
+        # Plain CreateBucket: us-east-1 takes no LocationConstraint (s3fs's mkdir would send one).
+        self.s3fs().call_s3("create_bucket", Bucket=name)
+        return name
+
+
+def env_for(endpoint: str) -> dict[str, str]:
+    """The environment a job subprocess gets: only the standard AWS_* variables."""
+    return {"AWS_ENDPOINT_URL": endpoint, **S3_CREDENTIALS}
+
+
+def s3fs_for(endpoint: str):
+    import s3fs
+
+    return s3fs.S3FileSystem(key=S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                             secret=S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+                             endpoint_url=endpoint, skip_instance_cache=True,
+                             client_kwargs={"region_name": S3_CREDENTIALS["AWS_DEFAULT_REGION"]})
+
+
+# -- MLflow tracking server --------------------------------------------------------------------
+
+class MlflowServer:
+    """``mlflow server`` with a sqlite backend and served artifacts, on 127.0.0.1.
+
+    Attributes:
+        uri: ``http://127.0.0.1:PORT`` (the tracking and registry URI).
+        db: the sqlite store file; ``artifacts``: the artifacts folder (both for byte-level greps).
+    """
+
+    def __init__(self, workdir: Path):
+        self.workdir = Path(workdir)
+        self.port = free_port()
+        self.uri = f"http://{HOST}:{self.port}"
+        self.db = self.workdir / "mlflow.db"
+        self.artifacts = self.workdir / "artifacts"
+        self.log = self.workdir / "mlflow-server.log"
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "MlflowServer":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "mlflow", "server",
+               "--backend-store-uri", f"sqlite:///{self.db}",
+               "--artifacts-destination", str(self.artifacts),
+               "--host", HOST, "--port", str(self.port), "--workers", "1"]
+        # The server's background job runner (huey consumers, several processes) is not needed.
+        self.proc = _start(cmd, self.log, {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+        try:
+            _wait_http(f"{self.uri}/health", self.proc, 180, self.log)
+        except BaseException:
+            _stop(self.proc)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None:
+            _stop(self.proc)
+
+    def client(self):
+        from mlflow.tracking import MlflowClient
+
+        return MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
+
+
+# -- fault-injecting proxy ---------------------------------------------------------------------
+
+@dataclass
+class FaultRule:
+    """Fault the first ``times`` requests whose method and target match (``times=None``: all).
+
+    Attributes:
+        method: HTTP method, or ``"*"``.
+        contains: substring of the request target (path and query).
+        status: the status to answer (500, 503, ...); ignored when ``stall_s`` is set.
+        stall_s: instead of answering, hold the request this long, then drop the connection.
+        matched: how many requests this rule has faulted so far.
+    """
+
+    method: str = "*"
+    contains: str = ""
+    status: int = 503
+    times: int | None = 1
+    stall_s: float | None = None
+    matched: int = 0
+
+    def matches(self, method: str, target: str) -> bool:
+        return (self.method in ("*", method) and self.contains in target
+                and (self.times is None or self.matched < self.times))
+
+
+_HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade",
+               "te", "trailer", "proxy-authenticate", "proxy-authorization"}
+
+
+class FaultProxy:
+    """A thread in the test process that forwards HTTP to ``upstream`` and injects faults.
+
+    Bodies and headers are forwarded as received (``Host``, ``Authorization``, ``If-None-Match``,
+    checksums, chunked bodies byte for byte); only hop-by-hop headers are left to each hop.
+
+    Attributes:
+        url: where clients connect, ``http://127.0.0.1:PORT``.
+        log: ``(method, target, status)`` of every request; status is ``"stall"`` for stalls.
+    """
+
+    def __init__(self, upstream: str):
+        host_port = upstream.split("://", 1)[-1].rstrip("/")
+        self.upstream_host, _, port = host_port.partition(":")
+        self.upstream_port = int(port or 80)
+        self.rules: list[FaultRule] = []
+        self.log: list[tuple[str, str, object]] = []
+        self._lock = threading.Lock()
+        self._server: http.server.ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self.url = ""
+
+    # rules
+    def add(self, **kwargs) -> FaultRule:
+        rule = FaultRule(**kwargs)
+        with self._lock:
+            self.rules.append(rule)
+        return rule
+
+    def reset(self) -> None:
+        with self._lock:
+            self.rules.clear()
+            self.log.clear()
+
+    def requests(self, method: str = "*", contains: str = "") -> list[tuple[str, str, object]]:
+        with self._lock:
+            return [r for r in self.log if method in ("*", r[0]) and contains in r[1]]
+
+    def _decide(self, method: str, target: str) -> FaultRule | None:
+        with self._lock:
+            for rule in self.rules:
+                if rule.matches(method, target):
+                    rule.matched += 1
+                    return rule
+        return None
+
+    def _record(self, method: str, target: str, status: object) -> None:
+        with self._lock:
+            self.log.append((method, target, status))
+
+    # lifecycle
+    def __enter__(self) -> "FaultProxy":
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+            def _body(self) -> bytes:
+                if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                    return self._raw_chunked()
+                length = int(self.headers.get("Content-Length") or 0)
+                return self.rfile.read(length) if length else b""
+
+            def _raw_chunked(self) -> bytes:
+                # Forwarded byte for byte (aws-chunked signatures and trailers included).
+                raw = bytearray()
+                while True:
+                    line = self.rfile.readline()
+                    raw += line
+                    size = int(line.split(b";", 1)[0].strip() or b"0", 16)
+                    if size == 0:
+                        while True:  # trailers, then the empty line
+                            trailer = self.rfile.readline()
+                            raw += trailer
+                            if trailer in (b"\r\n", b"\n", b""):
+                                return bytes(raw)
+                    raw += self.rfile.read(size + 2)
+
+            def _handle(self) -> None:
+                method, target = self.command, self.path
+                body = self._body()
+                rule = proxy._decide(method, target)
+                if rule is not None and rule.stall_s is not None:
+                    proxy._record(method, target, "stall")
+                    time.sleep(rule.stall_s)
+                    self.close_connection = True
+                    return
+                if rule is not None:
+                    proxy._record(method, target, rule.status)
+                    payload = (f"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>"
+                               f"{'ServiceUnavailable' if rule.status == 503 else 'InternalError'}"
+                               f"</Code><Message>injected fault</Message><RequestId>fault</RequestId>"
+                               f"</Error>").encode()
+                    self.send_response(rule.status)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    if method != "HEAD":
+                        self.wfile.write(payload)
+                    return
+                headers = [(k, v) for k, v in self.headers.items()
+                           if k.lower() not in _HOP_BY_HOP or k.lower() == "transfer-encoding"]
+                conn = http.client.HTTPConnection(proxy.upstream_host, proxy.upstream_port, timeout=120)
+                try:
+                    conn.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
+                    for k, v in headers:
+                        conn.putheader(k, v)
+                    conn.endheaders(body if body else None)
+                    resp = conn.getresponse()
+                    data = resp.read()
+                    status = resp.status
+                    out_headers = [(k, v) for k, v in resp.getheaders()
+                                   if k.lower() not in _HOP_BY_HOP and k.lower() != "content-length"]
+                    upstream_length = resp.getheader("Content-Length")
+                finally:
+                    conn.close()
+                proxy._record(method, target, status)
+                self.send_response_only(status, resp.reason)
+                for k, v in out_headers:
+                    self.send_header(k, v)
+                if method == "HEAD":
+                    if upstream_length is not None:
+                        self.send_header("Content-Length", upstream_length)
+                else:
+                    self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if method != "HEAD" and data:
+                    self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = do_OPTIONS = _handle
+
+        server = http.server.ThreadingHTTPServer((HOST, 0), Handler)
+        server.daemon_threads = True
+        self._server = server
+        self.url = f"http://{HOST}:{server.server_address[1]}"
+        self._thread = threading.Thread(target=server.serve_forever, name="fault-proxy", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(10)
+
+
+# -- context managers and pytest fixtures ------------------------------------------------------
+
+@contextlib.contextmanager
+def moto_server(workdir: Path) -> Iterator[MotoServer]:
+    with MotoServer(workdir) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def mlflow_server(workdir: Path) -> Iterator[MlflowServer]:
+    with MlflowServer(workdir) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def fault_proxy(upstream: str) -> Iterator[FaultProxy]:
+    with FaultProxy(upstream) as proxy:
+        yield proxy
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory) -> Iterator[MotoServer]:
+    """A moto S3 server for the whole session."""
+    with moto_server(tmp_path_factory.mktemp("moto")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def mlflow_live(tmp_path_factory) -> Iterator[MlflowServer]:
+    """A real ``mlflow server`` (sqlite store, served artifacts) for the whole session."""
+    with mlflow_server(tmp_path_factory.mktemp("mlflow-server")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def _s3_proxy_session(s3_server) -> Iterator[FaultProxy]:
+    with fault_proxy(s3_server.endpoint) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+def s3_proxy(_s3_proxy_session) -> Iterator[FaultProxy]:
+    """The session's fault proxy in front of moto, with no rules and an empty log."""
+    _s3_proxy_session.reset()
+    try:
+        yield _s3_proxy_session
+    finally:
+        _s3_proxy_session.reset()
+
+
+@pytest.fixture
+def s3_env(s3_server) -> dict[str, str]:
+    return s3_server.env
+
+
+@pytest.fixture
+def new_bucket(s3_server) -> str:
+    return s3_server.make_bucket()

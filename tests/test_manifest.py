@@ -1,0 +1,439 @@
+"""Tests for the output layout, the manifest commit, shard listing/reading, and the pure
+manifest helpers of the pipeline (SPEC §4, §5.1, §5.2)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from pathlib import Path
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from batchinfer.errors import NoShardsError
+from batchinfer.io.manifest import (
+    clean_after_commit,
+    commit,
+    listed_files,
+    manifest_bytes,
+    read_manifest,
+    remove_attempt,
+)
+from batchinfer.io.outputs import (
+    MANIFEST,
+    Layout,
+    parquet_bytes,
+    read_json,
+    write_file,
+    write_json,
+)
+from batchinfer.io.shards import Shard, ShardReader, Unreadable, list_shards
+from batchinfer.pipeline import fold_shard, prediction_array
+
+from factories import make_shards
+
+
+def _manifest(attempt: str, files=(), **extra) -> dict:
+    return {"manifest_version": 1, "job": "j", "ds": "2026-01-15", "attempt": attempt,
+            "shards": [{"path": "s0", "files": [{"path": p, "rows": 1, "sha256": "x"}
+                                                for p in files]}], **extra}
+
+
+@pytest.fixture
+def memory_root():
+    root = f"memory://batchinfer-test-{uuid.uuid4().hex}"
+    yield root
+    fs = fsspec.filesystem("memory")
+    path = root[len("memory://"):]
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
+# -- layout and files ----------------------------------------------------------------------------
+
+def test_layout_paths(tmp_path):
+    layout = Layout.for_url(str(tmp_path / "out"), "att1")
+    assert layout.manifest == f"{tmp_path}/out/{MANIFEST}"
+    assert layout.part("predictions", 3, 12) == "predictions/att1/part-00003-00012.parquet"
+    assert layout.part("quarantine", 0, 0) == "quarantine/att1/part-00000-00000.parquet"
+    assert layout.shard_result(7) == f"{tmp_path}/out/_tmp/att1/shards/00007.json"
+    assert layout.abs("predictions/x") == f"{tmp_path}/out/predictions/x"
+
+
+def test_write_file_returns_sha_of_bytes_and_creates_parents(tmp_path):
+    layout = Layout.for_url(str(tmp_path / "out"), "a")
+    table = pa.table({"x": [1, 2, 3]})
+    data = parquet_bytes(table)
+    path = layout.abs(layout.part("predictions", 0, 0))
+    digest = write_file(layout.fs, path, data)
+    assert digest == hashlib.sha256(data).hexdigest()
+    assert Path(path).read_bytes() == data
+    assert pq.read_table(path).equals(table)
+
+
+def test_write_read_json(memory_root):
+    layout = Layout.for_url(memory_root, "a")
+    write_json(layout.fs, layout.shard_result(1), {"b": 1, "a": [1, 2]})
+    assert read_json(layout.fs, layout.shard_result(1)) == {"a": [1, 2], "b": 1}
+
+
+# -- commit --------------------------------------------------------------------------------------
+
+def test_read_manifest_absent_is_none(tmp_path, memory_root):
+    assert read_manifest(fsspec.filesystem("file"), str(tmp_path / "out")) is None
+    layout = Layout.for_url(memory_root, "a")
+    assert read_manifest(layout.fs, layout.root) is None
+
+
+def test_commit_local_is_exclusive(tmp_path):
+    first = Layout.for_url(str(tmp_path / "out"), "first")
+    second = Layout.for_url(str(tmp_path / "out"), "second")
+    m1, m2 = _manifest("first"), _manifest("second")
+    assert commit(first, m1) is True
+    before = Path(first.manifest).read_bytes()
+    assert before == manifest_bytes(m1)
+    assert commit(second, m2) is False
+    assert Path(first.manifest).read_bytes() == before
+    assert read_manifest(first.fs, first.root) == m1
+    # even the same attempt cannot commit twice
+    assert commit(first, _manifest("first", note="again")) is False
+    assert read_manifest(first.fs, first.root) == m1
+
+
+def test_commit_local_replace_overwrites(tmp_path):
+    first = Layout.for_url(str(tmp_path / "out"), "first")
+    second = Layout.for_url(str(tmp_path / "out"), "second")
+    assert commit(first, _manifest("first"))
+    assert commit(second, _manifest("second"), replace=True) is True
+    assert read_manifest(second.fs, second.root)["attempt"] == "second"
+
+
+def test_commit_local_replace_without_previous(tmp_path):
+    layout = Layout.for_url(str(tmp_path / "out"), "a")
+    assert commit(layout, _manifest("a"), replace=True) is True
+    assert read_manifest(layout.fs, layout.root) == _manifest("a")
+
+
+def test_commit_memory_is_exclusive(memory_root):
+    first = Layout.for_url(memory_root, "first")
+    second = Layout.for_url(memory_root, "second")
+    assert commit(first, _manifest("first")) is True
+    assert commit(second, _manifest("second")) is False
+    assert read_manifest(first.fs, first.root)["attempt"] == "first"
+    assert commit(second, _manifest("second"), replace=True) is True
+    assert read_manifest(first.fs, first.root)["attempt"] == "second"
+
+
+def test_manifest_bytes_is_json():
+    m = _manifest("a")
+    assert json.loads(manifest_bytes(m)) == m
+    assert manifest_bytes(m).endswith(b"\n")
+
+
+def test_corrupt_manifest_is_storage_error(tmp_path):
+    from batchinfer.errors import StorageError
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / MANIFEST).write_text("{half")
+    with pytest.raises(StorageError):
+        read_manifest(fsspec.filesystem("file"), str(out))
+
+
+# -- cleaning ------------------------------------------------------------------------------------
+
+def _populate(layout: Layout, attempt: str, names=("part-00000-00000.parquet",
+                                                  "part-00001-00000.parquet")) -> list[str]:
+    written = []
+    for kind in ("predictions", "quarantine"):
+        for name in names:
+            relative = f"{kind}/{attempt}/{name}"
+            write_file(layout.fs, layout.abs(relative), b"data")
+            written.append(relative)
+    write_file(layout.fs, layout.abs(f"_tmp/{attempt}/shards/00000.json"), b"{}")
+    return written
+
+
+def _all_files(layout: Layout) -> set[str]:
+    return {p[len(layout.root):].lstrip("/") for p in layout.fs.find(layout.root)}
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_clean_after_commit(tmp_path, memory_root, where):
+    url = str(tmp_path / "out") if where == "local" else memory_root
+    layout = Layout.for_url(url, "winner")
+    kept = ["predictions/winner/part-00000-00000.parquet",
+            "quarantine/winner/part-00001-00000.parquet"]
+    _populate(layout, "winner")
+    _populate(layout, "crashed")
+    _populate(layout, "loser")
+    manifest = _manifest("winner", files=kept)
+    assert commit(layout, manifest)
+    clean_after_commit(layout, manifest)
+    assert _all_files(layout) == {MANIFEST, *kept}
+    assert read_manifest(layout.fs, layout.root) == manifest
+
+
+def test_listed_files():
+    m = {"shards": [{"files": [{"path": "a"}, {"path": "b"}]}, {"files": []},
+                    {"files": [{"path": "c"}]}]}
+    assert listed_files(m) == {"a", "b", "c"}
+    assert listed_files({}) == set()
+
+
+def test_remove_attempt_only_touches_that_attempt(tmp_path):
+    layout = Layout.for_url(str(tmp_path / "out"), "a")
+    mine = _populate(layout, "a")
+    other = _populate(layout, "b")
+    remove_attempt(layout, "a")
+    files = _all_files(layout)
+    assert not any(f in files for f in mine)
+    assert set(other) <= files
+    assert "_tmp/b/shards/00000.json" in files
+    remove_attempt(layout, "never-existed")  # no error
+
+
+# -- listing shards ------------------------------------------------------------------------------
+
+def test_list_shards_sorted_with_glob(tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for name in ("c.parquet", "a.parquet", "b.parquet", "notes.txt"):
+        (folder / name).write_bytes(b"x")
+    shards = list_shards(str(folder / "*.parquet"))
+    assert shards == [Shard(0, str(folder / "a.parquet")), Shard(1, str(folder / "b.parquet")),
+                      Shard(2, str(folder / "c.parquet"))]
+
+
+def test_list_shards_directory_recurses_and_skips_dirs(tmp_path):
+    folder = tmp_path / "data"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "z.parquet").write_bytes(b"x")
+    (folder / "sub" / "a.parquet").write_bytes(b"x")
+    shards = list_shards(str(folder))
+    assert [s.url for s in shards] == [str(folder / "sub" / "a.parquet"), str(folder / "z.parquet")]
+    assert [s.index for s in shards] == [0, 1]
+
+
+def test_list_shards_single_file(tmp_path):
+    path = tmp_path / "one.parquet"
+    path.write_bytes(b"x")
+    assert list_shards(str(path)) == [Shard(0, str(path))]
+
+
+def test_list_shards_no_match(tmp_path):
+    with pytest.raises(NoShardsError) as excinfo:
+        list_shards(str(tmp_path / "nothing" / "*.parquet"))
+    assert excinfo.value.exit_code == 2
+    assert "nothing" in str(excinfo.value)
+    with pytest.raises(NoShardsError):
+        list_shards(str(tmp_path / "absent.parquet"))
+
+
+def test_list_shards_memory_urls(memory_root):
+    fs = fsspec.filesystem("memory")
+    base = memory_root[len("memory://"):]
+    for name in ("b.parquet", "a.parquet"):
+        fs.pipe_file(f"{base}/data/{name}", b"x")
+    shards = list_shards(f"{memory_root}/data/*.parquet")
+    assert [s.url for s in shards] == [f"{memory_root}/data/a.parquet",
+                                       f"{memory_root}/data/b.parquet"]
+
+
+# -- reading shards ------------------------------------------------------------------------------
+
+def test_shard_reader_valid_file(tmp_path):
+    [path] = make_shards(tmp_path, shards=1, rows=1000, n_features=2)
+    reader = ShardReader(str(path))
+    assert reader.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert reader.num_rows == 1000
+    assert reader.schema.names == ["id", "f0", "f1"]
+    batches = list(reader.batches(300))
+    assert [b.num_rows for b in batches] == [300, 300, 300, 100]
+    ids = np.concatenate([b.column("id").to_numpy() for b in batches])
+    np.testing.assert_array_equal(ids, np.arange(1000))
+
+
+def test_shard_reader_memory_url(memory_root):
+    data = parquet_bytes(pa.table({"x": list(range(10))}))
+    fsspec.filesystem("memory").pipe_file(f"{memory_root[len('memory://'):]}/s.parquet", data)
+    reader = ShardReader(f"{memory_root}/s.parquet")
+    assert reader.sha256 == hashlib.sha256(data).hexdigest()
+    assert [b.num_rows for b in reader.batches(4)] == [4, 4, 2]
+
+
+def test_shard_reader_zero_rows(tmp_path):
+    path = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({"x": pa.array([], pa.int64())}), path)
+    reader = ShardReader(str(path))
+    assert reader.num_rows == 0
+    assert list(reader.batches(10)) == []
+
+
+def test_shard_reader_zero_byte_file(tmp_path):
+    path = tmp_path / "zero.parquet"
+    path.write_bytes(b"")
+    with pytest.raises(Unreadable) as excinfo:
+        ShardReader(str(path))
+    assert "zero-byte" in str(excinfo.value)
+
+
+def test_shard_reader_truncated_file(tmp_path):
+    [path] = make_shards(tmp_path, shards=1, rows=500)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(Unreadable) as excinfo:
+        ShardReader(str(path))
+    assert "\n" not in str(excinfo.value)
+
+
+def test_shard_reader_not_parquet(tmp_path):
+    path = tmp_path / "data.parquet"
+    path.write_text("id,f0\n1,2.0\n" * 50)
+    with pytest.raises(Unreadable) as excinfo:
+        ShardReader(str(path))
+    assert "not a readable Parquet file" in str(excinfo.value)
+
+
+def test_shard_reader_missing_file_is_storage_error(tmp_path):
+    from batchinfer.errors import StorageError
+
+    with pytest.raises(StorageError):
+        ShardReader(str(tmp_path / "absent.parquet"))
+
+
+def test_shard_reader_corrupt_pages_unreadable_on_read(tmp_path):
+    [path] = make_shards(tmp_path, shards=1, rows=2000)
+    data = bytearray(path.read_bytes())
+    footer_len = int.from_bytes(data[-8:-4], "little")
+    footer_start = len(data) - 8 - footer_len
+    data[4:footer_start] = b"\xab" * (footer_start - 4)  # pages garbled, footer intact
+    path.write_bytes(bytes(data))
+    reader = ShardReader(str(path))  # the footer still reads
+    assert reader.num_rows == 2000
+    with pytest.raises(Unreadable):
+        list(reader.batches(100))
+
+
+# -- fold_shard ----------------------------------------------------------------------------------
+
+def _info(rows_in, sha="abc", unreadable=None):
+    return {"kind": "info", "sha256": sha, "rows_in": rows_in, "unreadable": unreadable}
+
+
+def _batch(number, rows_in, scored, quarantined, files=(), reason=None, ms=1.5):
+    return {"kind": "batch", "batch": number, "rows_in": rows_in, "rows_scored": scored,
+            "rows_quarantined": quarantined, "files": list(files), "first_reason": reason,
+            "compute_ms": ms}
+
+
+def test_fold_shard_scored_orders_batches_and_sums():
+    f0 = {"path": "predictions/a/part-00000-00000.parquet", "rows": 10, "sha256": "h0"}
+    f1 = {"path": "predictions/a/part-00000-00001.parquet", "rows": 3, "sha256": "h1"}
+    q1 = {"path": "quarantine/a/part-00000-00001.parquet", "rows": 2, "sha256": "h2"}
+    entry = fold_shard("s.parquet", [_batch(1, 5, 3, 2, [f1, q1], reason="range", ms=2.0),
+                                     _info(15), _batch(0, 10, 10, 0, [f0], ms=1.0)])
+    assert entry["status"] == "scored"
+    assert entry["reason"] is None
+    assert entry["path"] == "s.parquet"
+    assert entry["sha256"] == "abc"
+    assert (entry["rows_in"], entry["rows_scored"], entry["rows_quarantined"]) == (15, 13, 2)
+    assert entry["files"] == [f0, f1, q1]
+    assert entry["compute_ms"] == pytest.approx(3.0)
+
+
+def test_fold_shard_all_quarantined():
+    entry = fold_shard("s", [_info(7), _batch(0, 4, 0, 4, reason="schema: missing column f1"),
+                             _batch(1, 3, 0, 3, reason="other")])
+    assert entry["status"] == "quarantined"
+    assert entry["reason"] == "schema: missing column f1"
+    assert (entry["rows_in"], entry["rows_scored"], entry["rows_quarantined"]) == (7, 0, 7)
+
+
+def test_fold_shard_empty():
+    entry = fold_shard("s", [_info(0)])
+    assert entry["status"] == "empty"
+    assert (entry["rows_in"], entry["rows_scored"], entry["rows_quarantined"]) == (0, 0, 0)
+    assert entry["files"] == []
+    assert entry["reason"] is None
+
+
+def test_fold_shard_unreadable():
+    entry = fold_shard("s", [_info(None, sha="def", unreadable="zero-byte file")])
+    assert entry["status"] == "unreadable"
+    assert entry["rows_in"] is None
+    assert entry["reason"] == "zero-byte file"
+    assert entry["sha256"] == "def"
+    assert (entry["rows_scored"], entry["rows_quarantined"], entry["files"]) == (0, 0, [])
+
+
+def test_fold_shard_unreadable_mid_read_wins_over_batches():
+    entry = fold_shard("s", [_info(10), _batch(0, 5, 5, 0, [{"path": "p"}]),
+                             _info(None, sha=None, unreadable="corrupt Parquet data: x")])
+    assert entry["status"] == "unreadable"
+    assert entry["sha256"] == "abc"
+    assert entry["files"] == []
+
+
+@pytest.mark.parametrize("records", [
+    [_info(10), _batch(0, 9, 9, 0)],        # rows missing
+    [_info(10), _batch(0, 10, 9, 0)],       # scored + quarantined != rows_in
+    [_info(10), _batch(0, 10, 10, 1)],      # a row counted twice
+    [_info(0), _batch(0, 1, 1, 0)],         # rows beyond the footer
+])
+def test_fold_shard_accounting_error(records):
+    with pytest.raises(RuntimeError, match="accounting failed for shard s"):
+        fold_shard("s", records)
+
+
+# -- prediction_array ----------------------------------------------------------------------------
+
+def test_prediction_array_1d():
+    values = np.array([0.1, 0.2, 0.3], dtype=np.float32)
+    arr = prediction_array(values)
+    assert arr.type == pa.float32()
+    assert len(arr) == 3
+    np.testing.assert_array_equal(arr.to_numpy(), values)
+
+
+def test_prediction_array_n_by_1_becomes_scalar():
+    values = np.array([[1.5], [2.5]], dtype=np.float64)
+    arr = prediction_array(values)
+    assert arr.type == pa.float64()
+    assert arr.to_pylist() == [1.5, 2.5]
+
+
+def test_prediction_array_n_by_k_fixed_size_list():
+    values = np.arange(12, dtype=np.float32).reshape(4, 3)
+    arr = prediction_array(values)
+    assert arr.type == pa.list_(pa.float32(), 3)
+    assert len(arr) == 4
+    assert arr.to_pylist() == values.tolist()
+
+
+def test_prediction_array_n_by_k_by_m_nested():
+    values = np.arange(24, dtype=np.int64).reshape(2, 3, 4)
+    arr = prediction_array(values)
+    assert arr.type == pa.list_(pa.list_(pa.int64(), 4), 3)
+    assert len(arr) == 2
+    assert arr.to_pylist() == values.tolist()
+
+
+def test_prediction_array_non_contiguous_input():
+    values = np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert arr_equal(prediction_array(values), values)
+    transposed = np.arange(6, dtype=np.float32).reshape(3, 2).T
+    assert arr_equal(prediction_array(transposed), transposed)
+
+
+def test_prediction_array_empty_batch():
+    arr = prediction_array(np.zeros((0, 5), dtype=np.float32))
+    assert len(arr) == 0
+    assert arr.type == pa.list_(pa.float32(), 5)
+
+
+def arr_equal(arr: pa.Array, values: np.ndarray) -> bool:
+    return arr.to_pylist() == values.tolist()
