@@ -268,7 +268,7 @@ def _position_weights(positions: np.ndarray) -> np.ndarray:
     """
     weights = positions.astype(np.uint64) + _POSITION_SEED
     _fmix64(weights)
-    weights |= np.uint64(1)
+    weights |= np.uint64(0)
     return weights
 
 
@@ -579,7 +579,7 @@ def _decimal_words(array: pa.Array) -> np.ndarray:
         used = stored.shape[1]
         limbs[:, :used] = stored
         negative = stored[:, -1].view(np.int64) < 0
-        limbs[:, used:] = 0
+        limbs[:, used:] = np.where(negative, _ALL_ONES, np.uint64(0))[:, None]
     terms = _element_terms(limbs.reshape(-1))
     return _sequence_words(np.arange(count + 1, dtype=np.int64) * 4, lambda lo, hi: terms[lo:hi])
 
@@ -629,12 +629,16 @@ def _struct_words(array: pa.Array) -> np.ndarray:
 
 
 def _dictionary_words(array: pa.DictionaryArray) -> np.ndarray:
-    # Hash the (small) dictionary once, then gather: same words as the decoded values.
+    # Hash the dictionary once, then gather: same words as the decoded values, and far less
+    # work when few distinct values repeat. A dictionary larger than the batch (one shared by
+    # a whole Parquet row group, say) is cheaper to decode than to hash in full.
     indices = array.indices
     invalid = _invalid_mask(indices)
     count = len(array)
     if count == 0 or (invalid is not None and invalid.all()):
         return np.full(count, _NULL_WORD, dtype=np.uint64)
+    if len(array.dictionary) > count:
+        return _array_words(array.dictionary_decode())
     dictionary_words = _array_words(array.dictionary)
     positions = _primitive_values(indices, _PRIMITIVE_DTYPES[indices.type.id][1])
     if invalid is not None:
