@@ -193,7 +193,7 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
         "runner": spec.runner.name, "device": device,
         "started_at": rfc3339(started), "finished_at": rfc3339(finished),
         "mlflow_run_id": run_id, "totals": totals,
-        "shards": [{k: v for k, v in s.items() if k != "compute_ms"} for s in shards],
+        "shards": [{k: v for k, v in s.items() if k != "seconds"} for s in shards],
     }
     faults.point("before_commit")
     if not commit(layout, manifest, replace=overwrite and existing is not None):
@@ -304,7 +304,11 @@ def _totals(shards: list[dict]) -> dict:
 def _metrics(totals: dict, pipeline_s: float, wall_s: float, shards: list[dict]) -> dict:
     metrics = {k: float(v) for k, v in totals.items()}
     metrics["pipeline_seconds"] = pipeline_s
-    metrics["compute_ms"] = float(sum(s.get("compute_ms") or 0.0 for s in shards))
+    # Where the time went, per stage, summed over batches (stages overlap across workers).
+    for shard in shards:
+        for stage, value in (shard.get("seconds") or {}).items():
+            key = f"stage_seconds_{stage}"
+            metrics[key] = metrics.get(key, 0.0) + value
     if wall_s:
         metrics["wall_seconds"] = wall_s
         metrics["rows_per_second"] = totals["rows_in"] / wall_s if wall_s else 0.0

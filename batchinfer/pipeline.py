@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
+import time
+
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
@@ -32,6 +34,13 @@ from .schemas import SchemaVersion
 from .validation import validate_batch
 
 SHARD_INFO = "shard_info"
+# Prediction files: dictionary-encode only the columns that repeat one value per batch, keep
+# statistics only where readers prune by them (measured: 36 → 13 ms CPU per 65,536-row file).
+PREDICTION_ENCODING = {
+    "dictionary": ["_source_shard", "_model_version", "_model_digest", "_schema_version",
+                   "_preprocess_hash", "_inference_id"],
+    "statistics": ["_source_row"],
+}
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,7 @@ class Payload:
     source_rows: np.ndarray        # int64 row of each valid row within its shard
     input_hash: pa.Array           # per valid row
     quarantine: list[pa.Table]     # rows already quarantined (schema, preprocess)
+    seconds: dict[str, float] = field(default_factory=dict)   # time spent per stage
 
 
 def build(pipeline: beam.Pipeline, plan: ScoringPlan, handler: BatchModelHandler):
@@ -100,17 +110,26 @@ class ReadShard(beam.DoFn):
 
     def process(self, element) -> Iterator[Any]:
         index, url = element
+        t0 = time.perf_counter()
         try:
             reader = ShardReader(url)
         except Unreadable as exc:
             yield beam.pvalue.TaggedOutput(SHARD_INFO, (index, _info(None, None, str(exc))))
             return
         faults.point("read")
-        yield beam.pvalue.TaggedOutput(SHARD_INFO, (index, _info(reader.sha256, reader.num_rows, None)))
+        info = _info(reader.sha256, reader.num_rows, None)
+        info["seconds"] = {"read": time.perf_counter() - t0}
+        yield beam.pvalue.TaggedOutput(SHARD_INFO, (index, info))
         first_row = 0
         try:
-            for number, batch in enumerate(reader.batches(self.plan.batch_rows)):
-                yield (index, number, first_row, batch)
+            batches = enumerate(reader.batches(self.plan.batch_rows))
+            while True:
+                t0 = time.perf_counter()  # decoding only: downstream work runs inside `yield`
+                item = next(batches, None)
+                if item is None:
+                    break
+                number, batch = item
+                yield (index, number, first_row, batch, time.perf_counter() - t0)
                 first_row += batch.num_rows
         except Unreadable as exc:
             # Batches already sent on are dropped by FinishShard: the shard counts as unreadable.
@@ -128,10 +147,12 @@ class PrepareBatch(beam.DoFn):
         self.plan = plan
 
     def process(self, element) -> Iterator[Prepared]:
-        index, number, first_row, batch = element
+        index, number, first_row, batch, read_s = element
         plan = self.plan
         name = plan.shard_names[index]
+        t0 = time.perf_counter()
         result = validate_batch(batch, plan.schema.schema, source_shard=name, first_row=first_row)
+        t1 = time.perf_counter()
         quarantine = [result.quarantine] if result.quarantine.num_rows else []
         valid = result.valid
         source_rows = result.valid_rows.astype(np.int64) + first_row
@@ -149,11 +170,14 @@ class PrepareBatch(beam.DoFn):
                 valid = valid.take(pa.array(keep))
                 source_rows = source_rows[keep]
             features = _concat_features([r for _, _, r in done]) if done else None
+        t2 = time.perf_counter()
         input_hash = (row_hashes(valid, plan.hash_columns) if valid.num_rows
                       else pa.array([], pa.string()))
+        seconds = {"read": read_s, "validate": t1 - t0, "preprocess": t2 - t1,
+                   "hash": time.perf_counter() - t2}
         yield Prepared(key=(index, number), rows=valid.num_rows, features=features,
                        payload=Payload(first_row, batch.num_rows, valid, source_rows, input_hash,
-                                       quarantine))
+                                       quarantine, seconds))
 
 
 class WriteBatch(beam.DoFn):
@@ -166,7 +190,8 @@ class WriteBatch(beam.DoFn):
         self.layout = Layout.for_url(self.plan.output_url, self.plan.attempt)
 
     def process(self, result: PredictionResult) -> Iterator[Any]:
-        plan, layout = self.plan, self.layout
+        plan = self.plan
+        t0 = time.perf_counter()
         item: Prepared = result.example
         inference = result.inference
         payload: Payload = item.payload
@@ -197,7 +222,7 @@ class WriteBatch(beam.DoFn):
         inference_id = f"{plan.attempt}-{index:05d}-{number:05d}"
         if ok.size:
             table = self._predictions(payload, ok, outputs, name, inference_id, inference.compute_ms)
-            files.append(self._write(PREDICTIONS, index, number, table))
+            files.append(self._write(PREDICTIONS, index, number, table, PREDICTION_ENCODING))
         quarantined = 0
         first_reason = None
         if quarantine:
@@ -205,14 +230,19 @@ class WriteBatch(beam.DoFn):
             quarantined = table.num_rows
             first_reason = table.column("_reason")[0].as_py()
             files.append(self._write(QUARANTINE, index, number, table))
+        seconds = dict(payload.seconds, infer=inference.compute_ms / 1000.0,
+                       write=time.perf_counter() - t0)
         yield (index, {"kind": "batch", "batch": number, "rows_in": payload.rows_in,
                        "rows_scored": int(ok.size), "rows_quarantined": quarantined,
-                       "files": files, "first_reason": first_reason,
-                       "compute_ms": inference.compute_ms})
+                       "files": files, "first_reason": first_reason, "seconds": seconds})
 
-    def _write(self, kind: str, index: int, number: int, table: pa.Table) -> dict:
+    def _write(self, kind: str, index: int, number: int, table: pa.Table,
+               encoding: dict | None = None) -> dict:
         relative = self.layout.part(kind, index, number)
-        data = parquet_bytes(table)
+        if encoding is not None:
+            encoding = {"dictionary": encoding["dictionary"],
+                        "statistics": [*self.plan.id_columns, *encoding["statistics"]]}
+        data = parquet_bytes(table, **(encoding or {}))
         if faults.armed("mid_write"):
             write_file(self.layout.fs, self.layout.abs(relative), data[: len(data) // 2])
             faults.point("mid_write")
@@ -261,6 +291,9 @@ class FinishShard(beam.DoFn):
 def fold_shard(name: str, records: Sequence[dict]) -> dict:
     """One manifest shard entry from a shard's info record(s) and batch records (pure).
 
+    The entry also carries ``seconds`` (time per stage, summed), which the job turns into
+    metrics and leaves out of the manifest.
+
     Raises:
         RuntimeError: the batches do not account for every row (a bug, never bad data).
     """
@@ -286,9 +319,13 @@ def fold_shard(name: str, records: Sequence[dict]) -> dict:
     else:
         status, reason = "scored", None
     files = [f for b in batches for f in b["files"]]
+    seconds: dict[str, float] = {}
+    for record in [*infos, *batches]:
+        for stage, value in record.get("seconds", {}).items():
+            seconds[stage] = seconds.get(stage, 0.0) + value
     return {"path": name, "sha256": sha256, "rows_in": rows_in, "rows_scored": scored,
             "rows_quarantined": quarantined, "status": status, "reason": reason, "files": files,
-            "compute_ms": sum(b["compute_ms"] for b in batches)}
+            "seconds": seconds}
 
 
 def prediction_array(values: np.ndarray) -> pa.Array:

@@ -22,7 +22,8 @@ order. If pandera itself raises (not a validation failure), or the batch cannot 
 every row is quarantined with that error as the reason; the job never crashes on bad data.
 
 The passing case costs the conversion, the pandera call and O(1) Python; Python runs per
-failure record and per bad row only.
+failure record and per bad row only. Batches that :mod:`batchinfer.precheck` proves clean
+with Arrow kernels (the common case for schemas of built-in checks) skip pandera entirely.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from batchinfer.errors import UsageError
+from batchinfer.precheck import Precheck
 from batchinfer.quarantine import Failure, build_quarantine, empty_quarantine
 
 __all__ = [
@@ -77,6 +79,7 @@ class _Resolved:
     kind: str  # "polars" | "pandas"
     schema: Any  # the pandera DataFrameSchema to validate with
     columns: tuple[str, ...]
+    precheck: Precheck  # proves clean batches clean without pandera
 
 
 # id(schema) -> (schema, resolved). Holding the schema keeps its id from being reused.
@@ -131,7 +134,8 @@ def _resolve(schema: object) -> _Resolved:
     else:
         import pandera.pandas  # noqa: F401
     resolved_schema = schema.to_schema() if isinstance(schema, type) else schema
-    resolved = _Resolved(kind, resolved_schema, tuple(resolved_schema.columns))
+    resolved = _Resolved(kind, resolved_schema, tuple(resolved_schema.columns),
+                         Precheck(resolved_schema))
     if len(_RESOLVED) >= _RESOLVED_MAX:
         _RESOLVED.clear()
     _RESOLVED[id(schema)] = (schema, resolved)
@@ -180,7 +184,11 @@ def validate_batch(
     n = batch.num_rows
     if n == 0:
         return ValidationResult(batch, np.empty(0, dtype=np.int64), empty_quarantine())
+    if resolved.precheck.clean(batch):
+        return ValidationResult(batch, np.arange(n, dtype=np.int64), empty_quarantine())
     frame_failures, row_failures = _check(resolved, batch)
+    if not frame_failures:
+        resolved.precheck.structure_ok(batch)
     if not frame_failures and not row_failures:
         return ValidationResult(batch, np.arange(n, dtype=np.int64), empty_quarantine())
 

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
@@ -30,7 +31,8 @@ import pytest
 
 __all__ = ["free_port", "closed_port", "MotoServer", "moto_server", "MlflowServer", "mlflow_server",
            "FaultRule", "FaultProxy", "fault_proxy", "s3_server", "mlflow_live", "s3_proxy",
-           "s3_env", "new_bucket"]
+           "s3_env", "new_bucket", "env_for", "s3fs_for", "S3_CREDENTIALS",
+           "stamped_template", "copy_project", "start_cli", "finish_all", "s3_proxy_session"]
 
 HOST = "127.0.0.1"
 S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
@@ -208,7 +210,7 @@ class FaultRule:
 
     Attributes:
         method: HTTP method, or ``"*"``.
-        contains: substring of the request target (path and query).
+        contains: substring of the request target (path and query, percent-decoded).
         status: the status to answer (500, 503, ...); ignored when ``stall_s`` is set.
         stall_s: instead of answering, hold the request this long, then drop the connection.
         matched: how many requests this rule has faulted so far.
@@ -312,7 +314,8 @@ class FaultProxy:
                     raw += self.rfile.read(size + 2)
 
             def _handle(self) -> None:
-                method, target = self.command, self.path
+                # Rules and the log see the decoded target; the raw one is forwarded.
+                method, target = self.command, urllib.parse.unquote(self.path)
                 body = self._body()
                 rule = proxy._decide(method, target)
                 if rule is not None and rule.stall_s is not None:
@@ -337,7 +340,7 @@ class FaultProxy:
                            if k.lower() not in _HOP_BY_HOP or k.lower() == "transfer-encoding"]
                 conn = http.client.HTTPConnection(proxy.upstream_host, proxy.upstream_port, timeout=120)
                 try:
-                    conn.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
+                    conn.putrequest(method, self.path, skip_host=True, skip_accept_encoding=True)
                     for k, v in headers:
                         conn.putheader(k, v)
                     conn.endheaders(body if body else None)
@@ -415,19 +418,19 @@ def mlflow_live(tmp_path_factory) -> Iterator[MlflowServer]:
 
 
 @pytest.fixture(scope="session")
-def _s3_proxy_session(s3_server) -> Iterator[FaultProxy]:
+def s3_proxy_session(s3_server) -> Iterator[FaultProxy]:
     with fault_proxy(s3_server.endpoint) as proxy:
         yield proxy
 
 
 @pytest.fixture
-def s3_proxy(_s3_proxy_session) -> Iterator[FaultProxy]:
+def s3_proxy(s3_proxy_session) -> Iterator[FaultProxy]:
     """The session's fault proxy in front of moto, with no rules and an empty log."""
-    _s3_proxy_session.reset()
+    s3_proxy_session.reset()
     try:
-        yield _s3_proxy_session
+        yield s3_proxy_session
     finally:
-        _s3_proxy_session.reset()
+        s3_proxy_session.reset()
 
 
 @pytest.fixture
@@ -438,3 +441,57 @@ def s3_env(s3_server) -> dict[str, str]:
 @pytest.fixture
 def new_bucket(s3_server) -> str:
     return s3_server.make_bucket()
+
+
+# -- a stamped job folder to copy (numeric_project once per session) ---------------------------
+
+@pytest.fixture(scope="session")
+def stamped_template(tmp_path_factory) -> Path:
+    """One :func:`factories.numeric_project` (3 shards × 1000 rows, a stamped MLP) and a sqlite
+    MLflow store created once (DESIGN: a *new* store must not be raced), for tests to copy."""
+    from factories import numeric_project
+
+    folder = tmp_path_factory.mktemp("template")
+    numeric_project(folder)
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow.db'}").search_experiments()
+    (folder / "job.yaml").unlink()
+    return folder
+
+
+def copy_project(template: Path, dest: Path, *, store: bool = True, **job_sections) -> Path:
+    """Copy the template into ``dest`` and write its ``job.yaml`` (see factories.write_job).
+
+    Args:
+        store: keep the pre-created ``mlflow.db`` (False: the job meets a new store).
+    """
+    import shutil
+
+    from factories import write_job
+
+    shutil.copytree(template, dest, dirs_exist_ok=True,
+                    ignore=None if store else shutil.ignore_patterns("mlflow.db"))
+    return write_job(dest, **job_sections)
+
+
+def start_cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.Popen:
+    """``python -m batchinfer ARGS`` started in the background (for concurrent runs)."""
+    return subprocess.Popen([sys.executable, "-m", "batchinfer", *args], cwd=cwd,
+                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish_all(procs: list[subprocess.Popen], timeout: float = 600) -> list[tuple[int, str, str]]:
+    """Wait for every process (killing the ones still running on the way out)."""
+    results = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout)
+            results.append((proc.returncode, out, err))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return results

@@ -110,7 +110,8 @@ def ref_type_string(t: pa.DataType) -> str:
     if pa.types.is_map(t):
         return "map<" + ref_type_string(t.key_type) + ", " + ref_type_string(t.item_type) + ">"
     if pa.types.is_struct(t):
-        parts = [t.field(i).name + ": " + ref_type_string(t.field(i).type) for i in range(t.num_fields)]
+        fields = [t.field(i) for i in range(t.num_fields)]
+        parts = [f.name + ": " + ref_type_string(f.type) for f in fields]
         return "struct<" + ", ".join(parts) + ">"
     raise AssertionError(f"reference does not know {t}")
 
@@ -227,12 +228,19 @@ def _bits_to_float64(bits: list[int]) -> np.ndarray:
     return np.array(bits, dtype="<u8").view("<f8")
 
 
+def _decimals(texts: list[str | None], arrow_type: pa.DataType) -> pa.Array:
+    return pa.array([None if t is None else decimal.Decimal(t) for t in texts], arrow_type)
+
+
 def every_type_table() -> pa.Table:
     """Six rows; every column has a null and the awkward values of its type."""
-    nan_payloads = _bits_to_float64([0x7FF8000000000000, 0xFFF8000000000000, 0x7FF0000000000001,
-                                     0xFFFFFFFFFFFFFFFF, 0x7FF06E756C6C0001, 0x0])
+    nan_bits = [0x7FF8000000000000, 0xFFF8000000000000, 0x7FF0000000000001,
+                0xFFFFFFFFFFFFFFFF, 0x7FF06E756C6C0001, 0x0]
     floats = [0.0, -0.0, math.inf, -math.inf, math.nan, 1.5]
     f_mask = np.array([False, False, False, False, False, True])
+    nines_36, nines_70 = "9" * 36, "9" * 70
+    point = pa.struct([("b", pa.int64()), ("a", pa.string())])
+    nested = pa.struct([("p", pa.struct([("q", pa.list_(pa.float32()))])), ("r", pa.bool_())])
     columns = {
         "null": pa.nulls(6),
         "bool": pa.array([True, False, None, True, False, True]),
@@ -247,7 +255,7 @@ def every_type_table() -> pa.Table:
         "float16": pa.array(np.array(floats, dtype=np.float16), mask=f_mask),
         "float32": pa.array(np.array(floats, dtype=np.float32), mask=f_mask),
         "float64": pa.array(np.array(floats, dtype=np.float64), mask=f_mask),
-        "nan_payloads": pa.array(nan_payloads),
+        "nan_payloads": pa.array(_bits_to_float64(nan_bits)),
         "date32": pa.array([0, -1, 19000, None, 2**31 - 1, 1], pa.date32()),
         "date64": pa.array([0, -86400000, 86400000, None, 2, 1], pa.date64()),
         "time32s": pa.array([0, 1, 86399, None, 5, 6], pa.time32("s")),
@@ -260,49 +268,71 @@ def every_type_table() -> pa.Table:
         "duration": pa.array([0, -1, 2**62, None, 5, 6], pa.duration("ms")),
         "string": pa.array(["", "a", "héllo wörld", None, LONG_TEXT, "日本語"]),
         "large_string": pa.array(["", "a", "ab", None, LONG_TEXT, "\x00"], pa.large_string()),
-        "string_view": pa.array(["", "a", "a much longer string than twelve bytes", None, "x", ""],
-                                pa.string_view()),
+        "string_view": pa.array(
+            ["", "a", "a much longer string than twelve bytes", None, "x", ""], pa.string_view()
+        ),
         "binary": pa.array([b"", b"\x00", b"\xff\x00\x01", None, bytes(range(256)), b"a"]),
-        "large_binary": pa.array([b"", b"\x00", b"z", None, b"long" * 3000, b"a"], pa.large_binary()),
+        "large_binary": pa.array(
+            [b"", b"\x00", b"z", None, b"long" * 3000, b"a"], pa.large_binary()
+        ),
         "binary_view": pa.array([b"", b"\x00", b"z" * 40, None, b"q", b"a"], pa.binary_view()),
-        "fixed_binary": pa.array([b"abc", b"\x00\x00\x00", b"\xff\xfe\xfd", None, b"abd", b"   "],
-                                 pa.binary(3)),
+        "fixed_binary": pa.array(
+            [b"abc", b"\x00\x00\x00", b"\xff\xfe\xfd", None, b"abd", b"   "], pa.binary(3)
+        ),
         "fixed_binary0": pa.array([b"", b"", None, b"", b"", b""], pa.binary(0)),
-        "decimal32": pa.array([decimal.Decimal(v) if v else None for v in
-                               ["0", "-1.25", "999.99", None, "-999.99", "0.01"]], pa.decimal32(5, 2)),
-        "decimal64": pa.array([decimal.Decimal(v) if v else None for v in
-                               ["0", "-1.25", "99999999.99", None, "-0.01", "0.01"]], pa.decimal64(10, 2)),
-        "decimal128": pa.array([decimal.Decimal(v) if v else None for v in
-                                ["0", "-1.25", "9" * 36 + ".99", None, "-" + "9" * 36 + ".99", "1E+2"]],
-                               pa.decimal128(38, 2)),
-        "decimal256": pa.array([decimal.Decimal(v) if v else None for v in
-                                ["0", "-1.25", "9" * 70 + ".99", None, "-" + "1" * 70 + ".5", "0.01"]],
-                               pa.decimal256(76, 2)),
-        "list_int": pa.array([[], [1, None, 3], None, [0], [-1] * 70, [2, 1]], pa.list_(pa.int32())),
-        "large_list_str": pa.array([[""], [], ["a", None], None, ["x", LONG_TEXT], ["ab"]],
-                                   pa.large_list(pa.string())),
-        "list_list": pa.array([[[1], []], [], None, [None, [2, 3]], [[]], [[1, 2]]],
-                              pa.list_(pa.list_(pa.int64()))),
-        "fixed_list": pa.array([[1.0, -0.0], [math.nan, None], None, [0.0, 0.0], [1e300, -1e-300], [2, 3]],
-                               pa.list_(pa.float64(), 2)),
+        "decimal32": _decimals(
+            ["0", "-1.25", "999.99", None, "-999.99", "0.01"], pa.decimal32(5, 2)
+        ),
+        "decimal64": _decimals(
+            ["0", "-1.25", "99999999.99", None, "-0.01", "0.01"], pa.decimal64(10, 2)
+        ),
+        "decimal128": _decimals(
+            ["0", "-1.25", nines_36 + ".99", None, "-" + nines_36 + ".99", "1E+2"],
+            pa.decimal128(38, 2),
+        ),
+        "decimal256": _decimals(
+            ["0", "-1.25", nines_70 + ".99", None, "-" + "1" * 70 + ".5", "0.01"],
+            pa.decimal256(76, 2),
+        ),
+        "list_int": pa.array(
+            [[], [1, None, 3], None, [0], [-1] * 70, [2, 1]], pa.list_(pa.int32())
+        ),
+        "large_list_str": pa.array(
+            [[""], [], ["a", None], None, ["x", LONG_TEXT], ["ab"]], pa.large_list(pa.string())
+        ),
+        "list_list": pa.array(
+            [[[1], []], [], None, [None, [2, 3]], [[]], [[1, 2]]], pa.list_(pa.list_(pa.int64()))
+        ),
+        "fixed_list": pa.array(
+            [[1.0, -0.0], [math.nan, None], None, [0.0, 0.0], [1e300, -1e-300], [2, 3]],
+            pa.list_(pa.float64(), 2),
+        ),
         "struct": pa.array(
-            [{"b": 1, "a": "x"}, {"b": None, "a": None}, None, {"b": 0, "a": ""}, {"b": -5, "a": "z"},
-             {"b": 2, "a": "é"}],
-            pa.struct([("b", pa.int64()), ("a", pa.string())]),
+            [{"b": 1, "a": "x"}, {"b": None, "a": None}, None, {"b": 0, "a": ""},
+             {"b": -5, "a": "z"}, {"b": 2, "a": "é"}],
+            point,
         ),
         "struct_nested": pa.array(
-            [{"p": {"q": [1.0]}, "r": True}, None, {"p": None, "r": None}, {"p": {"q": None}, "r": False},
-             {"p": {"q": []}, "r": True}, {"p": {"q": [math.nan]}, "r": True}],
-            pa.struct([("p", pa.struct([("q", pa.list_(pa.float32()))])), ("r", pa.bool_())]),
+            [{"p": {"q": [1.0]}, "r": True}, None, {"p": None, "r": None},
+             {"p": {"q": None}, "r": False}, {"p": {"q": []}, "r": True},
+             {"p": {"q": [math.nan]}, "r": True}],
+            nested,
         ),
-        "map": pa.array([[("a", 1)], [], None, [("a", None), ("b", 2)], [("b", 2), ("a", None)], [("", 0)]],
-                        pa.map_(pa.string(), pa.int64())),
+        "map": pa.array(
+            [[("a", 1)], [], None, [("a", None), ("b", 2)], [("b", 2), ("a", None)], [("", 0)]],
+            pa.map_(pa.string(), pa.int64()),
+        ),
         "dict_str": pa.array(["x", None, "y", "x", "", "y"]).dictionary_encode(),
         "dict_float": pa.DictionaryArray.from_arrays(
-            pa.array([0, 1, None, 2, 0, 1], pa.int8()), pa.array([1.5, math.nan, None], pa.float32())),
+            pa.array([0, 1, None, 2, 0, 1], pa.int8()),
+            pa.array([1.5, math.nan, None], pa.float32()),
+        ),
         "ree": pc.run_end_encode(pa.array([1, 1, None, None, 7, 1], pa.int16())),
-        "uuid": pa.array([bytes(range(16)), b"\x00" * 16, None, b"\xff" * 16, b"0123456789abcdef",
-                          bytes(range(16))], pa.binary(16)).cast(pa.uuid()),
+        "uuid": pa.array(
+            [bytes(range(16)), b"\x00" * 16, None, b"\xff" * 16, b"0123456789abcdef",
+             bytes(range(16))],
+            pa.binary(16),
+        ).cast(pa.uuid()),
         "json": pa.array(['{"a": 1}', "null", None, "[]", "", "1"]).cast(pa.json_()),
     }
     return pa.table(columns)
@@ -362,6 +392,16 @@ def test_large_dictionary_and_long_string_against_reference():
     assert row_hashes_uint64(table).tolist() == ref_row_hashes(table)
 
 
+def test_dictionary_index_under_a_null_may_be_garbage():
+    # Writers may leave any value in the index slot of a null, even one out of range.
+    validity = pa.py_buffer(np.packbits([1, 0, 1], bitorder="little").tobytes())
+    data = pa.py_buffer(np.array([1, 99_999, 0], dtype="<i4").tobytes())
+    indices = pa.Array.from_buffers(pa.int32(), 3, [validity, data], null_count=1)
+    array = pa.DictionaryArray.from_arrays(indices, pa.array(["a", "b"]))
+    table = pa.table({"x": array})
+    assert row_hashes(table).equals(row_hashes(pa.table({"x": pa.array(["b", None, "a"])})))
+
+
 # --- (b) fixed test vectors (also in docs/hashing.md) -----------------------------------------
 
 
@@ -402,10 +442,12 @@ CELL_VECTORS = [
     ("binary abc", pa.array([b"abc"], pa.binary()), "75b6896d3308eae1"),
     ("date32 1970-01-01", pa.array([0], pa.date32()), "17a87d5ef5865bbc"),
     ("timestamp[us, tz=UTC] 0", pa.array([0], pa.timestamp("us", tz="UTC")), "a8ece9f4e200ca3d"),
-    ("decimal(10, 2) 1.25", pa.array([decimal.Decimal("1.25")], pa.decimal128(10, 2)), "92a271f5f4bb8d0a"),
+    ("decimal(10, 2) 1.25", _decimals(["1.25"], pa.decimal128(10, 2)), "92a271f5f4bb8d0a"),
     ("list<int64> [1, 2]", pa.array([[1, 2]], pa.list_(pa.int64())), "b87ee70b82480fae"),
-    ("struct<a: int64> {a: 1}", pa.array([{"a": 1}], pa.struct([("a", pa.int64())])), "f1a23fc8e5885a58"),
-    ("map<utf8, int64> {a: 1}", pa.array([[("a", 1)]], pa.map_(pa.string(), pa.int64())), "0428b94f28cab193"),
+    ("struct<a: int64> {a: 1}",
+     pa.array([{"a": 1}], pa.struct([("a", pa.int64())])), "f1a23fc8e5885a58"),
+    ("map<utf8, int64> {a: 1}",
+     pa.array([[("a", 1)]], pa.map_(pa.string(), pa.int64())), "0428b94f28cab193"),
 ]
 
 
@@ -415,7 +457,9 @@ def test_vector_table():
     assert hex_of(ref_row_hashes(vector_table())) == VECTOR_ROWS
 
 
-@pytest.mark.parametrize("description, array, expected", CELL_VECTORS, ids=[c[0] for c in CELL_VECTORS])
+@pytest.mark.parametrize(
+    "description, array, expected", CELL_VECTORS, ids=[c[0] for c in CELL_VECTORS]
+)
 def test_cell_vectors(description, array, expected):
     table = pa.table({"x": array})
     assert row_hashes(table).to_pylist() == [expected]
@@ -485,12 +529,14 @@ def test_row_in_slice_equals_row_alone():
 def test_chunking_and_batches_do_not_matter():
     table = every_type_table()
     whole = row_hashes_uint64(table).tolist()
-    rechunked = pa.concat_tables([table.slice(0, 1), table.slice(1, 3), table.slice(4, 0), table.slice(4)])
+    pieces = [table.slice(0, 1), table.slice(1, 3), table.slice(4, 0), table.slice(4)]
+    rechunked = pa.concat_tables(pieces)
     assert rechunked.column(0).num_chunks == 4
     assert row_hashes_uint64(rechunked).tolist() == whole
     # pyarrow cannot combine chunks of a dictionary whose values hold a null.
     combinable = rechunked.drop_columns(["dict_float"])
-    assert row_hashes_uint64(combinable.combine_chunks()).tolist() == row_hashes_uint64(combinable).tolist()
+    combined = combinable.combine_chunks()
+    assert row_hashes_uint64(combined).tolist() == row_hashes_uint64(combinable).tolist()
     per_batch = [h for batch in rechunked.to_batches() for h in row_hashes_uint64(batch).tolist()]
     assert per_batch == whole
     assert row_hashes_uint64(table.to_batches(max_chunksize=2)[1]).tolist() == whole[2:4]
@@ -551,6 +597,9 @@ def test_list_item_names_and_nullability_are_ignored():
 # --- (d) sensitivity -------------------------------------------------------------------------
 
 
+INT_LIST = pa.list_(pa.int64())
+
+
 def _hash_one(**columns) -> str:
     return row_hashes(pa.table(columns)).to_pylist()[0]
 
@@ -575,11 +624,12 @@ def _hash_one(**columns) -> str:
         ({"a": pa.array([False])}, {"a": pa.array([None], pa.bool_())}),
         ({"a": pa.array([False])}, {"a": pa.array([0], pa.uint8())}),
         ({"a": pa.array([[1, 2]])}, {"a": pa.array([[2, 1]])}),
-        ({"a": pa.array([[]], pa.list_(pa.int64()))}, {"a": pa.array([None], pa.list_(pa.int64()))}),
-        ({"a": pa.array([[None]], pa.list_(pa.int64()))}, {"a": pa.array([[]], pa.list_(pa.int64()))}),
+        ({"a": pa.array([[]], INT_LIST)}, {"a": pa.array([None], INT_LIST)}),
+        ({"a": pa.array([[None]], INT_LIST)}, {"a": pa.array([[]], INT_LIST)}),
         ({"a": pa.array([["ab"]])}, {"a": pa.array([["a", "b"]])}),
         ({"a": pa.array([0], pa.timestamp("us"))}, {"a": pa.array([0], pa.timestamp("ns"))}),
-        ({"a": pa.array([0], pa.timestamp("us"))}, {"a": pa.array([0], pa.timestamp("us", tz="UTC"))}),
+        ({"a": pa.array([0], pa.timestamp("us"))},
+         {"a": pa.array([0], pa.timestamp("us", tz="UTC"))}),
         ({"a": pa.array([decimal.Decimal("1.25")], pa.decimal128(10, 2))},
          {"a": pa.array([decimal.Decimal("1.250")], pa.decimal128(10, 3))}),
         ({"a": pa.array([1], pa.int64()), "b": pa.array([2], pa.int64())},
@@ -634,7 +684,8 @@ def _values_and_type(draw, type_name, rows):
 
     if type_name in ("int8", "int16", "int32", "int64"):
         bits = int(type_name[3:])
-        return values(st.integers(-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)), getattr(pa, type_name)()
+        limit = 2 ** (bits - 1)
+        return values(st.integers(-limit, limit - 1)), getattr(pa, type_name)()
     if type_name in ("uint8", "uint64"):
         return values(st.integers(0, 2 ** int(type_name[4:]) - 1)), getattr(pa, type_name)()
     if type_name == "bool":
@@ -653,21 +704,26 @@ def _values_and_type(draw, type_name, rows):
         digits = st.decimals(min_value=-10**7, max_value=10**7, places=2, allow_nan=False)
         return values(digits), pa.decimal128(12, 2)
     if type_name == "list":
-        return values(st.lists(st.one_of(st.none(), st.integers(-5, 5)), max_size=4)), pa.list_(pa.int16())
+        items = st.lists(st.one_of(st.none(), st.integers(-5, 5)), max_size=4)
+        return values(items), pa.list_(pa.int16())
     if type_name == "list_str":
-        return values(st.lists(st.one_of(st.none(), st.text(max_size=3)), max_size=3)), pa.list_(pa.string())
+        items = st.lists(st.one_of(st.none(), st.text(max_size=3)), max_size=3)
+        return values(items), pa.list_(pa.string())
     if type_name == "struct":
         record = st.fixed_dictionaries({"z": st.one_of(st.none(), st.integers(-3, 3)),
                                         "y": st.one_of(st.none(), st.text(max_size=3))})
         return values(record), pa.struct([("z", pa.int64()), ("y", pa.string())])
     if type_name == "map":
-        entries = st.lists(st.tuples(st.text(max_size=2), st.one_of(st.none(), st.floats())), max_size=3)
+        entry = st.tuples(st.text(max_size=2), st.one_of(st.none(), st.floats()))
+        entries = st.lists(entry, max_size=3)
         return values(entries), pa.map_(pa.string(), pa.float64())
     raise AssertionError(type_name)
 
 
-_TYPE_NAMES = ["int8", "int16", "int32", "int64", "uint8", "uint64", "bool", "float32", "float64",
-               "string", "binary", "timestamp", "date32", "decimal", "list", "list_str", "struct", "map"]
+_TYPE_NAMES = [
+    "int8", "int16", "int32", "int64", "uint8", "uint64", "bool", "float32", "float64", "string",
+    "binary", "timestamp", "date32", "decimal", "list", "list_str", "struct", "map",
+]
 
 
 @st.composite
@@ -726,7 +782,8 @@ def test_errors():
     with pytest.raises(ValueError, match="more than once"):
         row_hashes(pa.Table.from_arrays([pa.array([1]), pa.array([2])], names=["a", "a"]))
     with pytest.raises(ValueError, match="more than once"):
-        row_hashes(pa.table({"s": pa.StructArray.from_arrays([pa.array([1]), pa.array([2])], names=["p", "p"])}))
+        twice = pa.StructArray.from_arrays([pa.array([1]), pa.array([2])], names=["p", "p"])
+        row_hashes(pa.table({"s": twice}))
     with pytest.raises(TypeError, match="single string"):
         row_hashes(table, "ab")
     with pytest.raises(TypeError, match="RecordBatch or Table"):
@@ -735,9 +792,11 @@ def test_errors():
     with pytest.raises(TypeError, match="not covered"):
         row_hashes(pa.table({"u": union}))
     with pytest.raises(TypeError, match="not covered"):
-        row_hashes(pa.table({"i": pa.array([pa.MonthDayNano([1, 2, 3])], pa.month_day_nano_interval())}))
+        interval = pa.array([pa.MonthDayNano([1, 2, 3])], pa.month_day_nano_interval())
+        row_hashes(pa.table({"i": interval}))
 
 
 def test_duplicate_names_outside_the_selection_are_fine():
-    table = pa.Table.from_arrays([pa.array([1]), pa.array([2]), pa.array([3])], names=["a", "a", "b"])
+    arrays = [pa.array([1]), pa.array([2]), pa.array([3])]
+    table = pa.Table.from_arrays(arrays, names=["a", "a", "b"])
     assert row_hashes(table, ["b"]).equals(row_hashes(pa.table({"b": [3]})))

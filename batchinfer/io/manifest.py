@@ -55,6 +55,10 @@ def commit(layout: Layout, manifest: dict, *, replace: bool = False) -> bool:
                     os.link(scratch, final)
                 except FileExistsError:
                     return False
+                finally:
+                    # A committed manifest must not share its inode with a scratch path that a
+                    # retried commit would rewrite in place.
+                    os.unlink(scratch)
         elif replace:
             fs.pipe_file(final, data)
         else:

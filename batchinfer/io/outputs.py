@@ -56,9 +56,20 @@ class Layout:
         return join(self.root, relative)
 
 
-def parquet_bytes(table: pa.Table) -> bytes:
+def parquet_bytes(table: pa.Table, *, dictionary: list[str] | None = None,
+                  statistics: list[str] | None = None) -> bytes:
+    """Serialise ``table`` as Parquet.
+
+    Args:
+        dictionary: columns to dictionary-encode (default: all). Trying a dictionary on
+            high-cardinality columns (hashes, scores) only to give up costs more than writing.
+        statistics: columns to keep min/max statistics for (default: all); statistics of
+            long unique strings cost time and help no reader.
+    """
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink)
+    pq.write_table(table, sink,
+                   use_dictionary=True if dictionary is None else dictionary,
+                   write_statistics=True if statistics is None else statistics)
     return sink.getvalue().to_pybytes()
 
 

@@ -1,0 +1,550 @@
+#!/usr/bin/env python3
+"""batchinfer against its peers, on the same data, in one run (see bench/README.md).
+
+  python bench/run.py [--rows 1000000 2000000 8000000] [--rounds 3] [--shard-rows 125000]
+                      [--workdir bench/out] [--all-peers] [--programs floor batchinfer ...]
+
+For each size the data is generated once with ``make_data.py`` (``--shards rows/shard_rows``:
+the shard size is the same at every size, so peak memory can be compared across sizes). Then,
+round after round, every program runs on every size as its own process, in an order that
+rotates each round: the raw-model floor, stock Beam RunInference (smallest size only unless
+``--all-peers``), Ray Data (when ``ray`` imports) and batchinfer, run as a user runs it
+(``python -m batchinfer run job.yaml --ds …`` in a job folder with a schema, a stamped model and
+an MLflow sqlite store created beforehand). A one-row partition measures start-up.
+
+Each run is timed around the whole process (``perf_counter`` around the subprocess), and its
+peak memory is taken from GNU ``/usr/bin/time -v`` (or ``bench/rss.py`` where that is missing):
+the largest resident set of any one process. The process tree's total proportional set size
+(PSS: shared pages split among the processes that map them) is also sampled every
+``--sample`` seconds (``tree PSS``): that is what counts for multi-process programs such as Ray.
+Sampling can miss a short peak; ``peak RSS`` cannot.
+
+Results: a table on stdout and everything, raw runs included, in ``WORKDIR/results.json``.
+Outputs are removed after every run; the generated data is kept and reused by later runs with
+the same parameters (``make_data.py`` is deterministic; ``--regen`` forces it).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PEERS = Path(os.environ.get("BATCHINFER_PEERS", HERE.parent.parent / "shared" / "bench"))
+FEATURES = 32
+STARTUP_ROWS = 1
+PAGE = os.sysconf("SC_PAGE_SIZE")
+PROGRAMS = ("floor", "batchinfer", "ray", "stock_beam")
+
+SCHEMA_SOURCE = '''\
+"""bench_features, version 1: what make_data.py writes (id + 32 standard-normal float32s)."""
+import pandera.polars as pa
+import polars as pl
+
+FEATURES = [f"f{i}" for i in range(%d)]
+
+SCHEMA = pa.DataFrameSchema(
+    {"id": pa.Column(pl.Int64, nullable=False),
+     **{name: pa.Column(pl.Float32, pa.Check.in_range(-100.0, 100.0)) for name in FEATURES}},
+    strict=True,
+    name="bench_features@1",
+)
+''' % FEATURES
+
+JOB_TEMPLATE = """\
+# batchinfer benchmark job ({rows} rows): written by bench/run.py.
+name: bench_{rows}
+input: {{path: "{data}/*.parquet"}}
+schema: bench_features@1
+schemas: {{root: schemas}}
+model: {{uri: models/model.onnx, backend: onnxruntime, device: cpu, version: "bench_mlp:1"}}
+output: {{path: "out/dt={{ds}}", id_columns: [id], predictions: {{y: score}}}}
+tracking: {{uri: "{tracking}", experiment: batchinfer_bench}}
+"""
+
+
+# -- running one program -----------------------------------------------------------------------
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                kids.extend(int(x) for x in f.read().split())
+    except OSError:
+        pass
+    return kids
+
+
+def _pss(pid: int) -> int:
+    """Proportional set size in bytes (shared pages split among their users); RSS as fallback."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+def _tree_pss(root: int) -> int:
+    """Sum of the PSS of ``root``'s descendants (not ``root``: the timing wrapper)."""
+    total, todo = 0, _children(root)
+    while todo:
+        pid = todo.pop()
+        try:
+            total += _pss(pid)
+        except OSError:
+            continue
+        todo.extend(_children(pid))
+    return total
+
+
+def _parse_gnu_time(text: str) -> dict:
+    def field(label, cast=float):
+        m = re.search(rf"^\s*{re.escape(label)}:\s*(\S+)", text, re.M)
+        return cast(m.group(1)) if m else None
+
+    return {"user_s": field("User time (seconds)"), "sys_s": field("System time (seconds)"),
+            "max_rss_kb": field("Maximum resident set size (kbytes)", int),
+            "rc": field("Exit status", int)}
+
+
+def measure(cmd: list[str], *, cwd: Path, log: Path, env: dict, timeout: float,
+            sample_s: float, python: str) -> dict:
+    """Run ``cmd`` as its own process; return wall, CPU, peak RSS and tree RSS."""
+    stats = log.with_suffix(".time")
+    if Path("/usr/bin/time").exists():
+        wrapped = ["/usr/bin/time", "-v", "-o", str(stats), *cmd]
+        parse = lambda: _parse_gnu_time(stats.read_text())  # noqa: E731
+    else:
+        wrapped = [python, str(HERE / "rss.py"), str(stats), *cmd]
+        parse = lambda: json.loads(stats.read_text())  # noqa: E731
+    load_before = os.getloadavg()[0]
+    tree_peak = 0
+    with open(log, "wb") as out:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(wrapped, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        timed_out = False
+        while proc.poll() is None:
+            tree_peak = max(tree_peak, _tree_pss(proc.pid))
+            if time.perf_counter() - t0 > timeout:
+                timed_out = True
+                os.killpg(proc.pid, signal.SIGKILL)  # the group this run started, nothing else
+                proc.wait()
+                break
+            time.sleep(sample_s)
+        wall = time.perf_counter() - t0
+    result = {"wall_s": wall, "rc": proc.returncode, "timed_out": timed_out,
+              "tree_pss_mb": tree_peak / 2**20, "load1_before": load_before,
+              "load1_after": os.getloadavg()[0]}
+    try:
+        parsed = parse()
+        result.update({k: v for k, v in parsed.items() if k != "rc" and v is not None})
+        if parsed.get("rc") is not None and not timed_out:
+            result["rc"] = parsed["rc"]
+        stats.unlink()
+    except (OSError, ValueError):
+        pass
+    if "max_rss_kb" in result:
+        result["max_rss_mb"] = result.pop("max_rss_kb") / 1024
+    return result
+
+
+# -- counting what a program wrote -------------------------------------------------------------
+
+def parquet_rows(folder: Path, pattern: str) -> int:
+    import pyarrow.parquet as pq
+
+    return sum(pq.read_metadata(p).num_rows for p in folder.rglob(pattern) if p.is_file())
+
+
+def batchinfer_result(out: Path) -> dict:
+    info = {}
+    manifest = out / "_manifest.json"
+    if manifest.is_file():
+        totals = json.loads(manifest.read_text())["totals"]
+        info["rows_out"] = totals["rows_scored"]
+        info["rows_quarantined"] = totals["rows_quarantined"]
+    metrics = out / "_metrics.json"
+    if metrics.is_file():
+        info["job_metrics"] = json.loads(metrics.read_text()).get("metrics", {})
+    return info
+
+
+# -- preparing data and jobs -------------------------------------------------------------------
+
+def make_data(python: str, folder: Path, rows: int, shards: int, regen: bool) -> float:
+    params = {"rows": rows, "shards": shards, "features": FEATURES}
+    marker = folder / "params.json"
+    if not regen and marker.is_file() and json.loads(marker.read_text()) == params \
+            and (folder / "model.onnx").is_file():
+        return 0.0
+    shutil.rmtree(folder, ignore_errors=True)
+    t0 = time.perf_counter()
+    subprocess.run([python, str(PEERS / "make_data.py"), str(folder), "--rows", str(rows),
+                    "--shards", str(shards), "--features", str(FEATURES)],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    marker.write_text(json.dumps(params))
+    return time.perf_counter() - t0
+
+
+def make_job(python: str, folder: Path, data: Path, rows: int, tracking: str) -> Path:
+    schema = folder / "schemas" / "bench_features" / "v1.py"
+    schema.parent.mkdir(parents=True, exist_ok=True)
+    schema.write_text(SCHEMA_SOURCE)
+    model = folder / "models" / "model.onnx"
+    model.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(data / "model.onnx", model)
+    job = folder / "job.yaml"
+    job.write_text(JOB_TEMPLATE.format(rows=rows, data=data / "data", tracking=tracking))
+    shutil.rmtree(folder / "out", ignore_errors=True)
+    subprocess.run([python, "-m", "batchinfer", "stamp", "models/model.onnx", "--job", "job.yaml"],
+                   cwd=folder, check=True, stdout=subprocess.DEVNULL)
+    return job
+
+
+def create_tracking_store(python: str, uri: str) -> None:
+    """Create the sqlite store (migrations) and the experiment once, before any timed run."""
+    code = textwrap.dedent(f"""
+        from mlflow.tracking import MlflowClient
+        c = MlflowClient(tracking_uri={uri!r})
+        if c.get_experiment_by_name("batchinfer_bench") is None:
+            c.create_experiment("batchinfer_bench")
+    """)
+    subprocess.run([python, "-c", code], check=True, env={**os.environ, "MLFLOW_LOGGING_LEVEL": "WARNING"})
+
+
+def has_module(python: str, name: str) -> bool:
+    code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({name!r}) is None)"
+    return subprocess.run([python, "-c", code]).returncode == 0
+
+
+def versions(python: str) -> dict:
+    code = textwrap.dedent("""
+        import importlib.metadata as m, json, sys
+        out = {"python": sys.version.split()[0]}
+        for name in ("batchinfer", "apache-beam", "pyarrow", "onnxruntime", "numpy", "polars",
+                     "pandera", "mlflow", "ray", "torch"):
+            try:
+                out[name] = m.version(name)
+            except m.PackageNotFoundError:
+                out[name] = None
+        print(json.dumps(out))
+    """)
+    return json.loads(subprocess.run([python, "-c", code], check=True, capture_output=True,
+                                     text=True).stdout)
+
+
+def package_fingerprint(python: str) -> dict:
+    """sha256 over the installed batchinfer package's .py files: ties figures to a code state
+    (the package is edited while benchmarks run; a changed fingerprint flags a mixed run)."""
+    code = textwrap.dedent("""
+        import hashlib, json, pathlib, batchinfer
+        root = pathlib.Path(batchinfer.__file__).parent
+        h = hashlib.sha256()
+        files = sorted(root.rglob("*.py"))
+        for f in files:
+            h.update(str(f.relative_to(root)).encode() + b"\\0" + f.read_bytes() + b"\\0")
+        print(json.dumps({"path": str(root), "files": len(files), "sha256": h.hexdigest()}))
+    """)
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    return json.loads(done.stdout) if done.returncode == 0 else {"error": done.stderr[-300:]}
+
+
+def machine() -> dict:
+    cpu = ""
+    try:
+        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                    if line.startswith("model name")), "")
+        mem = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
+    except (OSError, StopIteration):
+        mem = 0
+    return {"cpus": os.cpu_count(), "cpu": cpu, "mem_gb": round(mem / 2**20, 1),
+            "platform": platform.platform()}
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+def plan_programs(args, sizes: list[int], ray_ok: bool) -> dict[int, list[str]]:
+    wanted = [p for p in PROGRAMS if p in args.programs]
+    plan = {}
+    for rows in sizes:
+        progs = []
+        for p in wanted:
+            if p == "ray" and not ray_ok:
+                continue
+            if p == "stock_beam" and rows != min(sizes) and not args.all_peers:
+                continue
+            progs.append(p)
+        plan[rows] = progs
+    if args.startup:
+        plan[STARTUP_ROWS] = [p for p in ("floor", "batchinfer") if p in wanted]
+    return plan
+
+
+def command(program: str, python: str, data: Path, job: Path | None, out: Path, ds: str):
+    glob = str(data / "data" / "*.parquet")
+    model = str(data / "model.onnx")
+    if program == "batchinfer":
+        return [python, "-m", "batchinfer", "run", job.name, "--ds", ds], job.parent
+    script = {"floor": "peer_floor.py", "stock_beam": "peer_stock_beam.py", "ray": "peer_ray.py"}[program]
+    return [python, str(PEERS / script), glob, model, str(out)], out.parent
+
+
+def run_one(program, rows, rnd, args, python, work, data, job, env) -> dict:
+    ds = f"2026-01-{rnd + 1:02d}"
+    if program == "batchinfer":
+        out = job.parent / "out" / f"dt={ds}"
+    else:
+        out = work / "runs" / f"{program}-{rows}-r{rnd}"
+    shutil.rmtree(out, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd, cwd = command(program, python, data, job, out, ds)
+    log = work / "logs" / f"{program}-{rows}-r{rnd}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    res = measure(cmd, cwd=cwd, log=log, env=env, timeout=args.timeout, sample_s=args.sample,
+                  python=python)
+    res.update({"program": program, "rows": rows, "round": rnd, "cmd": shlex.join(cmd),
+                "cwd": str(cwd)})
+    try:
+        if program == "batchinfer":
+            res.update(batchinfer_result(out))
+        elif out.exists():
+            res["rows_out"] = parquet_rows(out, "*.parquet" if program != "stock_beam" else "part-*")
+    except Exception as exc:  # a count that fails is reported, not fatal
+        res["count_error"] = f"{type(exc).__name__}: {exc}"
+    res["ok"] = res["rc"] == 0 and res.get("rows_out") == rows
+    if not res["ok"]:
+        tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+        res["log_tail"] = tail
+        print(f"    !! {program} at {rows} rows, round {rnd}: rc={res['rc']} "
+              f"rows_out={res.get('rows_out')} (log {log})", flush=True)
+        for line in tail:
+            print(f"       {line}", flush=True)
+    shutil.rmtree(out, ignore_errors=True)
+    if program == "batchinfer":
+        shutil.rmtree(out.parent, ignore_errors=True)
+    return res
+
+
+def summarise(runs: list[dict], sizes: list[int], slope_pair: tuple[int, int] | None) -> dict:
+    by: dict[tuple[int, str], list[dict]] = {}
+    for r in runs:
+        by.setdefault((r["rows"], r["program"]), []).append(r)
+    table = {}
+    for (rows, prog), rs in sorted(by.items()):
+        good = [r for r in rs if r["ok"]]
+        entry = {"runs": len(rs), "ok": len(good)}
+        if good:
+            walls = [r["wall_s"] for r in good]
+            entry.update({
+                "median_wall_s": statistics.median(walls), "min_wall_s": min(walls),
+                "max_wall_s": max(walls), "walls_s": walls,
+                "median_cpu_s": statistics.median((r.get("user_s") or 0) + (r.get("sys_s") or 0)
+                                                  for r in good),
+                "peak_rss_mb": max(r.get("max_rss_mb") or 0 for r in good),
+                "peak_tree_pss_mb": max(r["tree_pss_mb"] for r in good),
+                "median_load1": statistics.median(r["load1_before"] for r in good)})
+            if prog == "batchinfer":
+                inner = [r["job_metrics"].get("wall_seconds") for r in good
+                         if r.get("job_metrics", {}).get("wall_seconds")]
+                if inner:
+                    entry["median_run_job_wall_s"] = statistics.median(inner)
+        table.setdefault(str(rows), {})[prog] = entry
+    for rows, progs in table.items():
+        floor = progs.get("floor", {}).get("median_wall_s")
+        for entry in progs.values():
+            if floor and "median_wall_s" in entry:
+                entry["x_floor"] = entry["median_wall_s"] / floor
+    summary = {"table": table}
+
+    def med(rows, prog):
+        return table.get(str(rows), {}).get(prog, {}).get("median_wall_s")
+
+    summary["startup"] = {p: med(STARTUP_ROWS, p) for p in ("batchinfer", "floor")}
+    if slope_pair:
+        lo, hi = slope_pair
+        per_row = {"between_rows": [lo, hi]}
+        for p in ("floor", "batchinfer", "ray", "stock_beam"):
+            a, b = med(lo, p), med(hi, p)
+            if a is not None and b is not None and b > a:
+                per_row[f"{p}_rows_per_s"] = (hi - lo) / (b - a)
+        if "floor_rows_per_s" in per_row and "batchinfer_rows_per_s" in per_row:
+            per_row["batchinfer_throughput_vs_floor"] = (per_row["batchinfer_rows_per_s"]
+                                                         / per_row["floor_rows_per_s"])
+        summary["per_row"] = per_row
+    big, small = max(sizes), min(sizes)
+    bi = table.get(str(big), {}).get("batchinfer", {})
+    bs = table.get(str(small), {}).get("batchinfer", {})
+    if bi.get("peak_rss_mb") and bs.get("peak_rss_mb") and big != small:
+        summary["batchinfer_rss_growth"] = {"rows": [small, big],
+                                            "ratio": bi["peak_rss_mb"] / bs["peak_rss_mb"]}
+    return summary
+
+
+def print_table(summary: dict, sizes: list[int]) -> None:
+    head = (f"{'rows':>9}  {'program':<11} {'wall s':>8} {'min-max':>13} {'x floor':>8} "
+            f"{'CPU s':>7} {'peak RSS MB':>11} {'tree PSS':>8} {'ok':>5} {'load':>5}")
+    print(head)
+    print("-" * len(head))
+    for rows in [STARTUP_ROWS, *sizes]:
+        progs = summary["table"].get(str(rows))
+        if not progs:
+            continue
+        for prog in PROGRAMS:
+            e = progs.get(prog)
+            if e is None:
+                continue
+            if "median_wall_s" not in e:
+                print(f"{rows:>9,}  {prog:<11} {'failed':>8} {'':>13} {'':>8} {'':>7} {'':>11} "
+                      f"{'':>8} {e['ok']}/{e['runs']:<3}")
+                continue
+            rng = f"{e['min_wall_s']:.2f}-{e['max_wall_s']:.2f}"
+            x = f"{e['x_floor']:.2f}" if "x_floor" in e else "-"
+            print(f"{rows:>9,}  {prog:<11} {e['median_wall_s']:>8.2f} {rng:>13} {x:>8} "
+                  f"{e['median_cpu_s']:>7.2f} {e['peak_rss_mb']:>11.0f} {e['peak_tree_pss_mb']:>8.0f} "
+                  f"{e['ok']}/{e['runs']:<3} {e['median_load1']:>5.1f}")
+    print()
+    st = summary["startup"]
+    if st.get("batchinfer") is not None:
+        floor = f" (floor {st['floor']:.2f} s)" if st.get("floor") is not None else ""
+        print(f"start-up, {STARTUP_ROWS}-row partition end to end: batchinfer {st['batchinfer']:.2f} s"
+              f"{floor}   [goal <= 4 s]")
+    pr = summary.get("per_row")
+    if pr:
+        lo, hi = pr["between_rows"]
+        parts = [f"{p} {pr[f'{p}_rows_per_s']:,.0f}" for p in ("floor", "batchinfer", "ray", "stock_beam")
+                 if f"{p}_rows_per_s" in pr]
+        print(f"per-row cost, slope {lo:,} -> {hi:,} rows (rows/s): " + ", ".join(parts))
+        if "batchinfer_throughput_vs_floor" in pr:
+            print(f"throughput batchinfer / floor: {pr['batchinfer_throughput_vs_floor']:.2f}   [goal >= 0.90]")
+    big = str(max(sizes))
+    bi = summary["table"].get(big, {}).get("batchinfer", {})
+    if "x_floor" in bi:
+        print(f"whole at {int(big):,} rows: batchinfer {bi['x_floor']:.2f}x the floor   [goal <= 1.15]")
+    g = summary.get("batchinfer_rss_growth")
+    if g:
+        print(f"batchinfer peak RSS {g['rows'][1]:,} vs {g['rows'][0]:,} rows: {g['ratio']:.2f}x   "
+              f"[goal <= 1.10]")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 2_000_000, 8_000_000])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--shard-rows", type=int, default=125_000)
+    ap.add_argument("--workdir", default="bench/out")
+    ap.add_argument("--all-peers", action="store_true", help="stock Beam at every size, not only the smallest")
+    ap.add_argument("--programs", nargs="+", default=list(PROGRAMS), choices=PROGRAMS)
+    ap.add_argument("--no-startup", dest="startup", action="store_false",
+                    help="skip the one-row start-up runs")
+    ap.add_argument("--python", default=sys.executable, help="interpreter for every program")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per run before it is killed")
+    ap.add_argument("--sample", type=float, default=0.1, help="seconds between tree-RSS samples")
+    ap.add_argument("--regen", action="store_true", help="regenerate data even if present")
+    args = ap.parse_args(argv)
+
+    sizes = sorted(set(args.rows))
+    for rows in sizes:
+        if rows % args.shard_rows:
+            ap.error(f"--rows {rows} is not a multiple of --shard-rows {args.shard_rows}")
+    work = Path(args.workdir).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    python = args.python
+    started = dt.datetime.now(dt.timezone.utc)
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONWARNINGS": "ignore"}
+
+    print(f"batchinfer bench: rows {sizes}, {args.rounds} rounds, {args.shard_rows:,} rows per shard, "
+          f"workdir {work}", flush=True)
+    ray_ok = "ray" in args.programs and has_module(python, "ray")
+    code_before = package_fingerprint(python)
+    vers = versions(python)
+    if "ray" in args.programs and not ray_ok:
+        print("ray: not installed (Ray Data is left out)", flush=True)
+
+    # data and jobs, once per size
+    tracking = f"sqlite:///{work / 'mlflow.db'}"
+    create_tracking_store(python, tracking)
+    data_dirs, jobs, gen_s = {}, {}, {}
+    all_sizes = ([STARTUP_ROWS] if args.startup else []) + sizes
+    for rows in all_sizes:
+        shards = 1 if rows == STARTUP_ROWS else rows // args.shard_rows
+        data_dirs[rows] = work / "data" / f"rows-{rows}"
+        gen_s[rows] = make_data(python, data_dirs[rows], rows, shards, args.regen)
+        print(f"  data {rows:>10,} rows in {shards:>3} shards: "
+              f"{'generated in %.1f s' % gen_s[rows] if gen_s[rows] else 'reused'}", flush=True)
+        if "batchinfer" in args.programs:
+            jobs[rows] = make_job(python, work / "jobs" / f"rows-{rows}", data_dirs[rows], rows, tracking)
+
+    plan = plan_programs(args, sizes, ray_ok)
+    order = ([STARTUP_ROWS] if args.startup else []) + sizes
+    runs = []
+    for rnd in range(args.rounds):
+        for rows in order:
+            progs = plan.get(rows, [])
+            if not progs:
+                continue
+            k = rnd % len(progs)
+            rotated = progs[k:] + progs[:k]  # each round starts with the next program
+            for prog in rotated:
+                res = run_one(prog, rows, rnd, args, python, work, data_dirs[rows], jobs.get(rows), env)
+                runs.append(res)
+                print(f"  round {rnd + 1}/{args.rounds}  {rows:>10,} rows  {prog:<11} "
+                      f"{res['wall_s']:7.2f} s  {res.get('max_rss_mb', 0):6.0f} MB  "
+                      f"load {res['load1_before']:.1f}{'' if res['ok'] else '  FAILED'}", flush=True)
+
+    slope_pair = None
+    if 2_000_000 in sizes and 8_000_000 in sizes:
+        slope_pair = (2_000_000, 8_000_000)
+    elif len(sizes) >= 2:
+        slope_pair = (sizes[-2], sizes[-1])
+    summary = summarise(runs, sizes, slope_pair)
+    code_after = package_fingerprint(python)
+    finished = dt.datetime.now(dt.timezone.utc)
+    print()
+    print(f"batchinfer bench {started:%Y-%m-%d %H:%M} UTC, {machine()['cpus']} CPUs, "
+          f"medians of {args.rounds} rounds (wall = whole process)")
+    print_table(summary, sizes)
+    if not ray_ok and "ray" in args.programs:
+        print("ray: not installed")
+    print(f"batchinfer code {code_before.get('sha256', '?')[:12]}"
+          + ("" if code_after == code_before else
+             f" -> {code_after.get('sha256', '?')[:12]}: the package CHANGED during this run"))
+
+    results = {
+        "started": started.isoformat(timespec="seconds"), "finished": finished.isoformat(timespec="seconds"),
+        "command": shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(argv),
+        "params": {"rows": sizes, "rounds": args.rounds, "shard_rows": args.shard_rows,
+                   "features": FEATURES, "all_peers": args.all_peers, "programs": args.programs,
+                   "startup_rows": STARTUP_ROWS if args.startup else None},
+        "machine": machine(), "versions": vers,
+        "batchinfer_code": {"before": code_before, "after": code_after,
+                            "changed_during_run": code_after != code_before}, "ray": "installed" if ray_ok else "not installed",
+        "data_generation_s": {str(k): v for k, v in gen_s.items()},
+        "summary": summary, "runs": runs,
+    }
+    (work / "results.json").write_text(json.dumps(results, indent=1))
+    print(f"\nresults: {work / 'results.json'}  (logs under {work / 'logs'})")
+    return 0 if all(r["ok"] for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""The whole job against a real S3-compatible server (moto in server mode), SPEC §4, §5.1–5.3.
+
+Shards live in ``s3://BUCKET/data/dt=DS/``; ``input.path`` and ``output.path`` are s3:// URLs;
+the schema, model and job file are local. Jobs reach the server only through the standard
+``AWS_*`` variables. Faults are injected by a proxy in front of the server (tests/servers.py).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from factories import DS, mlp_reference, read_partition, run_cli
+from servers import *  # noqa: F401,F403  (fixtures)
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+SHARDS, ROWS = 3, 1000
+
+
+def s3_project(template: Path, dest: Path, bucket: str, fs) -> Path:
+    """Copy the stamped template to ``dest``, upload its shards to the bucket, point the job at S3."""
+    for shard in sorted((template / "data" / f"dt={DS}").glob("*.parquet")):
+        fs.pipe_file(f"{bucket}/data/dt={DS}/{shard.name}", shard.read_bytes())
+    return copy_project(template, dest,
+                        input={"path": f"s3://{bucket}/data/dt={{ds}}/*.parquet"},
+                        output={"path": f"s3://{bucket}/out/dt={{ds}}", "id_columns": ["id"]})
+
+
+def out_root(bucket: str) -> str:
+    return f"{bucket}/out/dt={DS}"
+
+
+def keys_under(fs, root: str) -> set[str]:
+    """Every object under ``root``, relative to it."""
+    fs.invalidate_cache()
+    return {k[len(root) + 1:] for k in fs.find(root)}
+
+
+def assert_committed_partition(fs, bucket: str, template: Path) -> dict:
+    """Read the partition back through s3fs following the manifest; check SPEC §5.1 and §4."""
+    root = out_root(bucket)
+    preds, quar, manifest = read_partition(root, fs=fs)
+    totals = manifest["totals"]
+    assert totals == {"shards": SHARDS, "rows_in": SHARDS * ROWS, "rows_scored": SHARDS * ROWS,
+                      "rows_quarantined": 0, "shards_unreadable": 0}
+    expected_shards = [f"s3://{bucket}/data/dt={DS}/part-{s:05d}.parquet" for s in range(SHARDS)]
+    assert [s["path"] for s in manifest["shards"]] == expected_shards
+    for shard in manifest["shards"]:
+        assert shard["rows_in"] == shard["rows_scored"] + shard["rows_quarantined"] == ROWS
+        assert shard["status"] == "scored"
+        for f in shard["files"]:  # the recorded sha256 is of the bytes in the store
+            import hashlib
+
+            assert hashlib.sha256(fs.cat_file(f"{root}/{f['path']}")).hexdigest() == f["sha256"]
+    assert quar.num_rows == 0
+    assert preds.num_rows == SHARDS * ROWS
+    pairs = set(zip(preds.column("_source_shard").to_pylist(), preds.column("_source_row").to_pylist()))
+    assert len(pairs) == preds.num_rows  # unique
+    assert pairs == {(url, i) for url in expected_shards for i in range(ROWS)}  # covers every row
+    # The predictions are the model's, row by row (joined on id with the local copy of the input).
+    local = {}
+    for s in range(SHARDS):
+        table = pq.read_table(template / "data" / f"dt={DS}" / f"part-{s:05d}.parquet")
+        x = np.stack([table.column(f"f{i}").to_numpy() for i in range(4)], axis=1)
+        local.update(zip(table.column("id").to_pylist(), mlp_reference(x)))
+    ids = preds.column("id").to_pylist()
+    np.testing.assert_allclose(preds.column("y").to_numpy(), [local[i] for i in ids], atol=1e-5)
+    # The partition is exactly what the manifest lists: no debris, no scratch.
+    listed = {f["path"] for s in manifest["shards"] for f in s["files"]}
+    present = keys_under(fs, root)
+    data_files = {k for k in present if k.startswith(("predictions/", "quarantine/"))}
+    assert data_files == listed
+    assert not any(k.startswith("_tmp/") for k in present), present
+    assert present - data_files <= {"_manifest.json", "_metrics.json"}
+    return manifest
+
+
+def test_run_commits_to_s3_and_rerun_is_a_noop(tmp_path, s3_server, new_bucket, stamped_template):
+    fs = s3_server.s3fs()
+    job = s3_project(stamped_template, tmp_path, new_bucket, fs)
+    result = run_cli("run", str(job), "--ds", DS, cwd=tmp_path, env=s3_server.env)
+    assert result.returncode == 0, result.stderr
+    assert f"committed s3://{new_bucket}/out/dt={DS}" in result.stdout
+    manifest = assert_committed_partition(fs, new_bucket, stamped_template)
+    assert re.search(rf"attempt {manifest['attempt']}", result.stdout)
+
+    before = {k: fs.cat_file(f"{out_root(new_bucket)}/{k}") for k in keys_under(fs, out_root(new_bucket))}
+    again = run_cli("run", str(job), "--ds", DS, cwd=tmp_path, env=s3_server.env)
+    assert again.returncode == 0, again.stderr
+    assert "already committed" in again.stdout
+    after = {k: fs.cat_file(f"{out_root(new_bucket)}/{k}") for k in keys_under(fs, out_root(new_bucket))}
+    assert after == before  # the no-op changed nothing, byte for byte
+
+
+def test_two_concurrent_runs_commit_exactly_once(tmp_path, s3_server, s3_proxy, new_bucket,
+                                                 stamped_template):
+    """Both runs start at once through the (fault-free) proxy, which sees every manifest PUT."""
+    fs = s3_server.s3fs()
+    job = s3_project(stamped_template, tmp_path, new_bucket, fs)
+    env = env_for(s3_proxy.url)
+    procs = [start_cli("run", str(job), "--ds", DS, cwd=tmp_path, env=env) for _ in range(2)]
+    results = finish_all(procs)
+    for rc, out, err in results:
+        assert rc == 0, err
+    committed = [out for _, out, _ in results if re.search(r"^committed s3://", out, re.M)]
+    others = [out for _, out, _ in results if "already committed" in out]
+    assert len(committed) == 1 and len(others) == 1, results
+    manifest = assert_committed_partition(fs, new_bucket, stamped_template)
+    assert f"attempt {manifest['attempt']}" in committed[0]
+    # Exactly one conditional PUT of the manifest succeeded; any other was refused (412).
+    puts = [status for _, _, status in s3_proxy.requests("PUT", "/_manifest.json")]
+    assert puts.count(200) == 1, puts
+    assert all(status in (200, 412) for status in puts), puts
+    # The loser removed its own attempt: only the committed attempt's files remain.
+    attempts = {k.split("/")[1] for k in keys_under(fs, out_root(new_bucket))
+                if k.startswith(("predictions/", "quarantine/"))}
+    assert attempts == {manifest["attempt"]}
+
+
+def test_transient_faults_are_retried_and_the_run_commits(tmp_path, s3_server, s3_proxy, new_bucket,
+                                                         stamped_template):
+    fs = s3_server.s3fs()
+    job = s3_project(stamped_template, tmp_path, new_bucket, fs)
+    shard_gets = s3_proxy.add(method="GET", contains="/data/dt=", status=503, times=2)
+    stall = s3_proxy.add(method="GET", contains="part-00002.parquet", stall_s=5, times=1)
+    output_puts = s3_proxy.add(method="PUT", contains="/predictions/", status=503, times=2)
+    scratch_put = s3_proxy.add(method="PUT", contains="/_tmp/", status=500, times=1)
+    # The stall outlasts the client's read timeout (lowered through fsspec's standard config
+    # variable so the test does not wait s3fs's default 15 s).
+    env = {**env_for(s3_proxy.url), "FSSPEC_S3": '{"config_kwargs": {"read_timeout": 2}}'}
+    result = run_cli("run", str(job), "--ds", DS, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^committed s3://", result.stdout, re.M)
+    for rule in (shard_gets, stall, output_puts, scratch_put):
+        assert rule.matched == rule.times, rule  # every fault was injected ...
+    log = s3_proxy.requests()
+    faulted = [(i, m, t) for i, (m, t, status) in enumerate(log) if status in (500, 503, "stall")]
+    assert len(faulted) == 6, log
+    for i, method, target in faulted:  # ... and the same request then went through
+        assert (method, target, 200) in log[i + 1:], (method, target)
+    assert_committed_partition(fs, new_bucket, stamped_template)
+
+
+def test_persistent_put_failure_exits_5_without_commit(tmp_path, s3_server, s3_proxy, new_bucket,
+                                                       stamped_template):
+    fs = s3_server.s3fs()
+    job = s3_project(stamped_template, tmp_path, new_bucket, fs)
+    s3_proxy.add(method="PUT", contains="", status=503, times=None)
+    result = run_cli("run", str(job), "--ds", DS, cwd=tmp_path, env=env_for(s3_proxy.url))
+    assert result.returncode == 5, (result.stdout, result.stderr)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("batchinfer run:") and "Traceback" not in result.stderr
+    assert "committed" not in result.stdout.replace("nothing was committed", "")
+    fs.invalidate_cache()
+    assert not fs.exists(f"{out_root(new_bucket)}/_manifest.json")
+    assert fs.find(f"{new_bucket}/out") == []  # every PUT failed: nothing was written at all
+    # The failing PUT was retried before the run gave up.
+    puts = s3_proxy.requests("PUT")
+    targets = [t for _, t, _ in puts]
+    assert any(targets.count(t) >= 2 for t in set(targets)), puts
