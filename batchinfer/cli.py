@@ -89,6 +89,9 @@ def _configure_logging(debug: bool) -> None:
     # Libraries (Beam especially) log warnings that say nothing to a user of a job; --debug shows all.
     logging.basicConfig(level=logging.INFO if debug else logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("batchinfer").setLevel(logging.DEBUG if debug else logging.WARNING)
+    # Beam logs a failing DoFn at ERROR with its traceback before re-raising; batchinfer reports
+    # that failure itself in one line (SPEC §2), so Beam's copy is only shown with --debug.
+    logging.getLogger("apache_beam").setLevel(logging.INFO if debug else logging.CRITICAL)
 
 
 def _load(args):

@@ -64,7 +64,7 @@ _ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
 # Measured best for the 33-column benchmark (1024 to 4096 are all within about 5%).
 _BLOCK_ROWS = 2048
 # Sequence elements (string bytes, list items) hashed per step. This bounds the temporary
-# memory: about 40 bytes per element. A row longer than this is hashed window by window.
+# memory: a few dozen bytes per element. A longer row is hashed window by window.
 _SEQUENCE_CHUNK_ELEMENTS = 1 << 16
 # The position weights of the first elements of a sequence are looked up, not recomputed.
 _POSITION_TABLE_SIZE = 1 << 16
@@ -326,7 +326,6 @@ def _sequence_words(
         lo = int(offsets[row])
         end = int(np.searchsorted(offsets, lo + chunk, side="right")) - 1
         end = min(max(end, row + 1), count)
-        end = row + 1 if end > row + 3 else end
         hi = int(offsets[end])
         if hi - lo > chunk:
             # One sequence longer than a chunk. Summing it window by window bounds memory,

@@ -1,15 +1,18 @@
 """Job metrics to MLflow, without ever losing results (SPEC §5.7).
 
-The run is opened in a background thread as soon as a job starts, so MLflow's import and a new
-store's migrations (about 2.5 s here) overlap the scoring. After the commit, metrics and the
+The run is opened by a helper process as soon as a job starts, so MLflow's import and a new
+store's migrations (2.5 s or more here) run on another core while the job scores. After the commit, metrics and the
 manifest are logged. Whatever MLflow does, the same record is written beside the manifest as
 ``_metrics.json``; when MLflow failed it says ``"uploaded": false`` and
 ``batchinfer track OUTPUT`` uploads it later.
 """
 from __future__ import annotations
 
+import json
 import os
-import threading
+import select
+import subprocess
+import sys
 from typing import Any, Mapping
 
 # MLflow's HTTP client retries for minutes by default; a nightly job should say "tracking is
@@ -25,7 +28,12 @@ def short_error(exc: BaseException) -> str:
 
 
 class TrackingRun:
-    """An MLflow run opened in the background; :meth:`finish` logs and closes it.
+    """An MLflow run opened by a helper process; :meth:`finish` logs and closes it.
+
+    MLflow's import costs 1.5–3 s of CPU and a new sqlite store about 1 s more. In a thread
+    that time would compete with scoring for the GIL; in a child process it runs on another
+    core while the job imports Beam and scores. The child speaks one JSON object per line on
+    its stdin/stdout (see :func:`_serve`).
 
     Args:
         uri: tracking URI (``sqlite:///…``, ``http://…``, a folder).
@@ -39,43 +47,97 @@ class TrackingRun:
         self.experiment = experiment
         self.run_id: str | None = None
         self.error: str | None = None
-        self._client = None
-        self._thread = threading.Thread(target=self._open, args=(run_name, dict(tags)),
-                                        name="batchinfer-mlflow", daemon=True)
-        self._thread.start()
-
-    def _open(self, run_name: str, tags: dict) -> None:
+        self._opened = False
         try:
-            from mlflow.tracking import MlflowClient
-
-            client = MlflowClient(tracking_uri=self.uri)
-            experiment = client.get_experiment_by_name(self.experiment)
-            experiment_id = (experiment.experiment_id if experiment is not None
-                             else client.create_experiment(self.experiment))
-            run = client.create_run(experiment_id, run_name=run_name, tags=tags)
-            self._client, self.run_id = client, run.info.run_id
-        except Exception as exc:  # tracking must never sink a job
+            self._child = subprocess.Popen(
+                [sys.executable, "-m", "batchinfer.tracking"], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+            self._send({"open": {"uri": uri, "experiment": experiment, "run_name": run_name,
+                                 "tags": dict(tags)}})
+        except OSError as exc:
+            self._child = None
             self.error = short_error(exc)
 
-    def wait(self, timeout: float | None = 120.0) -> str | None:
+    def _send(self, message: dict) -> None:
+        self._child.stdin.write(json.dumps(message) + "\n")
+        self._child.stdin.flush()
+
+    def _receive(self, timeout: float) -> dict:
+        ready, _, _ = select.select([self._child.stdout], [], [], timeout)
+        if not ready:
+            raise TimeoutError(f"MLflow at {self.uri} did not answer within {timeout:.0f} s")
+        line = self._child.stdout.readline()
+        if not line:
+            raise ConnectionError("the MLflow helper process ended unexpectedly")
+        return json.loads(line)
+
+    def wait(self, timeout: float = 120.0) -> str | None:
         """Wait for the run to open; return its id (None if MLflow failed)."""
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            self.error = self.error or f"MLflow at {self.uri} did not answer within {timeout:.0f} s"
-            return None
+        if self._child is None or self._opened:
+            return self.run_id
+        self._opened = True
+        try:
+            reply = self._receive(timeout)
+            self.run_id, self.error = reply.get("run_id"), reply.get("error")
+        except (TimeoutError, ConnectionError, ValueError, OSError) as exc:
+            self.error = short_error(exc)
+            self._close()
         return self.run_id
 
     def finish(self, params: Mapping[str, Any], metrics: Mapping[str, float],
-               artifacts: Mapping[str, str], status: str = "FINISHED") -> bool:
+               artifacts: Mapping[str, str], status: str = "FINISHED",
+               timeout: float = 120.0) -> bool:
         """Log params, metrics and text artifacts; close the run. True if all was uploaded."""
         if self.wait() is None:
+            self._close()
             return False
         try:
-            upload(self._client, self.run_id, params, metrics, artifacts, status)
-            return True
-        except Exception as exc:
+            self._send({"finish": {"params": dict(params), "metrics": dict(metrics),
+                                   "artifacts": dict(artifacts), "status": status}})
+            reply = self._receive(timeout)
+            self.error = reply.get("error")
+        except (TimeoutError, ConnectionError, ValueError, OSError) as exc:
             self.error = short_error(exc)
-            return False
+        self._close()
+        return self.error is None
+
+    def _close(self) -> None:
+        if self._child is None:
+            return
+        try:
+            self._child.stdin.close()
+            self._child.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            self._child.kill()
+        self._child = None
+
+
+def _serve() -> None:
+    """The helper process: open a run on request, then log what ``finish`` sends."""
+    client = run_id = None
+    for line in sys.stdin:
+        message = json.loads(line)
+        try:
+            if "open" in message:
+                from mlflow.tracking import MlflowClient
+
+                req = message["open"]
+                client = MlflowClient(tracking_uri=req["uri"])
+                found = client.get_experiment_by_name(req["experiment"])
+                experiment_id = (found.experiment_id if found is not None
+                                 else client.create_experiment(req["experiment"]))
+                run_id = client.create_run(experiment_id, run_name=req["run_name"],
+                                           tags=req["tags"]).info.run_id
+                reply: dict = {"run_id": run_id}
+            else:
+                req = message["finish"]
+                upload(client, run_id, req["params"], req["metrics"], req["artifacts"],
+                       req["status"])
+                reply = {"ok": True}
+        except Exception as exc:  # reported to the job, which carries on without tracking
+            reply = {"error": short_error(exc)}
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
 
 
 def upload(client, run_id: str, params: Mapping[str, Any], metrics: Mapping[str, float],
@@ -107,3 +169,7 @@ def upload_pending(uri: str, experiment: str, record: dict) -> str:
     upload(client, run_id, record["params"], record["metrics"],
            {"manifest.json": record.get("manifest_text", "")})
     return run_id
+
+
+if __name__ == "__main__":
+    _serve()

@@ -356,6 +356,19 @@ def test_usage_errors_exit_2(base, case, monkeypatch):
     assert not (base / "out" / f"dt={DS}").exists()
 
 
+def test_failure_inside_pipeline_is_one_line_exit_5(base, tmp_path):
+    """A worker-side failure (here: the output folder cannot be created) is exit 5 and one
+    line, not Beam's logged traceback."""
+    root = copy_project(base, tmp_path / "p")
+    out = root / "out" / f"dt={DS}"
+    out.mkdir(parents=True)
+    (out / "predictions").write_text("a file where a folder must go\n")
+    result = run_cli("run", "job.yaml", "--ds", DS, cwd=root)
+    assert result.returncode == 5, (result.stdout, result.stderr)
+    one_line_error(result)
+    assert not (out / "_manifest.json").exists()
+
+
 # -- exit 3: contract ---------------------------------------------------------------------------
 
 def _contract_failure(root: Path, *args: str) -> str:

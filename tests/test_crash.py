@@ -1,0 +1,411 @@
+"""Crash safety (SPEC §4, §5.2–5.3): a run SIGKILLed at any fault point, then rerun, commits
+exactly what an uninterrupted run commits; nothing outside the manifest survives.
+
+Every run is a real ``batchinfer`` process (``cli.main`` in its own process, with
+``BATCHINFER_FAULT`` in its environment). To keep the file fast on a 2-core machine the
+processes are forked from a small fork server that has already imported Beam, ONNX Runtime,
+pandera and MLflow (about 5 s of imports per plain ``python -m batchinfer``), so each run costs
+only its own work; the forked child is killed by SIGKILL exactly like a ``python -m`` process.
+``test_fault_env_var_kills_cli_process`` checks the same hook on a plain ``python -m``
+process.
+
+Rerun them with ``.venv/bin/pytest tests/test_crash.py -q``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from factories import DS, make_mlp_onnx, make_shards, read_partition, run_cli, write_job, write_schema
+
+pytestmark = pytest.mark.slow
+
+# -- the fork server ---------------------------------------------------------------------------
+
+_SERVER = r'''
+import importlib, json, os, sys, time
+import batchinfer.cli, batchinfer.job, batchinfer.pipeline, batchinfer.faults, batchinfer.tracking
+import batchinfer.handlers.onnx, batchinfer.io.manifest
+import apache_beam
+from apache_beam.runners.direct.direct_runner import DirectRunner
+from apache_beam.runners.portability.fn_api_runner import fn_runner
+import onnx, onnxruntime, pandera.polars, polars, mlflow.tracking
+from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+import threading
+assert threading.active_count() == 1, "the fork server must not run threads"
+out = os.fdopen(os.dup(1), "w")
+print("ready", file=out, flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    if req["op"] == "start":
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.chdir(req["cwd"])
+                os.environ.clear()
+                os.environ.update(req["env"])
+                null = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(null, 0)
+                os.dup2(os.open(req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
+                os.dup2(os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+                importlib.reload(batchinfer.faults)   # reads BATCHINFER_FAULT, as at import
+                rc = batchinfer.cli.main(req["argv"])
+            except BaseException as exc:
+                rc = 99
+                print(f"fork server child: {exc!r}", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(rc)
+        print(json.dumps({"pid": pid}), file=out, flush=True)
+    elif req["op"] == "wait":
+        deadline = time.monotonic() + req["timeout"]
+        while True:
+            done, status = os.waitpid(req["pid"], os.WNOHANG)
+            if done:
+                rc = os.waitstatus_to_exitcode(status)
+                break
+            if time.monotonic() > deadline:
+                os.kill(req["pid"], 9)
+                os.waitpid(req["pid"], 0)
+                rc = "timeout"
+                break
+            time.sleep(0.02)
+        print(json.dumps({"rc": rc}), file=out, flush=True)
+'''
+
+
+class Run:
+    def __init__(self, server: "ForkServer", pid: int, stdout: Path, stderr: Path):
+        self.server, self.pid, self._out, self._err = server, pid, stdout, stderr
+        self.returncode = None
+
+    def wait(self, timeout: float = 240) -> "Run":
+        if self.returncode is None:
+            self.returncode = self.server._call({"op": "wait", "pid": self.pid, "timeout": timeout})["rc"]
+            assert self.returncode != "timeout", f"run {self.pid} timed out: {self.stderr}"
+        return self
+
+    @property
+    def stdout(self) -> str:
+        return self._out.read_text()
+
+    @property
+    def stderr(self) -> str:
+        return self._err.read_text()
+
+
+class ForkServer:
+    """Starts ``batchinfer`` runs as forked processes of a pre-imported interpreter."""
+
+    def __init__(self, logs: Path):
+        self.logs = logs
+        self.count = 0
+        self.proc = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True,
+                                     env={k: v for k, v in os.environ.items() if k != "BATCHINFER_FAULT"})
+        line = self.proc.stdout.readline()
+        assert line.strip() == "ready", f"fork server failed to start: {line!r}"
+
+    def _call(self, req: dict) -> dict:
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def start(self, *argv: str, cwd: Path, fault: str | None = None) -> Run:
+        self.count += 1
+        out, err = self.logs / f"{self.count}.out", self.logs / f"{self.count}.err"
+        env = {k: v for k, v in os.environ.items() if k != "BATCHINFER_FAULT"}
+        if fault:
+            env["BATCHINFER_FAULT"] = fault
+        pid = self._call({"op": "start", "argv": list(argv), "cwd": str(cwd), "env": env,
+                          "stdout": str(out), "stderr": str(err)})["pid"]
+        return Run(self, pid, out, err)
+
+    def run(self, *argv: str, cwd: Path, fault: str | None = None, timeout: float = 240) -> Run:
+        return self.start(*argv, cwd=cwd, fault=fault).wait(timeout)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = ForkServer(tmp_path_factory.mktemp("forklogs"))
+    yield srv
+    srv.close()
+
+
+# -- checks shared by the crash tests ----------------------------------------------------------
+
+EXEMPT = {"_inference_id", "_compute_ms"}
+
+
+def partition_files(out: Path) -> set[str]:
+    """Every file under predictions/ and quarantine/, relative to ``out``."""
+    found = set()
+    for kind in ("predictions", "quarantine"):
+        base = out / kind
+        if base.exists():
+            found |= {str(p.relative_to(out)) for p in base.rglob("*") if p.is_file()}
+    return found
+
+
+def check_partition(out: Path, shard_paths: list[Path]) -> tuple[pa.Table, pa.Table, dict]:
+    """Accounting (§5.1), manifest integrity, and no debris. Returns (preds, quarantine, manifest)."""
+    preds, quar, manifest = read_partition(out)
+    assert sorted(s["path"] for s in manifest["shards"]) == sorted(str(p) for p in shard_paths)
+    listed = set()
+    for shard in manifest["shards"]:
+        by_kind = {"predictions": 0, "quarantine": 0}
+        for f in shard["files"]:
+            data = (out / f["path"]).read_bytes()
+            assert hashlib.sha256(data).hexdigest() == f["sha256"], f["path"]
+            assert pq.read_metadata(out / f["path"]).num_rows == f["rows"]
+            by_kind[f["path"].split("/")[0]] += f["rows"]
+            assert f["path"].split("/")[1] == manifest["attempt"]
+            listed.add(f["path"])
+        if shard["status"] == "unreadable":
+            assert shard["rows_in"] is None and not shard["files"]
+            continue
+        assert shard["rows_in"] == pq.read_metadata(shard["path"]).num_rows
+        assert shard["rows_in"] == shard["rows_scored"] + shard["rows_quarantined"]
+        assert by_kind == {"predictions": shard["rows_scored"], "quarantine": shard["rows_quarantined"]}
+    totals = manifest["totals"]
+    assert totals["rows_scored"] == preds.num_rows == sum(s["rows_scored"] for s in manifest["shards"])
+    assert totals["rows_quarantined"] == quar.num_rows
+    assert totals["rows_in"] == sum(s["rows_in"] or 0 for s in manifest["shards"])
+    keys = []
+    for table in (preds, quar):
+        if table.num_rows:
+            keys += zip(table["_source_shard"].to_pylist(), table["_source_row"].to_pylist())
+    assert len(keys) == len(set(keys)), "a row is in the partition twice"
+    expected = {(s["path"], i) for s in manifest["shards"] if s["rows_in"] is not None
+                for i in range(s["rows_in"])}
+    assert set(keys) == expected, "rows lost or invented"
+    assert partition_files(out) == listed, "files outside the manifest"
+    assert not (out / "_tmp").exists(), "scratch left behind"
+    return preds, quar, manifest
+
+
+def canonical(table: pa.Table) -> pa.Table:
+    """Sorted by (_source_shard, _source_row), execution-describing columns dropped,
+    dictionary columns decoded."""
+    if not table.num_columns:
+        return table
+    table = table.drop_columns([c for c in table.column_names if c in EXEMPT])
+    columns = {}
+    for name in table.column_names:
+        col = table[name].combine_chunks()
+        if pa.types.is_dictionary(col.type):
+            col = col.cast(col.type.value_type)
+        columns[name] = col
+    table = pa.table(columns)
+    return table.sort_by([("_source_shard", "ascending"), ("_source_row", "ascending")])
+
+
+def assert_same_result(out: Path, reference: Path, shard_paths: list[Path]) -> dict:
+    preds, quar, manifest = check_partition(out, shard_paths)
+    ref_preds, ref_quar, ref_manifest = read_partition(reference)
+    a, b = canonical(preds), canonical(ref_preds)
+    assert a.column_names == b.column_names
+    assert a.num_rows == b.num_rows
+    for name in a.column_names:
+        if name == "y":  # bit for bit
+            assert np.array_equal(a[name].to_numpy().view(np.uint32), b[name].to_numpy().view(np.uint32))
+        else:
+            assert a[name].equals(b[name]), name
+    assert canonical(quar).equals(canonical(ref_quar))
+    assert manifest["triple"] == ref_manifest["triple"]
+    assert manifest["totals"] == ref_manifest["totals"]
+    strip = lambda m: sorted((s["path"], s["sha256"], s["rows_in"], s["rows_scored"],
+                              s["rows_quarantined"], s["status"]) for s in m["shards"])
+    assert strip(manifest) == strip(ref_manifest)
+    return manifest
+
+
+# -- the project ---------------------------------------------------------------------------------
+
+SHARDS, ROWS, BATCH = 4, 2000, 500
+BAD_ROWS = {1: [5, 600, 1999], 3: [0]}   # out of range: quarantined, so quarantine files exist too
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, server):
+    folder = tmp_path_factory.mktemp("crash")
+    write_schema(folder / "schemas")
+    shards = make_shards(folder / "data" / f"dt={DS}", shards=SHARDS, rows=ROWS, seed=7)
+    for s, rows in BAD_ROWS.items():
+        table = pq.read_table(shards[s])
+        f0 = table["f0"].to_numpy().copy()
+        f0[rows] = 50.0
+        pq.write_table(table.set_column(1, "f0", pa.array(f0, pa.float32())), shards[s])
+    make_mlp_onnx(folder / "models" / "model.onnx")
+    write_job(folder, batch={"rows": BATCH}, quarantine={"max_bad_fraction": 0.01, "max_bad_shards": 0},
+              tracking={"uri": "sqlite:///mlflow.db", "experiment": "crash"})
+    r = server.run("stamp", "models/model.onnx", "--job", "job.yaml", "--model-version", "model:1",
+                   cwd=folder)
+    assert r.returncode == 0, r.stderr
+    # The reference: an uninterrupted run (it also creates the sqlite store before the
+    # parallel runs below use it: a new store cannot take concurrent first use, DESIGN.md).
+    ref = server.run("run", "job.yaml", "--ds", DS, "--set", "output.path=ref", cwd=folder)
+    assert ref.returncode == 0, ref.stderr
+    check_partition(folder / "ref", shards)
+    return folder, shards
+
+
+def run_args(out: str) -> tuple[str, ...]:
+    return ("run", "job.yaml", "--ds", DS, "--set", f"output.path={out}")
+
+
+# point → what must be on disk right after the kill
+FAULTS = ["read", "read:3", "mid_write", "mid_write:5", "write", "write:2", "write:9",
+          "shard_done", "shard_done:3", "before_commit", "during_commit", "after_commit"]
+
+
+@pytest.fixture(scope="module")
+def crashed(project, server):
+    """Every fault at once (separate outputs), then every rerun at once."""
+    folder, shards = project
+    killed = {}
+    runs = {f: server.start(*run_args(_out(f)), cwd=folder, fault=f) for f in FAULTS}
+    for fault, run in runs.items():
+        run.wait()
+        out = folder / _out(fault)
+        killed[fault] = {
+            "rc": run.returncode, "stderr": run.stderr,
+            "manifest": (out / "_manifest.json").read_bytes() if (out / "_manifest.json").exists() else None,
+            "files": partition_files(out),
+            "tmp": sorted(str(p.relative_to(out)) for p in (out / "_tmp").rglob("*") if p.is_file())
+            if (out / "_tmp").exists() else [],
+        }
+    reruns = {f: server.start(*run_args(_out(f)), cwd=folder) for f in FAULTS}
+    for run in reruns.values():
+        run.wait()
+    return killed, reruns
+
+
+def _out(fault: str) -> str:
+    return "out_" + fault.replace(":", "_")
+
+
+@pytest.mark.parametrize("fault", [f for f in FAULTS if f != "after_commit"])
+def test_kill_at_fault_point_then_rerun_commits_reference(fault, project, crashed):
+    folder, shards = project
+    killed, reruns = crashed
+    k = killed[fault]
+    assert k["rc"] == -signal.SIGKILL, f"{fault}: run was not killed (rc {k['rc']}): {k['stderr'][-500:]}"
+    assert k["manifest"] is None, f"{fault}: the killed run committed"
+    point = fault.split(":")[0]
+    if point in ("mid_write", "write", "shard_done", "before_commit", "during_commit"):
+        assert k["files"], f"{fault}: the killed run should have left data files behind"
+    if point == "mid_write":  # the half-written file is really there and really broken
+        broken = []
+        for rel in k["files"]:
+            try:
+                pq.read_metadata(folder / _out(fault) / rel)
+            except Exception:
+                broken.append(rel)
+        assert broken, "mid_write left no truncated file"
+    if point in ("shard_done", "before_commit"):
+        assert any(t.endswith(".json") and "/shards/" in t for t in k["tmp"])
+    if point == "during_commit":
+        assert any(t.endswith("_manifest.json") for t in k["tmp"]), k["tmp"]
+    rerun = reruns[fault]
+    assert rerun.returncode == 0, rerun.stderr
+    assert "committed" in rerun.stdout
+    manifest = assert_same_result(folder / _out(fault), folder / "ref", shards)
+    assert manifest["totals"]["rows_quarantined"] == sum(len(v) for v in BAD_ROWS.values())
+
+
+def test_kill_after_commit_keeps_commit_and_rerun_is_noop(project, crashed):
+    folder, shards = project
+    killed, reruns = crashed
+    k = killed["after_commit"]
+    assert k["rc"] == -signal.SIGKILL, k["stderr"]
+    assert k["manifest"] is not None, "the manifest was created before after_commit"
+    assert k["tmp"], "after_commit leaves scratch (the test would prove nothing otherwise)"
+    out = folder / _out("after_commit")
+    rerun = reruns["after_commit"]
+    assert rerun.returncode == 0, rerun.stderr
+    assert "already committed with this triple" in rerun.stdout
+    assert (out / "_manifest.json").read_bytes() == k["manifest"], "the no-op rerun changed the commit"
+    assert_same_result(out, folder / "ref", shards)   # includes: debris and _tmp removed
+
+
+def test_rerun_after_crash_leaves_earlier_debris_of_other_attempts_out(project, server):
+    """Two crashes in a row (different points), then a rerun: both crashed attempts are gone."""
+    folder, shards = project
+    out = "out_twice"
+    first = server.run(*run_args(out), cwd=folder, fault="write:3")
+    second = server.run(*run_args(out), cwd=folder, fault="before_commit")
+    assert (first.returncode, second.returncode) == (-9, -9)
+    attempts = {p.name for p in (folder / out / "predictions").iterdir()}
+    assert len(attempts) == 2
+    final = server.run(*run_args(out), cwd=folder)
+    assert final.returncode == 0, final.stderr
+    manifest = assert_same_result(folder / out, folder / "ref", shards)
+    assert manifest["attempt"] not in attempts
+    assert {p.name for p in (folder / out / "predictions").iterdir()} == {manifest["attempt"]}
+
+
+def test_fault_env_var_kills_cli_process(project):
+    """The hook on a plain ``python -m batchinfer`` process (no fork server)."""
+    folder, shards = project
+    r = run_cli(*run_args("out_cli"), cwd=folder, env={"BATCHINFER_FAULT": "during_commit"})
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    assert not (folder / "out_cli" / "_manifest.json").exists()
+    assert list((folder / "out_cli" / "_tmp").rglob("_manifest.json"))
+
+
+# -- an external kill -9 at a random moment, on more data ----------------------------------------
+
+@pytest.fixture(scope="module")
+def big_project(tmp_path_factory, server):
+    folder = tmp_path_factory.mktemp("crash_big")
+    write_schema(folder / "schemas")
+    shards = make_shards(folder / "data" / f"dt={DS}", shards=8, rows=50_000, seed=3)
+    make_mlp_onnx(folder / "models" / "model.onnx")
+    write_job(folder, batch={"rows": 8192}, tracking={"uri": "sqlite:///mlflow.db", "experiment": "big"})
+    r = server.run("stamp", "models/model.onnx", "--job", "job.yaml", "--model-version", "model:1",
+                   cwd=folder)
+    assert r.returncode == 0, r.stderr
+    return folder, shards
+
+
+def test_external_kill_9_while_working_then_rerun(big_project, server):
+    folder, shards = big_project
+    ref = server.start(*run_args("ref"), cwd=folder)   # first: it creates the sqlite store
+    ref.wait()
+    assert ref.returncode == 0, ref.stderr
+    victim = server.start(*run_args("out"), cwd=folder)
+    out = folder / "out"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if len(partition_files(out)) >= 3:   # working: some batches written, most not
+            break
+        time.sleep(0.01)
+    else:
+        pytest.fail("the run wrote nothing within 120 s")
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    assert victim.returncode == -signal.SIGKILL
+    assert not (out / "_manifest.json").exists(), "killed too late: it had already committed"
+    written = len(partition_files(out))
+    assert 0 < written < 8 * 7, "killed while working, with batches left to write"
+    rerun = server.run(*run_args("out"), cwd=folder)
+    assert rerun.returncode == 0, rerun.stderr
+    manifest = assert_same_result(out, folder / "ref", shards)
+    assert manifest["totals"]["rows_scored"] == 8 * 50_000

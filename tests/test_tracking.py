@@ -1,0 +1,164 @@
+"""Job metrics to MLflow (SPEC §4 ``mlflow_run_id``, §5.7): a real ``mlflow server``, an outage
+and its later upload with ``batchinfer track``, and concurrent runs on one sqlite store."""
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+
+from factories import DS, run_cli
+from servers import *  # noqa: F401,F403  (fixtures)
+
+pytestmark = pytest.mark.slow
+
+ROWS_IN = 3000
+
+
+def output_dir(project: Path, ds: str = DS) -> Path:
+    return project / "out" / f"dt={ds}"
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+@pytest.mark.server
+def test_one_run_per_job_with_triple_counts_and_manifest(tmp_path, mlflow_live, stamped_template):
+    experiment = f"tracking-{uuid.uuid4().hex[:8]}"
+    job = copy_project(stamped_template, tmp_path,
+                       tracking={"uri": mlflow_live.uri, "experiment": experiment})
+    result = run_cli("run", str(job), "--ds", DS, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = output_dir(tmp_path)
+    manifest = read_json(out / "_manifest.json")
+    run_id = manifest["mlflow_run_id"]
+    assert run_id and f"tracking: MLflow run {run_id}" in result.stdout
+
+    client = mlflow_live.client()
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id])
+    assert [r.info.run_id for r in runs] == [run_id]  # one run per job
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    params = run.data.params
+    for part, value in manifest["triple"].items():
+        assert params[f"triple.{part}"] == value
+    assert params["job_spec_sha256"] == manifest["job_spec_sha256"]
+    metrics = run.data.metrics
+    assert (metrics["rows_in"], metrics["rows_scored"], metrics["rows_quarantined"]) == (ROWS_IN, ROWS_IN, 0)
+    artifact = Path(client.download_artifacts(run_id, "manifest.json", str(tmp_path / "dl")))
+    assert json.loads(artifact.read_text()) == manifest
+    record = read_json(out / "_metrics.json")
+    assert record["uploaded"] is True and record["mlflow_run_id"] == run_id
+
+
+@pytest.mark.server
+def test_outage_commits_then_track_uploads(tmp_path, mlflow_live, stamped_template):
+    experiment = f"outage-{uuid.uuid4().hex[:8]}"
+    job = copy_project(stamped_template, tmp_path,
+                       tracking={"uri": f"http://127.0.0.1:{closed_port()}", "experiment": experiment})
+    result = run_cli("run", str(job), "--ds", DS, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = output_dir(tmp_path)
+    manifest = read_json(out / "_manifest.json")  # committed despite the outage
+    assert manifest["mlflow_run_id"] is None
+    assert manifest["totals"]["rows_scored"] == ROWS_IN
+    said = [line for line in result.stdout.splitlines() if "MLflow unavailable" in line]
+    assert len(said) == 1, result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
+    record = read_json(out / "_metrics.json")
+    assert record["uploaded"] is False and record["error"]
+    assert record["metrics"]["rows_in"] == ROWS_IN
+
+    track = run_cli("track", str(out), "--tracking-uri", mlflow_live.uri, cwd=tmp_path)
+    assert track.returncode == 0, track.stderr
+    record = read_json(out / "_metrics.json")
+    assert record["uploaded"] is True and record["error"] is None
+    run_id = record["mlflow_run_id"]
+    assert run_id and run_id in track.stdout
+    run = mlflow_live.client().get_run(run_id)
+    assert run.data.metrics["rows_in"] == ROWS_IN and run.data.metrics["rows_scored"] == ROWS_IN
+    assert run.data.params["triple.model_digest"] == manifest["triple"]["model_digest"]
+    exp = mlflow_live.client().get_experiment_by_name(experiment)
+    assert run.info.experiment_id == exp.experiment_id
+    # Uploading again is a no-op: still one run.
+    again = run_cli("track", str(out), "--tracking-uri", mlflow_live.uri, cwd=tmp_path)
+    assert again.returncode == 0 and run_id in again.stdout
+    assert len(mlflow_live.client().search_runs([exp.experiment_id])) == 1
+
+
+def partitions_project(template: Path, dest: Path, dates: list[str], *, store: bool) -> Path:
+    """One job over many partitions (one 1000-row shard each), tracking to ``dest/mlflow.db``."""
+    job = copy_project(template, dest, store=store,
+                       input={"path": "data/dt={ds}/part-00000.parquet"})
+    shard = template / "data" / f"dt={DS}" / "part-00000.parquet"
+    for ds in dates:
+        (dest / "data" / f"dt={ds}").mkdir(parents=True, exist_ok=True)
+        shutil.copy(shard, dest / "data" / f"dt={ds}" / "part-00000.parquet")
+    return job
+
+
+def run_concurrently(job: Path, dates: list[str], cwd: Path) -> dict[str, tuple[int, str, str]]:
+    procs = [start_cli("run", str(job), "--ds", ds, cwd=cwd) for ds in dates]
+    return dict(zip(dates, finish_all(procs)))
+
+
+def sqlite_runs(db: Path) -> dict[str, dict]:
+    """run id → {status, metrics} straight from the store (no MLflow involved)."""
+    import sqlite3
+
+    con = sqlite3.connect(db)
+    try:
+        runs = {rid: {"status": status, "metrics": {}} for rid, status in
+                con.execute("select run_uuid, status from runs")}
+        for rid, key, value in con.execute("select run_uuid, key, value from latest_metrics"):
+            runs[rid]["metrics"][key] = value
+    finally:
+        con.close()
+    return runs
+
+
+def test_six_concurrent_runs_on_an_existing_sqlite_store(tmp_path, stamped_template):
+    dates = [f"2026-02-{d:02d}" for d in range(1, 7)]
+    job = partitions_project(stamped_template, tmp_path, dates, store=True)
+    results = run_concurrently(job, dates, tmp_path)
+    runs = sqlite_runs(tmp_path / "mlflow.db")
+    for ds, (rc, out, err) in results.items():
+        assert rc == 0, (ds, err)
+        manifest = read_json(output_dir(tmp_path, ds) / "_manifest.json")
+        assert manifest["totals"]["rows_scored"] == 1000
+        record = read_json(output_dir(tmp_path, ds) / "_metrics.json")
+        # The store existed: every run is tracked, once, with its metrics.
+        assert record["uploaded"] is True, (ds, record["error"])
+        run = runs[manifest["mlflow_run_id"]]
+        assert run["status"] == "FINISHED" and run["metrics"]["rows_in"] == 1000
+    assert len(runs) == len(dates)
+
+
+def test_two_runs_racing_on_a_new_sqlite_store_still_commit(tmp_path, stamped_template):
+    """DESIGN: two processes creating a *new* sqlite store at once can fail. Whatever tracking
+    does then, both partitions commit; a run that could not track says so, keeps its metrics
+    beside the manifest, and `batchinfer track` uploads them afterwards."""
+    dates = ["2026-03-01", "2026-03-02"]
+    job = partitions_project(stamped_template, tmp_path, dates, store=False)
+    assert not (tmp_path / "mlflow.db").exists()
+    results = run_concurrently(job, dates, tmp_path)
+    outcome = {}
+    for ds, (rc, out, err) in results.items():
+        assert rc == 0, (ds, err)
+        out_dir = output_dir(tmp_path, ds)
+        manifest = read_json(out_dir / "_manifest.json")
+        assert manifest["totals"]["rows_scored"] == 1000
+        record = read_json(out_dir / "_metrics.json")
+        outcome[ds] = (record["uploaded"], record["error"])
+        if record["uploaded"]:
+            assert manifest["mlflow_run_id"] in sqlite_runs(tmp_path / "mlflow.db")
+        else:
+            assert sum("MLflow unavailable" in line for line in out.splitlines()) == 1, out
+            track = run_cli("track", str(out_dir), cwd=tmp_path)
+            assert track.returncode == 0, track.stderr
+            assert read_json(out_dir / "_metrics.json")["uploaded"] is True
+    print(f"new-store race: {outcome}")  # reported by the test run (-s / -rA)
