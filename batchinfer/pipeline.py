@@ -304,7 +304,9 @@ def fold_shard(name: str, records: Sequence[dict]) -> dict:
     if unreadable:
         return {"path": name, "sha256": sha256, "rows_in": None, "rows_scored": 0,
                 "rows_quarantined": 0, "status": "unreadable", "reason": unreadable, "files": []}
-    rows_in = next(i["rows_in"] for i in infos)
+    if not infos:
+        raise RuntimeError(f"shard {name} has batch records but no shard record")
+    rows_in = infos[0]["rows_in"]
     scored = sum(b["rows_scored"] for b in batches)
     quarantined = sum(b["rows_quarantined"] for b in batches)
     seen = sum(b["rows_in"] for b in batches)

@@ -115,6 +115,9 @@ class TrackingRun:
 def _serve() -> None:
     """The helper process: open a run on request, then log what ``finish`` sends."""
     client = run_id = None
+    # Only replies go to the pipe: MLflow prints to sys.stdout ("View run … at: URL" after
+    # set_terminated against a server), which would corrupt the JSON protocol.
+    replies, sys.stdout = sys.stdout, sys.stderr
     for line in sys.stdin:
         message = json.loads(line)
         try:
@@ -136,8 +139,8 @@ def _serve() -> None:
                 reply = {"ok": True}
         except Exception as exc:  # reported to the job, which carries on without tracking
             reply = {"error": short_error(exc)}
-        sys.stdout.write(json.dumps(reply) + "\n")
-        sys.stdout.flush()
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
 
 
 def upload(client, run_id: str, params: Mapping[str, Any], metrics: Mapping[str, float],

@@ -14,10 +14,12 @@ an MLflow sqlite store created beforehand). A one-row partition measures start-u
 
 Each run is timed around the whole process (``perf_counter`` around the subprocess), and its
 peak memory is taken from GNU ``/usr/bin/time -v`` (or ``bench/rss.py`` where that is missing):
-the largest resident set of any one process. The process tree's total proportional set size
-(PSS: shared pages split among the processes that map them) is also sampled every
-``--sample`` seconds (``tree PSS``): that is what counts for multi-process programs such as Ray.
-Sampling can miss a short peak; ``peak RSS`` cannot.
+the largest resident set of any one process. The memory of the whole process tree is
+also sampled every ``--sample`` seconds (``tree MB``: the RSS of a lone process, the sum of the
+proportional set sizes — shared pages split among the processes mapping them — when there are
+several): that is what counts for multi-process programs such as Ray. Sampling can miss a short
+peak; ``peak RSS`` cannot. The harness's own CPU time during each run is recorded
+(``harness_cpu_s``) so its perturbation is known.
 
 Results: a table on stdout and everything, raw runs included, in ``WORKDIR/results.json``.
 Outputs are removed after every run; the generated data is kept and reused by later runs with
@@ -32,6 +34,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shlex
 import shutil
 import signal
@@ -102,16 +105,27 @@ def _pss(pid: int) -> int:
         return int(f.read().split()[1]) * PAGE
 
 
-def _tree_pss(root: int) -> int:
-    """Sum of the PSS of ``root``'s descendants (not ``root``: the timing wrapper)."""
-    total, todo = 0, _children(root)
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+def _tree_mem(root: int) -> int:
+    """Memory of ``root``'s descendants (not ``root``: the timing wrapper): the RSS of a lone
+    process (cheap), the sum of PSS when there are several (``smaps_rollup`` walks the page
+    tables: a few ms for a large process, so it is paid only where it matters)."""
+    pids, todo = [], _children(root)
     while todo:
         pid = todo.pop()
+        pids.append(pid)
+        todo.extend(_children(pid))
+    measure_one = _rss if len(pids) == 1 else _pss
+    total = 0
+    for pid in pids:
         try:
-            total += _pss(pid)
+            total += measure_one(pid)
         except OSError:
             continue
-        todo.extend(_children(pid))
     return total
 
 
@@ -136,6 +150,7 @@ def measure(cmd: list[str], *, cwd: Path, log: Path, env: dict, timeout: float,
         wrapped = [python, str(HERE / "rss.py"), str(stats), *cmd]
         parse = lambda: json.loads(stats.read_text())  # noqa: E731
     load_before = os.getloadavg()[0]
+    self_before = resource.getrusage(resource.RUSAGE_SELF)
     tree_peak = 0
     with open(log, "wb") as out:
         t0 = time.perf_counter()
@@ -143,7 +158,7 @@ def measure(cmd: list[str], *, cwd: Path, log: Path, env: dict, timeout: float,
                                 start_new_session=True)
         timed_out = False
         while proc.poll() is None:
-            tree_peak = max(tree_peak, _tree_pss(proc.pid))
+            tree_peak = max(tree_peak, _tree_mem(proc.pid))
             if time.perf_counter() - t0 > timeout:
                 timed_out = True
                 os.killpg(proc.pid, signal.SIGKILL)  # the group this run started, nothing else
@@ -151,9 +166,13 @@ def measure(cmd: list[str], *, cwd: Path, log: Path, env: dict, timeout: float,
                 break
             time.sleep(sample_s)
         wall = time.perf_counter() - t0
+    self_after = resource.getrusage(resource.RUSAGE_SELF)
     result = {"wall_s": wall, "rc": proc.returncode, "timed_out": timed_out,
-              "tree_pss_mb": tree_peak / 2**20, "load1_before": load_before,
-              "load1_after": os.getloadavg()[0]}
+              "tree_mb": tree_peak / 2**20, "load1_before": load_before,
+              "load1_after": os.getloadavg()[0],
+              # this harness's own CPU while the program ran (sampling memory): the perturbation
+              "harness_cpu_s": (self_after.ru_utime + self_after.ru_stime
+                                - self_before.ru_utime - self_before.ru_stime)}
     try:
         parsed = parse()
         result.update({k: v for k, v in parsed.items() if k != "rc" and v is not None})
@@ -360,7 +379,7 @@ def summarise(runs: list[dict], sizes: list[int], slope_pair: tuple[int, int] | 
                 "median_cpu_s": statistics.median((r.get("user_s") or 0) + (r.get("sys_s") or 0)
                                                   for r in good),
                 "peak_rss_mb": max(r.get("max_rss_mb") or 0 for r in good),
-                "peak_tree_pss_mb": max(r["tree_pss_mb"] for r in good),
+                "peak_tree_mb": max(r["tree_mb"] for r in good),
                 "median_load1": statistics.median(r["load1_before"] for r in good)})
             if prog == "batchinfer":
                 inner = [r["job_metrics"].get("wall_seconds") for r in good
@@ -401,7 +420,7 @@ def summarise(runs: list[dict], sizes: list[int], slope_pair: tuple[int, int] | 
 
 def print_table(summary: dict, sizes: list[int]) -> None:
     head = (f"{'rows':>9}  {'program':<11} {'wall s':>8} {'min-max':>13} {'x floor':>8} "
-            f"{'CPU s':>7} {'peak RSS MB':>11} {'tree PSS':>8} {'ok':>5} {'load':>5}")
+            f"{'CPU s':>7} {'peak RSS MB':>11} {'tree MB':>8} {'ok':>5} {'load':>5}")
     print(head)
     print("-" * len(head))
     for rows in [STARTUP_ROWS, *sizes]:
@@ -419,7 +438,7 @@ def print_table(summary: dict, sizes: list[int]) -> None:
             rng = f"{e['min_wall_s']:.2f}-{e['max_wall_s']:.2f}"
             x = f"{e['x_floor']:.2f}" if "x_floor" in e else "-"
             print(f"{rows:>9,}  {prog:<11} {e['median_wall_s']:>8.2f} {rng:>13} {x:>8} "
-                  f"{e['median_cpu_s']:>7.2f} {e['peak_rss_mb']:>11.0f} {e['peak_tree_pss_mb']:>8.0f} "
+                  f"{e['median_cpu_s']:>7.2f} {e['peak_rss_mb']:>11.0f} {e['peak_tree_mb']:>8.0f} "
                   f"{e['ok']}/{e['runs']:<3} {e['median_load1']:>5.1f}")
     print()
     st = summary["startup"]
@@ -458,7 +477,7 @@ def main(argv=None) -> int:
                     help="skip the one-row start-up runs")
     ap.add_argument("--python", default=sys.executable, help="interpreter for every program")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per run before it is killed")
-    ap.add_argument("--sample", type=float, default=0.1, help="seconds between tree-RSS samples")
+    ap.add_argument("--sample", type=float, default=0.25, help="seconds between tree-RSS samples")
     ap.add_argument("--regen", action="store_true", help="regenerate data even if present")
     args = ap.parse_args(argv)
 
