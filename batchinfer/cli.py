@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BatchInferError as exc:
         if args.debug:
             traceback.print_exc()
-        print(f"batchinfer {args.command}: {exc.message}", file=sys.stderr)
+        print(f"batchinfer {args.command}: {_shown(exc.message)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"batchinfer {args.command}: interrupted; nothing was committed by this run", file=sys.stderr)
@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a failure of the system, not of the user's input
         if args.debug:
             traceback.print_exc()
-        text = " ".join(str(exc).split())[:300]
+        text = _shown(" ".join(str(exc).split()))[:300]
         print(f"batchinfer {args.command}: unexpected {type(exc).__name__}: {text} "
               f"(rerun with --debug for the traceback)", file=sys.stderr)
         return 5
@@ -94,10 +94,23 @@ def _configure_logging(debug: bool) -> None:
     logging.getLogger("apache_beam").setLevel(logging.INFO if debug else logging.CRITICAL)
 
 
-def _load(args):
+# Jobs this command loaded: error lines name paths and URIs with ${NAME} in place of the
+# values that came from the environment (SPEC §3), as everything else batchinfer prints does.
+_LOADED: list = []
+
+
+def _shown(text: str) -> str:
+    for job in _LOADED:
+        text = job.display(text)
+    return text
+
+
+def _load(args, **kwargs):
     from .spec import load_job
 
-    return load_job(args.job, ds=args.ds, overrides=args.overrides)
+    job = load_job(args.job, ds=args.ds, overrides=args.overrides, **kwargs)
+    _LOADED.append(job)
+    return job
 
 
 def cmd_run(args) -> int:
@@ -183,7 +196,7 @@ def cmd_stamp(args) -> int:
     from .job import stamp
     from .spec import load_job
 
-    job = load_job(args.job, ds=args.ds, overrides=args.overrides, require_ds=False)
+    job = _load(args, require_ds=False)
     triple, where = stamp(job, args.model, args.model_version)
     print(f"declared {args.model} in {where}:")
     for key, value in triple.as_dict().items():

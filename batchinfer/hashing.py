@@ -439,14 +439,15 @@ def _invalid_mask(array: pa.Array) -> np.ndarray | None:
     return _unpack_bits(validity, array.offset, len(array)) == 0
 
 
+# A column's values become value words by assignment into a view of the uint64 words with
+# this dtype: numpy's cast then does the widening. float16/32 -> float64 is exact, and
+# int -> int64 sign-extends, which gives the two's complement words.
+_WORD_VIEWS = {"f": np.float64, "i": np.int64, "u": np.uint64, "w": np.uint64}
+
+
 def _fill(destination: np.ndarray, kind: str, values: np.ndarray) -> None:
-    """Writes the value words of ``values`` into a uint64 ``destination``, NaN not yet canonical."""
-    if kind == "f":
-        destination.view(np.float64)[...] = values  # exact: every float16/32 is a float64
-    elif kind == "i":
-        destination.view(np.int64)[...] = values  # sign-extends: two's complement words
-    else:
-        destination[...] = values
+    """Writes the value words of ``values`` into uint64 ``destination`` (NaN not canonical yet)."""
+    destination.view(_WORD_VIEWS[kind])[...] = values
 
 
 def _canonicalise_nan(words: np.ndarray) -> None:
@@ -691,9 +692,8 @@ def _combine(columns: Sequence[_Column], count: int) -> np.ndarray:
         block_rows = min(count, _BLOCK_ROWS)
         block = np.empty((width, block_rows), dtype=np.uint64)
         scratch = np.empty_like(block)
-        # Each column is widened into its matrix row through a view of the block of the right
-        # dtype (float64 for floats, int64 for signed), so numpy's cast does the widening.
-        views = {"f": block.view(np.float64), "i": block.view(np.int64), "u": block, "w": block}
+        # As in _fill, but with the views made once per call rather than once per block.
+        views = {kind: block.view(dtype) for kind, dtype in _WORD_VIEWS.items()}
         fills = [(views[columns[j].kind], row, columns[j].values) for row, j in enumerate(order)]
         for start in range(0, count, block_rows):
             stop = min(count, start + block_rows)

@@ -157,22 +157,38 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
     from .tracking import TrackingRun
 
     attempt = new_attempt(started)
-    tracking = TrackingRun(spec.tracking.uri, spec.tracking.experiment, f"{spec.name}-{job.ds or attempt}",
-                           {"batchinfer.job": spec.name, "batchinfer.attempt": attempt,
-                            "batchinfer.ds": job.ds or ""})
-    handler, device = _handler(resolved)
+    tracking = TrackingRun(spec.tracking.uri, spec.tracking.experiment)
+    try:
+        handler, device = _handler(resolved)
+    except BaseException:
+        tracking.close()
+        raise
+    tracking.open(f"{spec.name}-{job.ds or attempt}",
+                  {"batchinfer.job": spec.name, "batchinfer.attempt": attempt,
+                   "batchinfer.ds": job.ds or ""})
     layout = Layout(out_fs, out_root, attempt)
     progress(f"scoring {len(resolved.shards)} shards into {shown_output} (attempt {attempt}, "
              f"{spec.runner.name} runner, {device})")
     t_pipeline = time.perf_counter()
     try:
         _run_pipeline(resolved, handler, layout)
+        shards = _collect(layout, resolved)
     except Exception:
         remove_attempt(layout, attempt)
+        try:  # a run that committed meanwhile cleans up other attempts, this one's included
+            winner = read_manifest(out_fs, out_root)
+        except Exception:
+            winner = None
+        if (winner is not None and winner.get("attempt") != (existing or {}).get("attempt")
+                and winner.get("triple") == resolved.triple.as_dict()):
+            tracking.finish({"attempt": attempt}, {}, {}, "KILLED")
+            return Outcome("lost_race", f"{shown_output} was already committed by attempt "
+                                        f"{winner.get('attempt')}; this run's files were removed",
+                           winner, shown_output)
+        tracking.finish({"attempt": attempt}, {}, {}, "FAILED")
         raise
     pipeline_s = time.perf_counter() - t_pipeline
 
-    shards = _collect(layout, resolved)
     totals = _totals(shards)
     bad_fraction = totals["rows_quarantined"] / totals["rows_in"] if totals["rows_in"] else 0.0
     q = spec.quarantine

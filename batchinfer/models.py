@@ -61,9 +61,11 @@ def resolve_model(uri: str, backend: str, tracking_uri: str) -> ResolvedModel:
     try:
         import mlflow.artifacts
 
+        # Not artifact_uri="models:/…": MLflow resolves that against the default registry (a
+        # mlflow.db in the working folder), not this job's; ask our registry where the files are.
         folder = mlflow.artifacts.download_artifacts(
-            artifact_uri=f"models:/{name}/{version}", tracking_uri=tracking_uri,
-            dst_path=tempfile.mkdtemp(prefix="batchinfer-model-"))
+            artifact_uri=client.get_model_version_download_uri(name, version),
+            tracking_uri=tracking_uri, dst_path=tempfile.mkdtemp(prefix="batchinfer-model-"))
     except Exception as exc:
         raise _registry_error(exc, f"artifacts of {uri}", tracking_uri) from None
     path = _model_file(Path(folder), backend, uri)

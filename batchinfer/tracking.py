@@ -35,14 +35,15 @@ class TrackingRun:
     core while the job imports Beam and scores. The child speaks one JSON object per line on
     its stdin/stdout (see :func:`_serve`).
 
+    The helper starts (and imports MLflow) at construction; no run exists in MLflow until
+    :meth:`open`, so a job that fails its pre-flight checks leaves no run behind.
+
     Args:
         uri: tracking URI (``sqlite:///…``, ``http://…``, a folder).
         experiment: experiment name (created if missing).
-        run_name: the run's name.
-        tags: tags set at creation.
     """
 
-    def __init__(self, uri: str, experiment: str, run_name: str, tags: Mapping[str, str]):
+    def __init__(self, uri: str, experiment: str):
         self.uri = uri
         self.experiment = experiment
         self.run_id: str | None = None
@@ -52,11 +53,24 @@ class TrackingRun:
             self._child = subprocess.Popen(
                 [sys.executable, "-m", "batchinfer.tracking"], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
-            self._send({"open": {"uri": uri, "experiment": experiment, "run_name": run_name,
-                                 "tags": dict(tags)}})
         except OSError as exc:
             self._child = None
             self.error = short_error(exc)
+
+    def open(self, run_name: str, tags: Mapping[str, str]) -> None:
+        """Ask the helper to create the run (returns at once; :meth:`wait` gets its id)."""
+        if self._child is None:
+            return
+        try:
+            self._send({"open": {"uri": self.uri, "experiment": self.experiment,
+                                 "run_name": run_name, "tags": dict(tags)}})
+        except OSError as exc:
+            self.error = short_error(exc)
+            self._close()
+
+    def close(self) -> None:
+        """Stop the helper without creating or finishing a run."""
+        self._close()
 
     def _send(self, message: dict) -> None:
         self._child.stdin.write(json.dumps(message) + "\n")
@@ -126,9 +140,7 @@ def _serve() -> None:
 
                 req = message["open"]
                 client = MlflowClient(tracking_uri=req["uri"])
-                found = client.get_experiment_by_name(req["experiment"])
-                experiment_id = (found.experiment_id if found is not None
-                                 else client.create_experiment(req["experiment"]))
+                experiment_id = experiment_id_for(client, req["experiment"])
                 run_id = client.create_run(experiment_id, run_name=req["run_name"],
                                            tags=req["tags"]).info.run_id
                 reply: dict = {"run_id": run_id}
@@ -141,6 +153,20 @@ def _serve() -> None:
             reply = {"error": short_error(exc)}
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
+
+
+def experiment_id_for(client, name: str) -> str:
+    """Get or create the experiment; concurrent jobs may race to create it (the loser reads it)."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    try:
+        return client.create_experiment(name)
+    except Exception:
+        found = client.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return found.experiment_id
 
 
 def upload(client, run_id: str, params: Mapping[str, Any], metrics: Mapping[str, float],
@@ -165,8 +191,7 @@ def upload_pending(uri: str, experiment: str, record: dict) -> str:
     client = MlflowClient(tracking_uri=uri)
     run_id = record.get("mlflow_run_id")
     if run_id is None:
-        found = client.get_experiment_by_name(experiment)
-        experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+        experiment_id = experiment_id_for(client, experiment)
         run_id = client.create_run(experiment_id, run_name=record.get("run_name"),
                                    tags=record.get("tags", {})).info.run_id
     upload(client, run_id, record["params"], record["metrics"],

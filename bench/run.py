@@ -50,6 +50,7 @@ PEERS = Path(os.environ.get("BATCHINFER_PEERS", HERE.parent.parent / "shared" / 
 FEATURES = 32
 STARTUP_ROWS = 1
 PAGE = os.sysconf("SC_PAGE_SIZE")
+PSS_EVERY_S = 1.0  # multi-process trees: PSS at most this often (it is costly to read)
 PROGRAMS = ("floor", "batchinfer", "ray", "stock_beam")
 
 SCHEMA_SOURCE = '''\
@@ -110,15 +111,23 @@ def _rss(pid: int) -> int:
         return int(f.read().split()[1]) * PAGE
 
 
-def _tree_mem(root: int) -> int:
-    """Memory of ``root``'s descendants (not ``root``: the timing wrapper): the RSS of a lone
-    process (cheap), the sum of PSS when there are several (``smaps_rollup`` walks the page
-    tables: a few ms for a large process, so it is paid only where it matters)."""
+def _descendants(root: int) -> list[int]:
     pids, todo = [], _children(root)
     while todo:
         pid = todo.pop()
         pids.append(pid)
         todo.extend(_children(pid))
+    return pids
+
+
+def _tree_mem(root: int, pss_ok: bool) -> int | None:
+    """Memory of ``root``'s descendants (not ``root``: the timing wrapper): the RSS of a lone
+    process (cheap), the sum of PSS when there are several. ``smaps_rollup`` walks the page
+    tables (milliseconds for a large process, more for Ray's object store), so a caller allows
+    it only now and then (``pss_ok``); None means "not sampled this time"."""
+    pids = _descendants(root)
+    if len(pids) > 1 and not pss_ok:
+        return None
     measure_one = _rss if len(pids) == 1 else _pss
     total = 0
     for pid in pids:
@@ -157,11 +166,25 @@ def measure(cmd: list[str], *, cwd: Path, log: Path, env: dict, timeout: float,
         proc = subprocess.Popen(wrapped, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
         timed_out = False
+        next_pss = 0.0
         while proc.poll() is None:
-            tree_peak = max(tree_peak, _tree_mem(proc.pid))
-            if time.perf_counter() - t0 > timeout:
+            now = time.perf_counter()
+            mem = _tree_mem(proc.pid, pss_ok=now >= next_pss)
+            if mem is not None:
+                tree_peak = max(tree_peak, mem)
+                if now >= next_pss:
+                    next_pss = now + PSS_EVERY_S
+            if now - t0 > timeout:
                 timed_out = True
-                os.killpg(proc.pid, signal.SIGKILL)  # the group this run started, nothing else
+                # This run's processes only: its group, and descendants that left it (Ray's
+                # workers start their own sessions).
+                strays = _descendants(proc.pid)
+                os.killpg(proc.pid, signal.SIGKILL)
+                for pid in strays:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
                 proc.wait()
                 break
             time.sleep(sample_s)

@@ -440,6 +440,7 @@ def test_committed_partition_other_triple(base, tmp_path):
     assert conflict.returncode == 3, (conflict.stdout, conflict.stderr)
     line = one_line_error(conflict)
     assert "--overwrite" in line
+    assert old["triple"]["model_digest"] in line and _declared(root)["model_digest"] in line
     assert snapshot(out) == before, "a refused run changed the committed partition"
 
     over = run_cli("run", "job.yaml", "--ds", DS, "--overwrite", cwd=root)

@@ -485,6 +485,11 @@ def test_output_predictions_mapping_renames(multi):
     assert preds.schema.field("score").type == pa.float32()
     assert preds.schema.field("vec").type == pa.list_(pa.float32(), 3)
     _check_multi_values(multi["root"], DS2, preds, "score", "vec")
+    # job_spec_sha256 covers the spec after --set
+    _, _, plain = read_partition(multi["root"] / "out" / f"dt={DS}")
+    _, _, mapped = read_partition(multi["root"] / "out" / f"dt={DS2}")
+    assert mapped["job_spec_sha256"] != plain["job_spec_sha256"]
+    assert mapped["triple"] == plain["triple"]
 
 
 def test_output_predictions_unknown_output_exits_2(multi):

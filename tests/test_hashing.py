@@ -762,6 +762,9 @@ def test_empty_table():
     assert row_hashes_uint64(table).dtype == np.uint64
     assert len(row_hashes_uint64(table)) == 0
     assert row_hashes(table).type == pa.string() and len(row_hashes(table)) == 0
+    no_chunks = pa.Table.from_batches([], schema=table.schema)
+    assert no_chunks.column(0).num_chunks == 0
+    assert len(row_hashes_uint64(no_chunks)) == 0
 
 
 def test_output_types_and_format():

@@ -1,0 +1,268 @@
+"""Two runs of one partition at once (SPEC §4 "Two runs at once", §5.2): exactly one commits,
+the other exits 0 saying "already committed by attempt …" and removes its own files; the
+output is never mixed. With a shared, existing sqlite MLflow store, and on a new one (DESIGN.md:
+sqlite's first use is not safe for two processes at once).
+
+Rerun with ``.venv/bin/pytest tests/test_concurrency.py -q``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from factories import DS, make_mlp_onnx, make_shards, read_partition, run_cli, write_job, write_schema
+
+pytestmark = pytest.mark.slow
+
+OTHER_DS = "2026-01-14"
+SHARDS, ROWS = 6, 30_000    # enough work that both runs are past their manifest check at once
+
+
+def make_project(folder: Path) -> tuple[Path, list[Path]]:
+    write_schema(folder / "schemas")
+    shards = make_shards(folder / "data" / f"dt={DS}", shards=SHARDS, rows=ROWS, seed=11)
+    make_shards(folder / "data" / f"dt={OTHER_DS}", shards=1, rows=100, seed=12)
+    make_mlp_onnx(folder / "models" / "model.onnx")
+    write_job(folder, batch={"rows": 8192})
+    return folder, shards
+
+
+def start(folder: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "batchinfer", "run", "job.yaml", *args],
+                            cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=300)
+    return proc.returncode, out, err
+
+
+def attempt_of(stdout: str) -> str:
+    match = re.search(r"\(attempt (\S+?),", stdout)
+    assert match, stdout
+    return match.group(1)
+
+
+def partition_files(out: Path) -> set[str]:
+    return {str(p.relative_to(out)) for kind in ("predictions", "quarantine") if (out / kind).exists()
+            for p in (out / kind).rglob("*") if p.is_file()}
+
+
+def canonical_predictions(out: Path) -> pa.Table:
+    preds, _, _ = read_partition(out)
+    preds = preds.drop_columns(["_inference_id", "_compute_ms"])
+    cols = {n: (c.combine_chunks().cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c)
+            for n, c in zip(preds.column_names, preds.columns)}
+    return pa.table(cols).sort_by([("_source_shard", "ascending"), ("_source_row", "ascending")])
+
+
+def check_race(out: Path, ref: Path, shards: list[Path], results: list[tuple[int, str, str]]) -> dict:
+    """Both exit 0, one commit, the loser says so and leaves nothing; output = reference."""
+    for rc, stdout, stderr in results:
+        assert rc == 0, stderr
+    manifest = json.loads((out / "_manifest.json").read_text())
+    attempts = [attempt_of(stdout) for _, stdout, _ in results]
+    assert len(set(attempts)) == 2
+    assert manifest["attempt"] in attempts
+    winner = attempts.index(manifest["attempt"])
+    loser_out = results[1 - winner][1]
+    assert f"already committed by attempt {manifest['attempt']}" in loser_out, loser_out
+    assert "committed" in results[winner][1] and "already" not in results[winner][1]
+    # nothing of the loser survives; nothing unlisted; no scratch
+    listed = {f["path"] for s in manifest["shards"] for f in s["files"]}
+    assert partition_files(out) == listed
+    assert {p.name for p in (out / "predictions").iterdir()} == {manifest["attempt"]}
+    assert not (out / "quarantine").exists() or not any((out / "quarantine").iterdir())
+    assert not (out / "_tmp").exists()
+    # never mixed: equal, bit for bit, to an uninterrupted single run
+    got, want = canonical_predictions(out), canonical_predictions(ref)
+    assert got.num_rows == SHARDS * ROWS
+    assert got.equals(want)
+    assert np.array_equal(got["y"].to_numpy().view(np.uint32), want["y"].to_numpy().view(np.uint32))
+    keys = set(zip(got["_source_shard"].to_pylist(), got["_source_row"].to_pylist()))
+    assert keys == {(str(p), i) for p in shards for i in range(ROWS)}
+    return {"manifest": manifest, "winner": winner, "attempts": attempts}
+
+
+def mlflow_runs(db: Path) -> dict[str, tuple[str, str]]:
+    """run id → (name, status), read straight from the sqlite store."""
+    with sqlite3.connect(db) as con:
+        return {r[0]: (r[1], r[2]) for r in con.execute("select run_uuid, name, status from runs")}
+
+
+@pytest.fixture(scope="module")
+def races(tmp_path_factory):
+    """Both races and the reference run at once, after the shared store was created."""
+    shared, shards = make_project(tmp_path_factory.mktemp("race_shared"))
+    fresh, fresh_shards = make_project(tmp_path_factory.mktemp("race_fresh"))
+    for folder in (shared, fresh):
+        r = run_cli("stamp", "models/model.onnx", "--job", "job.yaml", "--model-version", "model:1",
+                    cwd=folder)
+        assert r.returncode == 0, r.stderr
+    # create the shared store once: one job on another partition
+    r = run_cli("run", "job.yaml", "--ds", OTHER_DS, cwd=shared)
+    assert r.returncode == 0, r.stderr
+    assert (shared / "mlflow.db").exists() and not (fresh / "mlflow.db").exists()
+    procs = [start(shared, "--ds", DS), start(shared, "--ds", DS),
+             start(fresh, "--ds", DS), start(fresh, "--ds", DS),
+             start(shared, "--ds", DS, "--set", "output.path=ref")]
+    results = [finish(p) for p in procs]
+    return {"shared": (shared, shards, results[0:2]), "fresh": (fresh, fresh_shards, results[2:4]),
+            "ref": (shared / "ref", results[4])}
+
+
+def test_two_runs_at_once_shared_mlflow_store(races):
+    folder, shards, results = races["shared"]
+    ref, ref_result = races["ref"]
+    assert ref_result[0] == 0, ref_result[2]
+    race = check_race(folder / "out" / f"dt={DS}", ref, shards, results)
+    manifest = race["manifest"]
+    # tracking: the winner's MLflow run is finished and named in the manifest; the loser's run
+    # is marked KILLED; both in the shared store.
+    runs = mlflow_runs(folder / "mlflow.db")
+    assert manifest["mlflow_run_id"] in runs
+    assert runs[manifest["mlflow_run_id"]][1] == "FINISHED"
+    winner_stdout = results[race["winner"]][1]
+    assert f"MLflow run {manifest['mlflow_run_id']}" in winner_stdout
+    statuses = sorted(status for _, status in runs.values())
+    assert statuses.count("FINISHED") == 3      # the store-creating run, the winner, the reference
+    assert statuses.count("KILLED") == 1        # the loser
+
+
+def test_two_runs_at_once_new_mlflow_store(races, capsys):
+    """A store neither run has seen: the partition still commits exactly once. What tracking
+    did is printed (see the report); whatever it did, no result is lost: a run without MLflow
+    says so and keeps its metrics beside the manifest."""
+    folder, shards, results = races["fresh"]
+    ref, _ = races["ref"]
+    out = folder / "out" / f"dt={DS}"
+    race = check_race(out, ref, shards, results)
+    winner_stdout = results[race["winner"]][1]
+    metrics = json.loads((out / "_metrics.json").read_text())
+    tracking_lines = [line for _, stdout, _ in results for line in stdout.splitlines()
+                      if line.startswith("tracking:")]
+    runs = mlflow_runs(folder / "mlflow.db") if (folder / "mlflow.db").exists() else {}
+    with capsys.disabled():
+        print(f"\n[new sqlite store, two runs at once] winner tracking line: "
+              f"{[l for l in winner_stdout.splitlines() if l.startswith('tracking:')]}; "
+              f"_metrics.json uploaded={metrics['uploaded']} error={metrics['error']}; "
+              f"runs in store: {sorted(runs.values())}")
+    assert len(tracking_lines) == 1   # only the winner reports tracking
+    if metrics["uploaded"]:
+        assert runs[metrics["mlflow_run_id"]][1] == "FINISHED"
+        assert metrics["mlflow_run_id"] == race["manifest"]["mlflow_run_id"]
+    else:
+        assert "MLflow unavailable" in tracking_lines[0]
+        assert "batchinfer track" in tracking_lines[0]
+        assert metrics["metrics"]["rows_scored"] == SHARDS * ROWS
+
+
+def test_loser_whose_files_the_winner_cleaned_still_exits_as_lost_race(tmp_path, monkeypatch):
+    """Deterministic version of the worst interleaving: run B has written its files, then run A
+    commits and its cleanup deletes every uncommitted attempt (B's included) before B commits.
+    B must still end as the loser of the race (SPEC §4: exit 0, "already committed by attempt
+    …", its files removed), not as a runtime failure with its debris left behind."""
+    import batchinfer.job as job_mod
+    from batchinfer.spec import load_job
+
+    folder, shards = tmp_path, make_shards(tmp_path / "data" / f"dt={DS}", shards=2, rows=200)
+    write_schema(folder / "schemas")
+    make_mlp_onnx(folder / "models" / "model.onnx")
+    store = tmp_path_store(tmp_path)
+    write_job(folder, tracking={"uri": store, "experiment": "race"})
+    from batchinfer.job import stamp
+    stamp(load_job(folder / "job.yaml", require_ds=False), None, "model:1")
+
+    real = job_mod._run_pipeline
+    state = {"inside": False, "winner": None}
+
+    def racing(resolved, handler, layout):
+        real(resolved, handler, layout)
+        if not state["inside"]:       # B's pipeline is done; now A runs start to finish
+            state["inside"] = True
+            state["winner"] = job_mod.run_job(load_job(folder / "job.yaml", ds=DS))
+
+    monkeypatch.setattr(job_mod, "_run_pipeline", racing)
+    outcome = job_mod.run_job(load_job(folder / "job.yaml", ds=DS))
+    assert state["winner"].status == "committed"
+    winner = state["winner"].manifest["attempt"]
+    assert outcome.status == "lost_race", outcome.message
+    assert f"already committed by attempt {winner}" in outcome.message
+    out = folder / "out" / f"dt={DS}"
+    assert {p.name for p in (out / "predictions").iterdir()} == {winner}
+    assert not (out / "_tmp").exists()
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert partition_files(out) == {f["path"] for s in manifest["shards"] for f in s["files"]}
+
+
+@pytest.mark.parametrize("overwrite", [False, True], ids=["plain", "overwrite"])
+def test_winner_cleans_up_while_loser_is_still_writing(tmp_path, monkeypatch, overwrite):
+    """Run B has written one data file when run A runs start to finish, commits, and its cleanup
+    deletes B's files; B then writes the rest and tries to commit. B must lose the race and
+    remove its files; in no case may a manifest list a file that does not exist. With
+    ``overwrite`` both runs replace a partition committed under another triple."""
+    import threading
+
+    import batchinfer.faults as faults
+    import batchinfer.job as job_mod
+    from batchinfer.job import stamp
+    from batchinfer.spec import load_job
+
+    folder = tmp_path
+    make_shards(folder / "data" / f"dt={DS}", shards=2, rows=400)
+    write_schema(folder / "schemas")
+    make_mlp_onnx(folder / "models" / "model.onnx")
+    write_job(folder, batch={"rows": 100}, tracking={"uri": tmp_path_store(tmp_path), "experiment": "race"})
+    stamp(load_job(folder / "job.yaml", require_ds=False), None, "model:1")
+    out = folder / "out" / f"dt={DS}"
+    if overwrite:  # a partition committed under another triple (as if by an older model)
+        job_mod.run_job(load_job(folder / "job.yaml", ds=DS))
+        manifest = json.loads((out / "_manifest.json").read_text())
+        manifest["triple"]["model_version"] = "model:0"
+        (out / "_manifest.json").write_text(json.dumps(manifest))
+
+    real_point = faults.point
+    state: dict = {"inside": False}
+
+    def winner():
+        state["first"] = job_mod.run_job(load_job(folder / "job.yaml", ds=DS), overwrite=overwrite)
+
+    def point(name):
+        if name == "write" and not state["inside"]:
+            state["inside"] = True
+            thread = threading.Thread(target=winner)
+            thread.start()
+            thread.join()
+        real_point(name)
+
+    monkeypatch.setattr(faults, "point", point)
+    second = job_mod.run_job(load_job(folder / "job.yaml", ds=DS), overwrite=overwrite)
+    assert state["first"].status == "committed", state["first"].message
+    first_attempt = state["first"].manifest["attempt"]
+    final = json.loads((out / "_manifest.json").read_text())
+    missing = [f["path"] for s in final["shards"] for f in s["files"] if not (out / f["path"]).exists()]
+    assert not missing, (f"B ended {second.status}; the manifest of attempt {final['attempt']} "
+                         f"lists {len(missing)} deleted files, e.g. {missing[0]}")
+    assert second.status == "lost_race", second.message
+    assert f"already committed by attempt {first_attempt}" in second.message
+    assert final["attempt"] == first_attempt
+    assert {p.name for p in (out / "predictions").iterdir()} == {first_attempt}
+    assert partition_files(out) == {f["path"] for s in final["shards"] for f in s["files"]}
+    assert not (out / "_tmp").exists()
+    preds, _, _ = read_partition(out)
+    assert preds.num_rows == 800
+
+
+def tmp_path_store(folder: Path) -> str:
+    return f"sqlite:///{folder / 'mlflow.db'}"
