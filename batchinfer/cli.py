@@ -194,7 +194,6 @@ def cmd_inspect(args) -> int:
 
 def cmd_stamp(args) -> int:
     from .job import stamp
-    from .spec import load_job
 
     job = _load(args, require_ds=False)
     triple, where = stamp(job, args.model, args.model_version)

@@ -14,6 +14,7 @@ The order of :func:`run_job` is the contract's (SPEC §1, §4):
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -212,7 +213,11 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
         "shards": [{k: v for k, v in s.items() if k != "seconds"} for s in shards],
     }
     faults.point("before_commit")
-    if not commit(layout, manifest, replace=overwrite and existing is not None):
+    # Replace only the manifest this run set out to replace: if another --overwrite run
+    # committed meanwhile (and its cleanup removed this attempt's files), this run lost.
+    replace = overwrite and existing is not None and (
+        (read_manifest(out_fs, out_root) or {}).get("attempt") == existing.get("attempt"))
+    if not commit(layout, manifest, replace=replace):
         winner = read_manifest(out_fs, out_root) or {}
         remove_attempt(layout, attempt)
         tracking.finish({"attempt": attempt}, {}, {}, "KILLED")
@@ -237,7 +242,9 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
 
     manifest_text = json.dumps(manifest, indent=2)
     uploaded = tracking.finish(params, metrics, {"manifest.json": manifest_text})
-    record = {"mlflow_run_id": run_id, "uploaded": uploaded, "error": tracking.error,
+    # MLflow's errors quote the tracking URI, which may hold a ${NAME} value (SPEC §3).
+    tracking_error = job.display(tracking.error) if tracking.error else None
+    record = {"mlflow_run_id": run_id, "uploaded": uploaded, "error": tracking_error,
               "tracking_uri": job.display(spec.tracking.uri), "experiment": spec.tracking.experiment,
               "run_name": f"{spec.name}-{job.ds or attempt}", "params": params, "metrics": metrics,
               "tags": {"batchinfer.job": spec.name, "batchinfer.attempt": attempt}}
@@ -248,7 +255,7 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
     if uploaded:
         tracking_line = f"MLflow run {run_id} in {job.display(spec.tracking.uri)}"
     else:
-        tracking_line = (f"MLflow unavailable ({tracking.error}); metrics kept in "
+        tracking_line = (f"MLflow unavailable ({tracking_error}); metrics kept in "
                          f"{shown_output}/{METRICS}: upload later with `batchinfer track {shown_output}`")
     return Outcome("committed", f"committed {shown_output} (attempt {attempt})", manifest,
                    shown_output, tracking_line, {"wall_s": wall_s, "pipeline_s": pipeline_s})
@@ -427,7 +434,8 @@ def upload_tracking(url: str, tracking_uri: str | None = None) -> str:
     import json
 
     record["manifest_text"] = json.dumps(manifest, indent=2)
-    uri = tracking_uri or record["tracking_uri"]
+    # The record shows ${NAME} in place of environment values (SPEC §3): expand them again.
+    uri = tracking_uri or os.path.expandvars(record["tracking_uri"])
     run_id = upload_pending(uri, record["experiment"], record)
     record.pop("manifest_text")
     record.update({"uploaded": True, "mlflow_run_id": run_id, "error": None})

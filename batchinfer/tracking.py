@@ -8,6 +8,8 @@ manifest are logged. Whatever MLflow does, the same record is written beside the
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import select
@@ -181,7 +183,9 @@ def upload(client, run_id: str, params: Mapping[str, Any], metrics: Mapping[str,
                      params=[Param(k, str(v)[:6000]) for k, v in sorted(params.items())])
     for name, text in artifacts.items():
         client.log_text(run_id, text, name)
-    client.set_terminated(run_id, status)
+    # MLflow prints "View run … at: <tracking URI>" here, which may hold a ${NAME} value.
+    with contextlib.redirect_stdout(io.StringIO()):
+        client.set_terminated(run_id, status)
 
 
 def upload_pending(uri: str, experiment: str, record: dict) -> str:
