@@ -134,6 +134,10 @@ def _serve() -> None:
     # Only replies go to the pipe: MLflow prints to sys.stdout ("View run … at: URL" after
     # set_terminated against a server), which would corrupt the JSON protocol.
     replies, sys.stdout = sys.stdout, sys.stderr
+    try:  # imported before the first request, while the job does its own start-up
+        import mlflow.tracking  # noqa: F401
+    except Exception:  # reported when a run is asked for
+        pass
     for line in sys.stdin:
         message = json.loads(line)
         try:
