@@ -114,6 +114,7 @@ def test_two_concurrent_runs_commit_exactly_once(tmp_path, s3_server, s3_proxy, 
     # Exactly one conditional PUT of the manifest succeeded; any other was refused (412).
     puts = [status for _, _, status in s3_proxy.requests("PUT", "/_manifest.json")]
     assert puts.count(200) == 1, puts
+    print(f"manifest PUTs {puts}; loser: {[l for l in others[0].splitlines() if 'already' in l]}")
     assert all(status in (200, 412) for status in puts), puts
     # The loser removed its own attempt: only the committed attempt's files remain.
     attempts = {k.split("/")[1] for k in keys_under(fs, out_root(new_bucket))
@@ -163,3 +164,17 @@ def test_persistent_put_failure_exits_5_without_commit(tmp_path, s3_server, s3_p
     puts = s3_proxy.requests("PUT")
     targets = [t for _, t, _ in puts]
     assert any(targets.count(t) >= 2 for t in set(targets)), puts
+
+
+def test_fault_proxy_forwards_faithfully(s3_server, s3_proxy, new_bucket):
+    """The proxy the fault tests rely on: bodies, conditional puts (If-None-Match) and faults."""
+    fs = s3_server.s3fs(s3_proxy.url)
+    body = bytes(range(256)) * 5000  # 1.28 MB, over botocore's Expect: 100-continue threshold
+    fs.pipe_file(f"{new_bucket}/p/x.bin", body, mode="create")
+    with pytest.raises(FileExistsError):
+        fs.pipe_file(f"{new_bucket}/p/x.bin", b"other", mode="create")
+    assert [s for _, _, s in s3_proxy.requests("PUT", "/p/x.bin")] == [200, 412]
+    rule = s3_proxy.add(method="GET", contains="/p/x.bin", status=500, times=1)
+    assert s3_server.s3fs(s3_proxy.url).cat_file(f"{new_bucket}/p/x.bin") == body
+    assert rule.matched == 1
+    assert s3_server.s3fs().cat_file(f"{new_bucket}/p/x.bin") == body  # stored as sent

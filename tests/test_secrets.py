@@ -7,6 +7,7 @@ local job folder, the MLflow server's sqlite store, artifacts and log.
 """
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 
@@ -84,8 +85,9 @@ def test_secrets_stay_out_of_outputs_logs_and_mlflow(tmp_path, s3_server, new_bu
 
 
 def test_secrets_stay_out_of_error_lines_and_offline_metrics(tmp_path, s3_server, new_bucket,
-                                                             stamped_template, secrets):
-    """Failures quote paths and URIs: they must quote them with ``${NAME}``, not the value."""
+                                                             mlflow_live, stamped_template, secrets):
+    """Failures quote paths and URIs: they must quote them with ``${NAME}``, not the value; and
+    ``batchinfer track`` expands the ``${NAME}`` kept in ``_metrics.json`` again to upload."""
     token, aws_secret = secrets
     needles = [token.encode(), aws_secret.encode()]
     env = secret_env(s3_server.endpoint, token, aws_secret)
@@ -94,7 +96,9 @@ def test_secrets_stay_out_of_error_lines_and_offline_metrics(tmp_path, s3_server
         stamped_template, tmp_path,
         input={"path": f"s3://{new_bucket}/in-${{BI_TOKEN}}/dt={{ds}}/*.parquet"},
         output={"path": "out/dt={ds}", "id_columns": ["id"]},
-        tracking={"uri": f"http://batchinfer:${{BI_TOKEN}}@127.0.0.1:{closed_port()}/"})
+        tracking={"uri": "http://batchinfer:${BI_TOKEN}@127.0.0.1:${BI_MLFLOW_PORT}",
+                  "experiment": f"secrets-{uuid.uuid4().hex[:8]}"})
+    env["BI_MLFLOW_PORT"] = str(closed_port())
     missing = run_cli("run", str(job), "--ds", DS, cwd=tmp_path, env=env)
     assert missing.returncode == 2, missing.stderr
     assert "${BI_TOKEN}" in missing.stderr  # the path is named, with the variable in its place
@@ -106,7 +110,15 @@ def test_secrets_stay_out_of_error_lines_and_offline_metrics(tmp_path, s3_server
     assert "MLflow unavailable" in local.stdout
     metrics = (tmp_path / "out" / f"dt={DS}" / "_metrics.json").read_text()
     assert '"uploaded": false' in metrics and "${BI_TOKEN}" in metrics
+    # 3. Later, with MLflow reachable (the variable now names the live server's port).
+    env["BI_MLFLOW_PORT"] = str(mlflow_live.port)
+    track = run_cli("track", str(tmp_path / "out" / f"dt={DS}"), cwd=tmp_path, env=env)
+    assert track.returncode == 0, track.stderr
+    run_id = json.loads((tmp_path / "out" / f"dt={DS}" / "_metrics.json").read_text())["mlflow_run_id"]
+    assert mlflow_live.client().get_run(run_id).data.metrics["rows_in"] == 3000
     hits = (text_hits("stderr (no shards)", missing.stderr + missing.stdout, needles)
             + text_hits("stdout (outage)", local.stdout + local.stderr, needles)
-            + local_hits(tmp_path, needles))
+            + text_hits("track", track.stdout + track.stderr, needles)
+            + local_hits(tmp_path, needles)
+            + local_hits(mlflow_live.workdir, needles))
     assert hits == []

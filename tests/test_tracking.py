@@ -162,3 +162,30 @@ def test_two_runs_racing_on_a_new_sqlite_store_still_commit(tmp_path, stamped_te
             assert track.returncode == 0, track.stderr
             assert read_json(out_dir / "_metrics.json")["uploaded"] is True
     print(f"new-store race: {outcome}")  # reported by the test run (-s / -rA)
+
+
+def test_concurrent_jobs_racing_to_create_the_experiment_share_it():
+    """Two jobs of one experiment on a store that lacks it: the second create fails (UNIQUE
+    constraint); the job must then use the experiment the other one created."""
+    from types import SimpleNamespace
+
+    from batchinfer.tracking import experiment_id_for
+
+    class RacingClient:
+        created = False
+
+        def get_experiment_by_name(self, name):
+            return SimpleNamespace(experiment_id="7") if self.created else None
+
+        def create_experiment(self, name):
+            self.created = True  # the other job got there first
+            raise RuntimeError(f"Experiment(name={name}) already exists")
+
+    assert experiment_id_for(RacingClient(), "testjob") == "7"
+
+    class Broken(RacingClient):
+        def create_experiment(self, name):
+            raise RuntimeError("store unavailable")
+
+    with pytest.raises(RuntimeError, match="store unavailable"):
+        experiment_id_for(Broken(), "testjob")
