@@ -7,7 +7,12 @@ processes are forked from a small fork server that has already imported Beam, ON
 pandera and MLflow (about 5 s of imports per plain ``python -m batchinfer``), so each run costs
 only its own work; the forked child is killed by SIGKILL exactly like a ``python -m`` process.
 ``test_fault_env_var_kills_cli_process`` checks the same hook on a plain ``python -m``
-process.
+process. Killed runs track to MLflow for real; reruns and set-up runs replace tracking by a
+stub (its helper process costs about 2 s of CPU a run, and tracking is not under test here).
+
+Faults injected (``BATCHINFER_FAULT``): read, mid_write, write:2, shard_done, before_commit,
+during_commit, after_commit; during_commit and after_commit again on an ``--overwrite`` run;
+and an external ``kill -9`` at a moment chosen by polling (8 shards x 50k rows).
 
 Rerun them with ``.venv/bin/pytest tests/test_crash.py -q``.
 """
@@ -24,11 +29,10 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from factories import DS, make_mlp_onnx, make_shards, read_partition, run_cli, write_job, write_schema
+from factories import DS, make_mlp_onnx, make_shards, read_partition, write_job, write_schema
 
 pytestmark = pytest.mark.slow
 
@@ -61,6 +65,14 @@ for line in sys.stdin:
                 os.dup2(os.open(req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
                 os.dup2(os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
                 importlib.reload(batchinfer.faults)   # reads BATCHINFER_FAULT, as at import
+                if req["stub_tracking"]:
+                    class _NoTracking:
+                        error, run_id = "tracking stubbed by the test", None
+                        def __init__(self, *a, **k): pass
+                        def wait(self, *a, **k): return None
+                        def finish(self, *a, **k): return False
+                        def __getattr__(self, name): return lambda *a, **k: None
+                    batchinfer.tracking.TrackingRun = _NoTracking
                 rc = batchinfer.cli.main(req["argv"])
             except BaseException as exc:
                 rc = 99
@@ -123,18 +135,21 @@ class ForkServer:
         self.proc.stdin.flush()
         return json.loads(self.proc.stdout.readline())
 
-    def start(self, *argv: str, cwd: Path, fault: str | None = None) -> Run:
+    def start(self, *argv: str, cwd: Path, fault: str | None = None, track: bool = True) -> Run:
+        """Start ``batchinfer ARGV``; ``track=False`` replaces MLflow tracking by a stub (its
+        helper process imports MLflow, about 2 s of CPU a run, and it is not under test)."""
         self.count += 1
         out, err = self.logs / f"{self.count}.out", self.logs / f"{self.count}.err"
         env = {k: v for k, v in os.environ.items() if k != "BATCHINFER_FAULT"}
         if fault:
             env["BATCHINFER_FAULT"] = fault
         pid = self._call({"op": "start", "argv": list(argv), "cwd": str(cwd), "env": env,
-                          "stdout": str(out), "stderr": str(err)})["pid"]
+                          "stdout": str(out), "stderr": str(err), "stub_tracking": not track})["pid"]
         return Run(self, pid, out, err)
 
-    def run(self, *argv: str, cwd: Path, fault: str | None = None, timeout: float = 240) -> Run:
-        return self.start(*argv, cwd=cwd, fault=fault).wait(timeout)
+    def run(self, *argv: str, cwd: Path, fault: str | None = None, track: bool = True,
+            timeout: float = 240) -> Run:
+        return self.start(*argv, cwd=cwd, fault=fault, track=track).wait(timeout)
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -253,11 +268,16 @@ def project(tmp_path_factory, server):
         f0[rows] = 50.0
         pq.write_table(table.set_column(1, "f0", pa.array(f0, pa.float32())), shards[s])
     make_mlp_onnx(folder / "models" / "model.onnx")
-    write_job(folder, batch={"rows": BATCH}, quarantine={"max_bad_fraction": 0.01, "max_bad_shards": 0},
-              tracking={"uri": "sqlite:///mlflow.db", "experiment": "crash"})
-    r = server.run("stamp", "models/model.onnx", "--job", "job.yaml", "--model-version", "model:1",
-                   cwd=folder)
-    assert r.returncode == 0, r.stderr
+    make_mlp_onnx(folder / "models" / "model_old.onnx")   # same bytes, declared as another version
+    for job, model in (("job_old.yaml", "models/model_old.onnx"), ("job.yaml", "models/model.onnx")):
+        write_job(folder, model=model, batch={"rows": BATCH},
+                  quarantine={"max_bad_fraction": 0.01, "max_bad_shards": 0},
+                  tracking={"uri": "sqlite:///mlflow.db", "experiment": "crash"}).rename(folder / job)
+    stamps = [server.start("stamp", model, "--job", job, "--model-version", version, cwd=folder)
+              for job, model, version in (("job_old.yaml", "models/model_old.onnx", "model:0"),
+                                          ("job.yaml", "models/model.onnx", "model:1"))]
+    for r in stamps:
+        assert r.wait().returncode == 0, r.stderr
     # The reference: an uninterrupted run (it also creates the sqlite store before the
     # parallel runs below use it: a new store cannot take concurrent first use, DESIGN.md).
     ref = server.run("run", "job.yaml", "--ds", DS, "--set", "output.path=ref", cwd=folder)
@@ -274,31 +294,63 @@ FAULTS = ["read", "mid_write", "write:2", "shard_done", "before_commit", "during
           "after_commit"]
 
 
+OVERWRITE_FAULTS = ["during_commit", "after_commit"]
+
+
+def _snapshot(run: Run, out: Path) -> dict:
+    return {
+        "rc": run.returncode, "stderr": run.stderr,
+        "manifest": (out / "_manifest.json").read_bytes() if (out / "_manifest.json").exists() else None,
+        "files": partition_files(out),
+        "tmp": sorted(str(p.relative_to(out)) for p in (out / "_tmp").rglob("*") if p.is_file())
+        if (out / "_tmp").exists() else [],
+        "metrics": (out / "_metrics.json").exists(),
+    }
+
+
 @pytest.fixture(scope="module")
 def crashed(project, server):
-    """Every fault at once (separate outputs), then every rerun at once. A plain
-    ``python -m batchinfer`` process with a fault runs beside them."""
+    """Waves of runs at once, each on its own output (the reference ran first, alone). The
+    killed runs track to MLflow for real (a kill with a live tracking helper); runs that only
+    set up or finish the scenario use the tracking stub.
+
+    A. every fault; the partitions that ``--overwrite`` will replace are committed under the
+       old triple; a plain ``python -m batchinfer`` process with a fault beside them;
+    B. every rerun; the ``--overwrite`` runs, killed at a commit fault;
+    C. their reruns.
+    """
     folder, shards = project
-    killed = {}
     cli = subprocess.Popen([sys.executable, "-m", "batchinfer", *run_args("out_cli")], cwd=folder,
                            env={**os.environ, "BATCHINFER_FAULT": "during_commit"},
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     runs = {f: server.start(*run_args(_out(f)), cwd=folder, fault=f) for f in FAULTS}
-    for fault, run in runs.items():
-        run.wait()
-        out = folder / _out(fault)
-        killed[fault] = {
-            "rc": run.returncode, "stderr": run.stderr,
-            "manifest": (out / "_manifest.json").read_bytes() if (out / "_manifest.json").exists() else None,
-            "files": partition_files(out),
-            "tmp": sorted(str(p.relative_to(out)) for p in (out / "_tmp").rglob("*") if p.is_file())
-            if (out / "_tmp").exists() else [],
-        }
-    reruns = {f: server.start(*run_args(_out(f)), cwd=folder) for f in FAULTS}
+    old = {f: server.start("run", "job_old.yaml", "--ds", DS, "--set", f"output.path={_ow(f)}",
+                           cwd=folder, track=False) for f in OVERWRITE_FAULTS}
+    killed = {f: _snapshot(run.wait(), folder / _out(f)) for f, run in runs.items()}
+    old_manifest = {}
+    for f, run in old.items():
+        assert run.wait().returncode == 0, run.stderr
+        old_manifest[f] = (folder / _ow(f) / "_manifest.json").read_bytes()
+
+    reruns = {f: server.start(*run_args(_out(f)), cwd=folder, track=False) for f in FAULTS}
+    ow = {f: server.start(*run_args(_ow(f)), "--overwrite", cwd=folder, fault=f)
+          for f in OVERWRITE_FAULTS}
+    ow_killed = {f: _snapshot(run.wait(), folder / _ow(f)) for f, run in ow.items()}
     for run in reruns.values():
         run.wait()
+
+    ow_reruns = {"during_commit": server.start(*run_args(_ow("during_commit")), "--overwrite",
+                                               cwd=folder, track=False),
+                 "after_commit": server.start(*run_args(_ow("after_commit")), cwd=folder, track=False)}
+    for run in ow_reruns.values():
+        run.wait()
     _, err = cli.communicate(timeout=300)
-    return killed, reruns, (cli.returncode, err)
+    return {"killed": killed, "reruns": reruns, "cli": (cli.returncode, err),
+            "old_manifest": old_manifest, "ow_killed": ow_killed, "ow_reruns": ow_reruns}
+
+
+def _ow(fault: str) -> str:
+    return "ow_" + fault
 
 
 def _out(fault: str) -> str:
@@ -308,7 +360,7 @@ def _out(fault: str) -> str:
 @pytest.mark.parametrize("fault", [f for f in FAULTS if f != "after_commit"])
 def test_kill_at_fault_point_then_rerun_commits_reference(fault, project, crashed):
     folder, shards = project
-    killed, reruns, _ = crashed
+    killed, reruns = crashed["killed"], crashed["reruns"]
     k = killed[fault]
     assert k["rc"] == -signal.SIGKILL, f"{fault}: run was not killed (rc {k['rc']}): {k['stderr'][-500:]}"
     assert k["manifest"] is None, f"{fault}: the killed run committed"
@@ -336,11 +388,13 @@ def test_kill_at_fault_point_then_rerun_commits_reference(fault, project, crashe
 
 def test_kill_after_commit_keeps_commit_and_rerun_is_noop(project, crashed):
     folder, shards = project
-    killed, reruns, _ = crashed
+    killed, reruns = crashed["killed"], crashed["reruns"]
     k = killed["after_commit"]
     assert k["rc"] == -signal.SIGKILL, k["stderr"]
     assert k["manifest"] is not None, "the manifest was created before after_commit"
     assert k["tmp"], "after_commit leaves scratch (the test would prove nothing otherwise)"
+    # Observed, not required by SPEC: the killed run never wrote _metrics.json and the no-op
+    # rerun does not either (the manifest keeps the totals; the MLflow run stays RUNNING).
     out = folder / _out("after_commit")
     rerun = reruns["after_commit"]
     assert rerun.returncode == 0, rerun.stderr
@@ -352,7 +406,7 @@ def test_kill_after_commit_keeps_commit_and_rerun_is_noop(project, crashed):
 def test_fault_env_var_kills_cli_process(project, crashed):
     """The hook on a plain ``python -m batchinfer`` process (no fork server)."""
     folder, shards = project
-    returncode, stderr = crashed[2]
+    returncode, stderr = crashed["cli"]
     assert returncode == -signal.SIGKILL, stderr
     assert not (folder / "out_cli" / "_manifest.json").exists()
     assert list((folder / "out_cli" / "_tmp").rglob("_manifest.json"))
@@ -376,7 +430,7 @@ def big_project(tmp_path_factory, server, project):
 
 def test_external_kill_9_while_working_then_rerun(big_project, server):
     folder, shards = big_project
-    ref = server.start(*run_args("ref"), cwd=folder)
+    ref = server.start(*run_args("ref"), cwd=folder, track=False)
     victim = server.start(*run_args("out"), cwd=folder)
     out = folder / "out"
     deadline = time.monotonic() + 120
@@ -394,7 +448,43 @@ def test_external_kill_9_while_working_then_rerun(big_project, server):
     assert 0 < written < 8 * 7, "killed while working, with batches left to write"
     ref.wait()
     assert ref.returncode == 0, ref.stderr
-    rerun = server.run(*run_args("out"), cwd=folder)
+    rerun = server.run(*run_args("out"), cwd=folder, track=False)
     assert rerun.returncode == 0, rerun.stderr
     manifest = assert_same_result(out, folder / "ref", shards)
     assert manifest["totals"]["rows_scored"] == 8 * 50_000
+
+
+def test_overwrite_killed_during_commit_keeps_old_partition_then_rerun_replaces_it(project, crashed):
+    folder, shards = project
+    out = folder / _ow("during_commit")
+    k = crashed["ow_killed"]["during_commit"]
+    assert k["rc"] == -signal.SIGKILL, k["stderr"]
+    # the old commit is untouched and still whole
+    assert k["manifest"] == crashed["old_manifest"]["during_commit"]
+    old = json.loads(k["manifest"])
+    assert old["triple"]["model_version"] == "model:0"
+    rerun = crashed["ow_reruns"]["during_commit"]
+    assert rerun.returncode == 0, rerun.stderr
+    manifest = assert_same_result(out, folder / "ref", shards)   # no file of the old triple left
+    assert manifest["triple"]["model_version"] == "model:1"
+    assert not (out / "predictions" / old["attempt"]).exists()
+
+
+def test_overwrite_killed_after_commit_never_mixes_triples(project, crashed):
+    folder, shards = project
+    out = folder / _ow("after_commit")
+    k = crashed["ow_killed"]["after_commit"]
+    assert k["rc"] == -signal.SIGKILL, k["stderr"]
+    new = json.loads(k["manifest"])
+    old = json.loads(crashed["old_manifest"]["after_commit"])
+    assert new["triple"]["model_version"] == "model:1" and new["attempt"] != old["attempt"]
+    # right after the kill: the old attempt's files are still on disk, but not in the partition
+    assert any(f.split("/")[1] == old["attempt"] for f in k["files"])
+    listed = {f["path"] for s in new["shards"] for f in s["files"]}
+    assert all(f.split("/")[1] == new["attempt"] for f in listed)
+    rerun = crashed["ow_reruns"]["after_commit"]      # no --overwrite: same triple, a no-op
+    assert rerun.returncode == 0, rerun.stderr
+    assert "already committed with this triple" in rerun.stdout
+    assert (out / "_manifest.json").read_bytes() == k["manifest"]
+    assert_same_result(out, folder / "ref", shards)
+    assert not (out / "predictions" / old["attempt"]).exists()

@@ -1,0 +1,350 @@
+"""Model failures (SPEC §4: rows whose batch the model rejects, or whose output is non-finite,
+are quarantined with ``_check: "model"``; the batch is split to isolate them).
+
+Real ONNX models that misbehave only on some rows, run in-process (``run_job`` on the
+DirectRunner; MLflow tracking replaced by a stub), plus unit tests of ``BatchModelHandler.infer`` with a Python fake model.
+Rerun with ``.venv/bin/pytest tests/test_model_failures.py -q``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from factories import DS, _weights, make_shards, mlp_reference, read_partition, write_job, write_schema
+
+ROWS, BATCH = 300, 100
+BAD = {0: [5, 150, 151], 1: [299]}     # shard → rows that make the model misbehave
+
+
+class NoTracking:
+    """Stands in for batchinfer.tracking.TrackingRun: MLflow is not under test here, and its
+    helper process costs about 2 s of CPU a run. No run id, nothing uploaded."""
+
+    error, run_id = "tracking stubbed by the test", None
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def wait(self, *args, **kwargs):
+        return None
+
+    def finish(self, *args, **kwargs):
+        return False
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_tracking():
+    import batchinfer.tracking
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(batchinfer.tracking, "TrackingRun", NoTracking)
+    yield
+    mp.undo()
+
+
+# -- models ------------------------------------------------------------------------------------
+
+def _mlp_nodes(helper):
+    """make_mlp_onnx's graph up to the logit ``o1`` and its sigmoid ``p``."""
+    return [helper.make_node("MatMul", ["x", "w1"], ["h0"]),
+            helper.make_node("Add", ["h0", "b1"], ["h1"]),
+            helper.make_node("Relu", ["h1"], ["h2"]),
+            helper.make_node("MatMul", ["h2", "w2"], ["o0"]),
+            helper.make_node("Add", ["o0", "b2"], ["o1"]),
+            helper.make_node("Sigmoid", ["o1"], ["p"])]
+
+
+def _column(helper, numpy_helper, index: int, out: str):
+    """Nodes and initializers giving x[:, index:index+1] as ``out``."""
+    inits = [numpy_helper.from_array(np.array([index], np.int64), f"{out}_s"),
+             numpy_helper.from_array(np.array([index + 1], np.int64), f"{out}_e"),
+             numpy_helper.from_array(np.array([1], np.int64), f"{out}_a")]
+    return [helper.make_node("Slice", ["x", f"{out}_s", f"{out}_e", f"{out}_a"], [out])], inits
+
+
+def make_model(path: Path, kind: str) -> Path:
+    """An MLP (same weights as make_mlp_onnx) that misbehaves on some rows:
+
+    - ``gather``: adds ``table[int(x0)]`` (zeros, 5 entries): ONNX Runtime raises for x0 ≥ 5;
+    - ``nan``: a second output ``lg = log(x1 + 5)``: NaN for x1 < -5, -inf for x1 = -5;
+    - ``compress``: keeps only rows with x0 < 5 (the batch dimension shrinks);
+    - ``drop_last``: always returns one row fewer than it was given.
+    """
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w1, b1, w2, b2 = _weights(4, 8, 0)
+    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(b1, "b1"),
+             numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(b2, "b2")]
+    nodes = _mlp_nodes(helper)
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", 1])]
+    if kind == "gather":
+        col, col_inits = _column(helper, numpy_helper, 0, "x0")
+        nodes += col + [helper.make_node("Cast", ["x0"], ["i0"], to=TensorProto.INT64),
+                        helper.make_node("Reshape", ["i0", "flat"], ["i1"]),
+                        helper.make_node("Gather", ["table", "i1"], ["g"], axis=0),
+                        helper.make_node("Reshape", ["g", "col"], ["g1"]),
+                        helper.make_node("Add", ["p", "g1"], ["y"])]
+        inits += col_inits + [numpy_helper.from_array(np.zeros(5, np.float32), "table"),
+                              numpy_helper.from_array(np.array([-1], np.int64), "flat"),
+                              numpy_helper.from_array(np.array([-1, 1], np.int64), "col")]
+    elif kind == "nan":
+        col, col_inits = _column(helper, numpy_helper, 1, "x1")
+        nodes += col + [helper.make_node("Add", ["x1", "five"], ["x1p"]),
+                        helper.make_node("Log", ["x1p"], ["lg"]),
+                        helper.make_node("Identity", ["p"], ["y"])]
+        inits += col_inits + [numpy_helper.from_array(np.array(5, np.float32), "five")]
+        outputs.append(helper.make_tensor_value_info("lg", TensorProto.FLOAT, ["N", 1]))
+    elif kind == "compress":
+        col, col_inits = _column(helper, numpy_helper, 0, "x0")
+        nodes += col + [helper.make_node("Less", ["x0", "five"], ["keep2"]),
+                        helper.make_node("Reshape", ["keep2", "flat"], ["keep"]),
+                        helper.make_node("Compress", ["p", "keep"], ["y"], axis=0)]
+        inits += col_inits + [numpy_helper.from_array(np.array(5, np.float32), "five"),
+                              numpy_helper.from_array(np.array([-1], np.int64), "flat")]
+    elif kind == "drop_last":
+        inits += [numpy_helper.from_array(np.array([0], np.int64), "s"),
+                  numpy_helper.from_array(np.array([-1], np.int64), "e"),
+                  numpy_helper.from_array(np.array([0], np.int64), "a")]
+        nodes += [helper.make_node("Slice", ["p", "s", "e", "a"], ["y"])]
+    else:
+        raise ValueError(kind)
+    graph = helper.make_graph(nodes, kind,
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+# -- project -------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("model_failures")
+    write_schema(folder / "schemas")     # f0..f3 in [-10, 10]: every trigger value is valid data
+    shards = make_shards(folder / "data" / f"dt={DS}", shards=2, rows=ROWS, seed=5)
+    for s, rows in BAD.items():           # x0 = 7.5 (gather, compress), x1 = -7 (nan; -5 → -inf)
+        table = pq.read_table(shards[s])
+        f0, f1 = table["f0"].to_numpy().copy(), table["f1"].to_numpy().copy()
+        f0[rows] = 7.5
+        f1[rows] = [-7.0 if i % 2 else -5.0 for i in range(len(rows))]
+        table = table.set_column(1, "f0", pa.array(f0)).set_column(2, "f1", pa.array(f1))
+        pq.write_table(table, shards[s])
+    return folder, shards
+
+
+def run_model(folder: Path, kind: str, max_bad_fraction: float = 0.05):
+    from batchinfer.job import run_job, stamp
+    from batchinfer.spec import load_job
+
+    make_model(folder / "models" / f"{kind}.onnx", kind)
+    job = write_job(folder, model=f"models/{kind}.onnx", batch={"rows": BATCH},
+                    output={"path": f"out_{kind}", "id_columns": ["id"]},
+                    quarantine={"max_bad_fraction": max_bad_fraction, "max_bad_shards": 0})
+    job = job.rename(folder / f"{kind}.yaml")
+    stamp(load_job(job, require_ds=False), None, f"{kind}:1")
+    return run_job(load_job(job, ds=DS)), folder / f"out_{kind}"
+
+
+def check_partition(out: Path, shards: list[Path]):
+    preds, quar, manifest = read_partition(out)
+    listed = set()
+    for shard in manifest["shards"]:
+        assert shard["rows_in"] == shard["rows_scored"] + shard["rows_quarantined"]
+        for f in shard["files"]:
+            assert hashlib.sha256((out / f["path"]).read_bytes()).hexdigest() == f["sha256"]
+            listed.add(f["path"])
+    keys = []
+    for table in (preds, quar):
+        if table.num_rows:
+            keys += zip(table["_source_shard"].to_pylist(), table["_source_row"].to_pylist())
+    assert len(keys) == len(set(keys))
+    assert set(keys) == {(str(p), i) for p in shards for i in range(ROWS)}
+    assert manifest["totals"]["rows_scored"] == preds.num_rows
+    assert manifest["totals"]["rows_quarantined"] == quar.num_rows
+    on_disk = {str(p.relative_to(out)) for k in ("predictions", "quarantine") if (out / k).exists()
+               for p in (out / k).rglob("*") if p.is_file()}
+    assert on_disk == listed and not (out / "_tmp").exists()
+    return preds, quar, manifest
+
+
+def bad_keys(shards) -> set[tuple[str, int]]:
+    return {(str(shards[s]), r) for s, rows in BAD.items() for r in rows}
+
+
+def check_isolated(preds: pa.Table, quar: pa.Table, shards, reason_words: str) -> None:
+    """Exactly the trigger rows are quarantined as model failures; every other row of the same
+    batches is scored with the MLP's value."""
+    keys = set(zip(quar["_source_shard"].to_pylist(), quar["_source_row"].to_pylist()))
+    assert keys == bad_keys(shards)
+    assert set(quar["_check"].to_pylist()) == {"model"}
+    assert all(c is None for c in quar["_column"].to_pylist())
+    for reason in quar["_reason"].to_pylist():
+        assert reason_words in reason, reason
+    for q in quar.to_pylist():
+        assert json.loads(q["_values"])["f0"] == pytest.approx(7.5)   # the row as it came in
+    scored = set(zip(preds["_source_shard"].to_pylist(), preds["_source_row"].to_pylist()))
+    assert not scored & bad_keys(shards)
+    assert np.isfinite(preds["y"].to_numpy()).all()
+    for s, path in enumerate(shards):
+        mine = preds.filter(pc.equal(preds["_source_shard"], str(path))).sort_by("_source_row")
+        table = pq.read_table(path)
+        x = np.stack([table[f"f{i}"].to_numpy() for i in range(4)], axis=1)
+        rows = mine["_source_row"].to_numpy()
+        np.testing.assert_allclose(mine["y"].to_numpy(), mlp_reference(x)[rows], rtol=1e-5, atol=1e-6)
+        # the rows beside a bad row, in the same batch, were scored
+        for r in BAD.get(s, []):
+            batch = set(range(r // BATCH * BATCH, r // BATCH * BATCH + BATCH))
+            assert batch - set(BAD[s]) <= set(rows.tolist())
+
+
+def test_model_that_raises_on_some_rows(project):
+    folder, shards = project
+    outcome, out = run_model(folder, "gather")
+    assert outcome.status == "committed", outcome.message
+    preds, quar, manifest = check_partition(out, shards)
+    check_isolated(preds, quar, shards, "out of")          # ORT: "indices element out of data bounds"
+    assert manifest["totals"]["rows_quarantined"] == 4
+
+
+def test_model_that_returns_nan_or_inf_for_some_rows(project):
+    folder, shards = project
+    outcome, out = run_model(folder, "nan")
+    assert outcome.status == "committed", outcome.message
+    preds, quar, _ = check_partition(out, shards)
+    check_isolated(preds, quar, shards, "non-finite model output in lg")
+    assert np.isfinite(preds["lg"].to_numpy()).all()
+    values = [json.loads(v)["f1"] for v in quar["_values"].to_pylist()]
+    assert sorted(values) == sorted([-5.0, -7.0, -5.0, -5.0])      # -inf and NaN rows both caught
+
+
+def test_model_that_returns_the_wrong_number_of_rows(project):
+    folder, shards = project
+    outcome, out = run_model(folder, "compress")
+    assert outcome.status == "committed", outcome.message
+    preds, quar, _ = check_partition(out, shards)
+    check_isolated(preds, quar, shards, "rows for 1 input rows")
+
+
+def test_model_that_always_returns_the_wrong_number_of_rows(project):
+    """Every row fails: all are quarantined as model failures, none is ever committed as a
+    prediction; with the default threshold the run exits 4 and commits nothing."""
+    from batchinfer.errors import DataQualityError
+
+    folder, shards = project
+    with pytest.raises(DataQualityError) as info:
+        run_model(folder, "drop_last", max_bad_fraction=0.01)
+    assert info.value.exit_code == 4
+    assert not (folder / "out_drop_last" / "_manifest.json").exists()
+    outcome, out = run_model(folder, "drop_last", max_bad_fraction=1.0)
+    preds, quar, manifest = check_partition(out, shards)
+    assert preds.num_rows == 0 and quar.num_rows == 2 * ROWS
+    assert set(quar["_check"].to_pylist()) == {"model"}
+    assert all(s["status"] == "quarantined" for s in manifest["shards"])
+
+
+# -- BatchModelHandler.infer with a fake model ----------------------------------------------------
+
+MARK = -999.0
+
+
+def fake_handler(mode: str, chunk_rows: int | None = None):
+    """A handler over a Python "model" (built here so that collecting this file imports no Beam)."""
+    from batchinfer.handlers.base import BatchModelHandler
+
+    class Fake(BatchModelHandler):
+        def __init__(self):
+            super().__init__(chunk_rows=chunk_rows)
+            self.calls = []
+
+        def open_model(self):
+            return "model"
+
+        def model_key(self):
+            return ("fake", id(self))
+
+        def input_names(self, model):
+            return ["x"]
+
+        def predict(self, model, inputs):
+            x = inputs["x"]
+            self.calls.append(len(x))
+            marked = x[:, 0] == MARK
+            if mode == "raise" and marked.any():
+                raise RuntimeError(f"cannot score marker rows\n(at {np.flatnonzero(marked).tolist()})")
+            if mode == "short" and marked.any():
+                return {"y": x[~marked, 0] * 2, "z": x[:, 1]}
+            if mode == "always_short":
+                return {"y": x[1:, 0]}
+            return {"y": x[:, 0] * 2, "z": x[:, 1:3]}
+
+    return Fake()
+
+
+def prepared(n: int, marked: list[int]):
+    from batchinfer.handlers.base import Prepared
+
+    x = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
+    x[marked, 0] = MARK
+    return Prepared(key=(0, 0), rows=n, features=x), x
+
+
+@pytest.mark.parametrize("mode,words", [("raise", "RuntimeError: cannot score marker rows (at [0])"),
+                                        ("short", "model output 'y' has")])
+@pytest.mark.parametrize("chunk_rows", [None, 16])
+def test_infer_isolates_rejected_rows(mode, words, chunk_rows):
+    handler = fake_handler(mode, chunk_rows)
+    marked = [0, 3, 40, 41, 99]
+    item, x = prepared(100, marked)
+    result = handler.infer(handler.load_model(), item)
+    assert [r for r, _ in result.failed] == marked
+    for _, message in result.failed:
+        assert words in message and "\n" not in message
+    good = [r for r in range(100) if r not in marked]
+    assert result.ok_rows.tolist() == good
+    assert np.array_equal(result.outputs["y"], x[good, 0] * 2)      # aligned with ok_rows
+    if mode == "raise":
+        assert np.array_equal(result.outputs["z"], x[good, 1:3])
+    # isolation by splitting: far fewer calls than one per row
+    assert len(handler.calls) < 60
+    assert result.compute_ms >= 0
+
+
+def test_infer_without_failures_is_one_call():
+    handler = fake_handler("raise")
+    item, x = prepared(100, [])
+    result = handler.infer(handler.load_model(), item)
+    assert handler.calls == [100] and result.failed == []
+    assert result.ok_rows.tolist() == list(range(100))
+    assert np.array_equal(result.outputs["y"], x[:, 0] * 2)
+
+
+def test_infer_model_that_fails_every_row_is_bounded():
+    from batchinfer.isolation import MAX_LONE_FAILURES
+
+    handler = fake_handler("always_short")
+    item, _ = prepared(1000, [])
+    result = handler.infer(handler.load_model(), item)
+    assert [r for r, _ in result.failed] == list(range(1000))
+    assert result.ok_rows.size == 0 and result.outputs == {}
+    assert len(handler.calls) < 2 * MAX_LONE_FAILURES + 20     # not one call per row, forever
+
+
+def test_infer_empty_batch():
+    handler = fake_handler("raise")
+    item, _ = prepared(0, [])
+    result = handler.infer(handler.load_model(), item)
+    assert handler.calls == [] and result.ok_rows.size == 0 and result.failed == []
