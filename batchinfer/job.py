@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from . import faults
 from .contract import Triple, check_contract, model_digest, refuse_pickle
-from .errors import ContractError, DataQualityError, RuntimeFailure, SpecError
+from .errors import ContractError, DataQualityError, ModelError, RuntimeFailure, SpecError
 from .io.manifest import (MANIFEST_VERSION, clean_after_commit, commit, read_manifest,
                           remove_attempt)
 from .io.outputs import METRICS, Layout, read_json, write_json
@@ -191,6 +191,15 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
     pipeline_s = time.perf_counter() - t_pipeline
 
     totals = _totals(shards)
+    given = sum((s.get("model") or {}).get("rows", 0) for s in shards)
+    raised = sum((s.get("model") or {}).get("raised", 0) for s in shards)
+    if given and raised == given:
+        # Not the data's fault: a model that raises on every row it is given cannot run at all.
+        remove_attempt(layout, attempt)
+        tracking.finish({"attempt": attempt}, {}, {}, "FAILED")
+        error = next(s["model"]["error"] for s in shards if (s.get("model") or {}).get("error"))
+        raise ModelError(f"the model raised on every one of the {given} rows it was given "
+                         f"(first error: {error}); nothing committed")
     bad_fraction = totals["rows_quarantined"] / totals["rows_in"] if totals["rows_in"] else 0.0
     q = spec.quarantine
     if bad_fraction > q.max_bad_fraction or totals["shards_unreadable"] > q.max_bad_shards:
@@ -210,7 +219,7 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
         "runner": spec.runner.name, "device": device,
         "started_at": rfc3339(started), "finished_at": rfc3339(finished),
         "mlflow_run_id": run_id, "totals": totals,
-        "shards": [{k: v for k, v in s.items() if k != "seconds"} for s in shards],
+        "shards": [{k: v for k, v in s.items() if k not in ("seconds", "model")} for s in shards],
     }
     faults.point("before_commit")
     # Replace only the manifest this run set out to replace: if another --overwrite run

@@ -234,7 +234,9 @@ class WriteBatch(beam.DoFn):
                        write=time.perf_counter() - t0)
         yield (index, {"kind": "batch", "batch": number, "rows_in": payload.rows_in,
                        "rows_scored": int(ok.size), "rows_quarantined": quarantined,
-                       "files": files, "first_reason": first_reason, "seconds": seconds})
+                       "files": files, "first_reason": first_reason, "seconds": seconds,
+                       "model": {"rows": item.rows, "raised": len(inference.failed),
+                                 "error": inference.failed[0][1] if inference.failed else None}})
 
     def _write(self, kind: str, index: int, number: int, table: pa.Table,
                encoding: dict | None = None) -> dict:
@@ -291,8 +293,9 @@ class FinishShard(beam.DoFn):
 def fold_shard(name: str, records: Sequence[dict]) -> dict:
     """One manifest shard entry from a shard's info record(s) and batch records (pure).
 
-    The entry also carries ``seconds`` (time per stage, summed), which the job turns into
-    metrics and leaves out of the manifest.
+    The entry also carries ``seconds`` (time per stage, summed) and ``model`` (rows given to
+    the model, rows it raised on, its first error), which the job reads and leaves out of the
+    manifest.
 
     Raises:
         RuntimeError: the batches do not account for every row (a bug, never bad data).
@@ -325,9 +328,13 @@ def fold_shard(name: str, records: Sequence[dict]) -> dict:
     for record in [*infos, *batches]:
         for stage, value in record.get("seconds", {}).items():
             seconds[stage] = seconds.get(stage, 0.0) + value
+    stats = [b.get("model") or {} for b in batches]
+    model = {"rows": sum(m.get("rows", 0) for m in stats),
+             "raised": sum(m.get("raised", 0) for m in stats),
+             "error": next((m["error"] for m in stats if m.get("error")), None)}
     return {"path": name, "sha256": sha256, "rows_in": rows_in, "rows_scored": scored,
             "rows_quarantined": quarantined, "status": status, "reason": reason, "files": files,
-            "seconds": seconds}
+            "seconds": seconds, "model": model}
 
 
 def prediction_array(values: np.ndarray) -> pa.Array:

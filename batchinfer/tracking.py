@@ -145,8 +145,9 @@ def _serve() -> None:
                 from mlflow.tracking import MlflowClient
 
                 req = message["open"]
-                client = MlflowClient(tracking_uri=req["uri"])
-                experiment_id = experiment_id_for(client, req["experiment"])
+                with sqlite_first_use_lock(req["uri"]):
+                    client = MlflowClient(tracking_uri=req["uri"])
+                    experiment_id = experiment_id_for(client, req["experiment"])
                 run_id = client.create_run(experiment_id, run_name=req["run_name"],
                                            tags=req["tags"]).info.run_id
                 reply: dict = {"run_id": run_id}
@@ -159,6 +160,34 @@ def _serve() -> None:
             reply = {"error": short_error(exc)}
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
+
+
+@contextlib.contextmanager
+def sqlite_first_use_lock(uri: str):
+    """Serialise processes that open a local sqlite store, on a lock file beside it.
+
+    MLflow migrates a new sqlite store on first use, and two processes doing that at once fail
+    ("duplicate column name") or leave the store half-migrated (DESIGN, measured). Holding an
+    exclusive lock while the client is created and the experiment looked up makes the first
+    user migrate alone; later users wait only for that. Other stores need no lock.
+    """
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    import fcntl
+
+    path = uri[len("sqlite:///"):]
+    try:
+        handle = open(f"{path}.lock", "a")
+    except OSError:  # read-only folder, odd path: carry on unlocked
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def experiment_id_for(client, name: str) -> str:
@@ -196,10 +225,11 @@ def upload_pending(uri: str, experiment: str, record: dict) -> str:
     """Upload a ``_metrics.json`` record that could not be uploaded at run time; return run id."""
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=uri)
+    with sqlite_first_use_lock(uri):
+        client = MlflowClient(tracking_uri=uri)
+        experiment_id = experiment_id_for(client, experiment)
     run_id = record.get("mlflow_run_id")
     if run_id is None:
-        experiment_id = experiment_id_for(client, experiment)
         run_id = client.create_run(experiment_id, run_name=record.get("run_name"),
                                    tags=record.get("tags", {})).info.run_id
     upload(client, run_id, record["params"], record["metrics"],

@@ -240,20 +240,21 @@ def test_model_that_returns_the_wrong_number_of_rows(project):
 
 
 def test_model_that_always_returns_the_wrong_number_of_rows(project):
-    """Every row fails: all are quarantined as model failures, none is ever committed as a
-    prediction; with the default threshold the run exits 4 and commits nothing."""
-    from batchinfer.errors import DataQualityError
+    """A model that fails on every row it is given cannot run at all: that is the system's
+    failure (exit 5), not bad data, so nothing is committed whatever the threshold, and the
+    message carries the model's error."""
+    from batchinfer.errors import ModelError
 
     folder, shards = project
-    with pytest.raises(DataQualityError) as info:
-        run_model(folder, "drop_last", max_bad_fraction=0.01)
-    assert info.value.exit_code == 4
-    assert not (folder / "out_drop_last" / "_manifest.json").exists()
-    outcome, out = run_model(folder, "drop_last", max_bad_fraction=1.0)
-    preds, quar, manifest = check_partition(out, shards)
-    assert preds.num_rows == 0 and quar.num_rows == 2 * ROWS
-    assert set(quar["_check"].to_pylist()) == {"model"}
-    assert all(s["status"] == "quarantined" for s in manifest["shards"])
+    for fraction in (0.01, 1.0):
+        with pytest.raises(ModelError) as info:
+            run_model(folder, "drop_last", max_bad_fraction=fraction)
+        assert info.value.exit_code == 5
+        assert "raised on every one of the" in str(info.value)
+        assert "rows for" in str(info.value)  # the handler's wrong-row-count error
+        out = folder / "out_drop_last"
+        assert not (out / "_manifest.json").exists()
+        assert not any(p.is_file() for p in out.rglob("*.parquet"))
 
 
 # -- BatchModelHandler.infer with a fake model ----------------------------------------------------
