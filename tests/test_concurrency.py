@@ -185,8 +185,7 @@ def test_two_runs_at_once_shared_mlflow_store(races):
 
 def test_two_runs_at_once_new_mlflow_store(races, capsys):
     """A store neither run has seen: the partition still commits exactly once. What tracking
-    did is printed (see the report); whatever it did, no result is lost: a run without MLflow
-    says so and keeps its metrics beside the manifest."""
+    did is printed (see the report); the store's first use is locked, so the winner tracks.""" 
     folder, shards, results = races["fresh"]
     ref, _ = races["ref"]
     out = folder / "out" / f"dt={DS}"
@@ -206,13 +205,12 @@ def test_two_runs_at_once_new_mlflow_store(races, capsys):
               f"_metrics.json uploaded={metrics['uploaded']} error={metrics['error']}; "
               f"runs in store: {sorted(runs.values())}; store afterwards: {state}")
     assert len(tracking_lines) == 1   # only the winner reports tracking
-    if metrics["uploaded"]:
-        assert runs[metrics["mlflow_run_id"]][1] == "FINISHED"
-        assert metrics["mlflow_run_id"] == race["manifest"]["mlflow_run_id"]
-    else:
-        assert "MLflow unavailable" in tracking_lines[0]
-        assert "batchinfer track" in tracking_lines[0]
-        assert metrics["metrics"]["rows_scored"] == SHARDS * ROWS
+    # The first use of a sqlite store is serialised by a lock file (tracking.py), so the
+    # race that DESIGN measured no longer loses tracking or half-migrates the store.
+    assert metrics["uploaded"], metrics["error"]
+    assert state == "intact"
+    assert runs[metrics["mlflow_run_id"]][1] == "FINISHED"
+    assert metrics["mlflow_run_id"] == race["manifest"]["mlflow_run_id"]
 
 
 def test_loser_whose_files_the_winner_cleaned_still_exits_as_lost_race(tmp_path, monkeypatch):

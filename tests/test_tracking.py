@@ -154,6 +154,8 @@ def test_two_runs_racing_on_a_new_sqlite_store_still_commit(tmp_path, stamped_te
         assert manifest["totals"]["rows_scored"] == 1000
         record = read_json(out_dir / "_metrics.json")
         outcome[ds] = (record["uploaded"], record["error"])
+        # The first use of a new sqlite store is locked (tracking.sqlite_first_use_lock).
+        assert record["uploaded"], record["error"]
         if record["uploaded"]:
             assert manifest["mlflow_run_id"] in sqlite_runs(tmp_path / "mlflow.db")
         else:
