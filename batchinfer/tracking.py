@@ -118,12 +118,13 @@ class TrackingRun:
         return self.error is None
 
     def _close(self) -> None:
+        """Close the helper's stdin; it exits by itself. Not waited for: its interpreter's
+        shutdown (SQLAlchemy, MLflow) takes most of a second and holds nothing of ours."""
         if self._child is None:
             return
         try:
             self._child.stdin.close()
-            self._child.wait(timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
+        except OSError:
             self._child.kill()
         self._child = None
 
