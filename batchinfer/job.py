@@ -13,6 +13,7 @@ The order of :func:`run_job` is the contract's (SPEC §1, §4):
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -191,25 +192,7 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
     pipeline_s = time.perf_counter() - t_pipeline
 
     totals = _totals(shards)
-    given = sum((s.get("model") or {}).get("rows", 0) for s in shards)
-    raised = sum((s.get("model") or {}).get("raised", 0) for s in shards)
-    if given and raised == given:
-        # Not the data's fault: a model that raises on every row it is given cannot run at all.
-        remove_attempt(layout, attempt)
-        tracking.finish({"attempt": attempt}, {}, {}, "FAILED")
-        error = next(s["model"]["error"] for s in shards if (s.get("model") or {}).get("error"))
-        raise ModelError(f"the model raised on every one of the {given} rows it was given "
-                         f"(first error: {error}); nothing committed")
-    bad_fraction = totals["rows_quarantined"] / totals["rows_in"] if totals["rows_in"] else 0.0
-    q = spec.quarantine
-    if bad_fraction > q.max_bad_fraction or totals["shards_unreadable"] > q.max_bad_shards:
-        remove_attempt(layout, attempt)
-        tracking.finish({"attempt": attempt}, _metrics(totals, pipeline_s, 0.0, shards), {}, "FAILED")
-        raise DataQualityError(
-            f"data quality: {totals['rows_quarantined']} of {totals['rows_in']} rows quarantined "
-            f"({bad_fraction:.2%}, max {q.max_bad_fraction:.2%}) and "
-            f"{totals['shards_unreadable']} unreadable shards (max {q.max_bad_shards}); nothing "
-            f"committed: run `batchinfer validate` to see why")
+    _refuse_uncommittable(shards, totals, spec.quarantine, layout, tracking, pipeline_s)
 
     run_id = tracking.wait()
     finished = clock()
@@ -242,32 +225,62 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
     clean_after_commit(layout, manifest)
 
     wall_s = time.perf_counter() - t_start
-    metrics = _metrics(totals, pipeline_s, wall_s, shards)
+    tracking_line = _finish_tracking(job, resolved, tracking, layout, manifest, device,
+                                     _metrics(totals, pipeline_s, wall_s, shards))
+    return Outcome("committed", f"committed {shown_output} (attempt {attempt})", manifest,
+                   shown_output, tracking_line, {"wall_s": wall_s, "pipeline_s": pipeline_s})
+
+
+def _refuse_uncommittable(shards: list[dict], totals: dict, q, layout: Layout, tracking,
+                          pipeline_s: float) -> None:
+    """Raise (after removing this attempt's files) when the run must not commit: a model that
+    raised on every row it was given (exit 5), or bad rows/shards above the thresholds (exit 4)."""
+    given = sum((s.get("model") or {}).get("rows", 0) for s in shards)
+    raised = sum((s.get("model") or {}).get("raised", 0) for s in shards)
+    if given and raised == given:
+        # Not the data's fault: a model that raises on every row it is given cannot run at all.
+        remove_attempt(layout, layout.attempt)
+        tracking.finish({"attempt": layout.attempt}, {}, {}, "FAILED")
+        error = next(s["model"]["error"] for s in shards if (s.get("model") or {}).get("error"))
+        raise ModelError(f"the model raised on every one of the {given} rows it was given "
+                         f"(first error: {error}); nothing committed")
+    bad_fraction = totals["rows_quarantined"] / totals["rows_in"] if totals["rows_in"] else 0.0
+    if bad_fraction > q.max_bad_fraction or totals["shards_unreadable"] > q.max_bad_shards:
+        remove_attempt(layout, layout.attempt)
+        tracking.finish({"attempt": layout.attempt}, _metrics(totals, pipeline_s, 0.0, shards),
+                        {}, "FAILED")
+        raise DataQualityError(
+            f"data quality: {totals['rows_quarantined']} of {totals['rows_in']} rows quarantined "
+            f"({bad_fraction:.2%}, max {q.max_bad_fraction:.2%}) and "
+            f"{totals['shards_unreadable']} unreadable shards (max {q.max_bad_shards}); nothing "
+            f"committed: run `batchinfer validate` to see why")
+
+
+def _finish_tracking(job: Job, resolved: Resolved, tracking, layout: Layout, manifest: dict,
+                     device: str, metrics: dict) -> str:
+    """Log the committed run to MLflow and keep the same record in ``_metrics.json``; return
+    the line to print. Nothing here can undo the commit."""
+    spec, attempt = job.spec, layout.attempt
     params = {**{f"triple.{k}": v for k, v in resolved.triple.as_dict().items()},
               "job": spec.name, "ds": job.ds or "", "attempt": attempt,
               "job_spec_sha256": job.spec_sha256, "runner": spec.runner.name, "device": device,
               "schema": resolved.schema.ref, "backend": spec.model.backend}
-    import json
-
-    manifest_text = json.dumps(manifest, indent=2)
-    uploaded = tracking.finish(params, metrics, {"manifest.json": manifest_text})
+    uploaded = tracking.finish(params, metrics, {"manifest.json": json.dumps(manifest, indent=2)})
     # MLflow's errors quote the tracking URI, which may hold a ${NAME} value (SPEC §3).
-    tracking_error = job.display(tracking.error) if tracking.error else None
-    record = {"mlflow_run_id": run_id, "uploaded": uploaded, "error": tracking_error,
+    error = job.display(tracking.error) if tracking.error else None
+    record = {"mlflow_run_id": manifest["mlflow_run_id"], "uploaded": uploaded, "error": error,
               "tracking_uri": job.display(spec.tracking.uri), "experiment": spec.tracking.experiment,
               "run_name": f"{spec.name}-{job.ds or attempt}", "params": params, "metrics": metrics,
               "tags": {"batchinfer.job": spec.name, "batchinfer.attempt": attempt}}
     try:
-        write_json(out_fs, layout.abs(METRICS), record)
+        write_json(layout.fs, layout.abs(METRICS), record)
     except Exception as exc:  # the partition is committed; a missing metrics file is not fatal
         log.warning("could not write %s: %s", METRICS, exc)
+    shown_output = job.display(spec.output.path)
     if uploaded:
-        tracking_line = f"MLflow run {run_id} in {job.display(spec.tracking.uri)}"
-    else:
-        tracking_line = (f"MLflow unavailable ({tracking_error}); metrics kept in "
-                         f"{shown_output}/{METRICS}: upload later with `batchinfer track {shown_output}`")
-    return Outcome("committed", f"committed {shown_output} (attempt {attempt})", manifest,
-                   shown_output, tracking_line, {"wall_s": wall_s, "pipeline_s": pipeline_s})
+        return f"MLflow run {manifest['mlflow_run_id']} in {job.display(spec.tracking.uri)}"
+    return (f"MLflow unavailable ({error}); metrics kept in {shown_output}/{METRICS}: upload "
+            f"later with `batchinfer track {shown_output}`")
 
 
 def _handler(resolved: Resolved):
@@ -440,8 +453,6 @@ def upload_tracking(url: str, tracking_uri: str | None = None) -> str:
         raise SpecError(f"{url} has no {METRICS} to upload") from None
     if record.get("uploaded"):
         return record.get("mlflow_run_id") or ""
-    import json
-
     record["manifest_text"] = json.dumps(manifest, indent=2)
     # The record shows ${NAME} in place of environment values (SPEC §3): expand them again.
     uri = tracking_uri or os.path.expandvars(record["tracking_uri"])
