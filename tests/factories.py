@@ -171,3 +171,23 @@ def read_partition(output: Path | str, fs=None) -> tuple[pa.Table, pa.Table, dic
 
 def all_input_rows(paths: Sequence[Path]) -> set[tuple[str, int]]:
     return {(str(p), i) for p in paths for i in range(pq.ParquetFile(p).metadata.num_rows)}
+
+
+class NoTracking:
+    """Stands in for batchinfer.tracking.TrackingRun in in-process tests whose subject is not
+    tracking (its MLflow helper process costs about 2 s of CPU a run): no run id, nothing
+    uploaded; any other method is a no-op."""
+
+    error, run_id = "tracking stubbed by the test", None
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def wait(self, *args, **kwargs):
+        return None
+
+    def finish(self, *args, **kwargs):
+        return False
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None

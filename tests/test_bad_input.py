@@ -19,29 +19,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from factories import NoTracking
 from factories import DS, make_mlp_onnx, mlp_reference, read_partition, write_job, write_schema
 
 FEATURES = ["f0", "f1", "f2", "f3"]
 N = 40
 
 
-class NoTracking:
-    """Stands in for batchinfer.tracking.TrackingRun: MLflow is not under test here, and its
-    helper process costs about 2 s of CPU a run. No run id, nothing uploaded."""
-
-    error, run_id = "tracking stubbed by the test", None
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def wait(self, *args, **kwargs):
-        return None
-
-    def finish(self, *args, **kwargs):
-        return False
-
-    def __getattr__(self, name):
-        return lambda *args, **kwargs: None
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from factories import NoTracking
 from factories import DS, make_mlp_onnx, make_shards, read_partition, write_job, write_schema
 
 pytestmark = pytest.mark.slow
@@ -97,23 +98,6 @@ def check_race(out: Path, ref: Path, shards: list[Path], results: list[tuple[int
     return {"manifest": manifest, "winner": winner, "attempts": attempts}
 
 
-class NoTracking:
-    """Stands in for batchinfer.tracking.TrackingRun in the in-process tests below (their
-    subject is the commit; MLflow's helper process costs about 2 s of CPU a run)."""
-
-    error, run_id = "tracking stubbed by the test", None
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def wait(self, *args, **kwargs):
-        return None
-
-    def finish(self, *args, **kwargs):
-        return False
-
-    def __getattr__(self, name):
-        return lambda *args, **kwargs: None
 
 
 def no_tracking(monkeypatch) -> None:

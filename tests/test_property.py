@@ -25,6 +25,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from factories import NoTracking
 from factories import DS, make_mlp_onnx, read_partition, write_job, write_schema
 
 COLUMNS = ["id", "f0", "f1", "f2", "f3"]
@@ -162,24 +163,6 @@ def test_fold_shard_accounts_or_refuses(sizes, data):
 
 # -- whole jobs, in-process ----------------------------------------------------------------------
 
-class NoTracking:
-    """Stands in for batchinfer.tracking.TrackingRun (MLflow is not under test here): no run
-    id, nothing uploaded; any other method is a no-op."""
-
-    error = "tracking disabled by the test"
-    run_id = None
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def wait(self, *args, **kwargs):
-        return None
-
-    def finish(self, *args, **kwargs):
-        return False
-
-    def __getattr__(self, name):
-        return lambda *args, **kwargs: None
 
 
 @pytest.fixture(scope="module")
