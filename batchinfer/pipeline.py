@@ -311,16 +311,20 @@ class WriteBatch(beam.DoFn):
                      shard_name: str, inference_id: str, compute_ms: float) -> pa.Table:
         plan = self.plan
         n = int(ok.size)
-        take = pa.array(ok)
+        if n == payload.valid.num_rows:  # the common case: every valid row scored, no copies
+            pick = lambda array: array  # noqa: E731
+        else:
+            take = pa.array(ok)
+            pick = lambda array: array.take(take)  # noqa: E731
         columns: dict[str, pa.Array] = {}
         for column in plan.id_columns:
-            columns[column] = payload.valid.column(column).take(take)
+            columns[column] = pick(payload.valid.column(column))
         mapping = plan.prediction_names or {k: k for k in outputs}
         for output, column in mapping.items():
             columns[column] = prediction_array(outputs[output])
         columns["_source_shard"] = pa.repeat(shard_name, n).cast(pa.string())
         columns["_source_row"] = pa.array(payload.source_rows[ok], pa.int64())
-        columns["_input_hash"] = payload.input_hash.take(take)
+        columns["_input_hash"] = pick(payload.input_hash)
         for part, value in plan.triple.as_dict().items():
             columns[f"_{part}"] = _constant_dictionary(value, n)
         columns["_inference_id"] = pa.repeat(inference_id, n).cast(pa.string())
