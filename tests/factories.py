@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DS = "2026-01-15"
@@ -191,3 +192,27 @@ class NoTracking:
 
     def __getattr__(self, name):
         return lambda *args, **kwargs: None
+
+
+@pytest.fixture(scope="module")
+def no_tracking():
+    """Replace TrackingRun by :class:`NoTracking` for one test module (use it with
+    ``pytestmark = pytest.mark.usefixtures("no_tracking")`` or as an autouse import)."""
+    import batchinfer.tracking
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(batchinfer.tracking, "TrackingRun", NoTracking)
+    yield
+    mp.undo()
+
+
+def point_external_data(model: Path, location: str) -> None:
+    """Make every external-data reference of ONNX ``model`` say ``location`` (no data moves)."""
+    import onnx
+
+    proto = onnx.load(str(model), load_external_data=False)
+    for tensor in proto.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = location
+    model.write_bytes(proto.SerializeToString())

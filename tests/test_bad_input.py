@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from factories import NoTracking
+from factories import no_tracking  # noqa: F401  (a fixture)
 from factories import DS, make_mlp_onnx, mlp_reference, read_partition, write_job, write_schema
 
 FEATURES = ["f0", "f1", "f2", "f3"]
@@ -28,14 +28,7 @@ N = 40
 
 
 
-@pytest.fixture(scope="module", autouse=True)
-def no_tracking():
-    import batchinfer.tracking
-
-    mp = pytest.MonkeyPatch()
-    mp.setattr(batchinfer.tracking, "TrackingRun", NoTracking)
-    yield
-    mp.undo()
+pytestmark = pytest.mark.usefixtures("no_tracking")  # MLflow is not under test here
 
 
 def frame(n: int = N, seed: int = 0, first_id: int = 0, **columns) -> pa.Table:

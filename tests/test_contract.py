@@ -30,7 +30,7 @@ from batchinfer.contract import (
 from batchinfer.errors import ContractError, ModelError, PreprocessError
 from batchinfer.preprocess import Preprocessor, load_preprocessor, stack_float32
 
-from factories import make_mlp_onnx
+from factories import make_mlp_onnx, point_external_data
 
 _names = itertools.count()
 
@@ -157,23 +157,12 @@ def test_model_digest_missing_external_file_is_model_error(tmp_path):
         model_digest(model)
 
 
-def _retarget_external(model: Path, location: str) -> None:
-    import onnx
-
-    proto = onnx.load(str(model), load_external_data=False)
-    for tensor in proto.graph.initializer:
-        for entry in tensor.external_data:
-            if entry.key == "location":
-                entry.value = location
-    model.write_bytes(proto.SerializeToString())
-
-
 def test_external_data_outside_folder_via_dotdot_is_refused(tmp_path):
     folder = tmp_path / "models"
     model, weights = _external_model(folder)
     outside = tmp_path / "weights.bin"
     weights.rename(outside)
-    _retarget_external(model, "../weights.bin")
+    point_external_data(model, "../weights.bin")
     with pytest.raises(ContractError) as excinfo:
         model_digest(model)
     assert excinfo.value.exit_code == 3
@@ -183,7 +172,7 @@ def test_external_data_outside_folder_via_dotdot_is_refused(tmp_path):
 def test_external_data_absolute_path_is_refused(tmp_path):
     folder = tmp_path / "models"
     model, weights = _external_model(folder)
-    _retarget_external(model, str(weights.resolve()))  # inside, but absolute
+    point_external_data(model, str(weights.resolve()))  # inside, but absolute
     with pytest.raises(ContractError):
         model_digest(model)
 

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from factories import NoTracking
+from factories import no_tracking  # noqa: F401  (fixture)
 from factories import DS, _weights, make_shards, mlp_reference, read_partition, write_job, write_schema
 
 ROWS, BATCH = 300, 100
@@ -26,14 +26,7 @@ BAD = {0: [5, 150, 151], 1: [299]}     # shard → rows that make the model misb
 
 
 
-@pytest.fixture(scope="module", autouse=True)
-def no_tracking():
-    import batchinfer.tracking
-
-    mp = pytest.MonkeyPatch()
-    mp.setattr(batchinfer.tracking, "TrackingRun", NoTracking)
-    yield
-    mp.undo()
+pytestmark = pytest.mark.usefixtures("no_tracking")  # MLflow is not under test here
 
 
 # -- models ------------------------------------------------------------------------------------

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from factories import DS, make_mlp_onnx, make_shards, write_job, write_schema
+from factories import (DS, make_mlp_onnx, make_shards, point_external_data, write_job,
+                       write_schema)
 
 pytestmark = pytest.mark.slow
 
@@ -62,18 +63,6 @@ def to_external(model: Path, location: str) -> Path:
     onnx.save_model(proto, str(model), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=location, size_threshold=0)
     return model.parent / location
-
-
-def point_external_data(model: Path, location: str) -> None:
-    """Make every external-data reference of ``model`` say ``location`` (no data is moved)."""
-    import onnx
-
-    proto = onnx.load(str(model), load_external_data=False)
-    for tensor in proto.graph.initializer:
-        for entry in tensor.external_data:
-            if entry.key == "location":
-                entry.value = location
-    model.write_bytes(proto.SerializeToString())
 
 
 def hand_declaration(model: Path, files: list[Path]) -> None:
