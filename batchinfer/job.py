@@ -13,6 +13,7 @@ The order of :func:`run_job` is the contract's (SPEC §1, §4):
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -20,7 +21,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable
+from pathlib import Path
+from typing import Callable
 
 from . import faults
 from .contract import Triple, check_contract, model_digest, refuse_pickle
@@ -33,7 +35,7 @@ from .io.storage import url_to_fs
 from .models import ResolvedModel, declare, resolve_model
 from .preprocess import Preprocessor, load_preprocessor
 from .schemas import SchemaVersion, resolve_schema
-from .spec import Job
+from .spec import Job, resolve_path
 
 log = logging.getLogger("batchinfer")
 
@@ -108,12 +110,9 @@ def stamp(job: Job, model_uri: str | None, model_version: str | None) -> tuple[T
 
 
 def _with_model(job: Job, model_uri: str) -> Job:
-    from .spec import resolve_path
-    from pathlib import Path
-
-    uri = resolve_path(model_uri, Path.cwd())
-    spec = job.spec.model_copy(update={"model": job.spec.model.model_copy(update={"uri": uri})})
-    return Job(spec=spec, path=job.path, ds=job.ds, spec_sha256=job.spec_sha256, secrets=job.secrets)
+    """``job`` with ``model.uri`` replaced; a relative path is the user's, from the cwd."""
+    model = job.spec.model.model_copy(update={"uri": resolve_path(model_uri, Path.cwd())})
+    return dataclasses.replace(job, spec=job.spec.model_copy(update={"model": model}))
 
 
 # -- run ---------------------------------------------------------------------------------------

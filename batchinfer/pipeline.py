@@ -30,7 +30,7 @@ from .io.outputs import PREDICTIONS, QUARANTINE, Layout, parquet_bytes, write_fi
 from .io.shards import ShardReader, Unreadable
 from .isolation import run_isolating
 from .preprocess import Preprocessor
-from .quarantine import Failure, build_quarantine, empty_quarantine
+from .quarantine import Failure, build_quarantine
 from .schemas import SchemaVersion
 from .validation import validate_batch
 

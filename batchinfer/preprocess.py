@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -18,7 +18,6 @@ from .contract import default_preprocess_hash, preprocess_hash
 from .errors import PreprocessError
 from .sources import ModuleSource, find_module_file
 
-Features = "np.ndarray | Mapping[str, np.ndarray]"
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ counted against ``max_bad_shards``); a failure to *fetch* bytes is a storage fai
 from __future__ import annotations
 
 import hashlib
-import io
 from dataclasses import dataclass
 from typing import Any, Iterator
 
