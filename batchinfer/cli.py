@@ -115,10 +115,16 @@ def _load(args, **kwargs):
 
 
 def cmd_run(args) -> int:
+    job = _load(args)
+    tracking = None
+    if not args.dry_run:  # MLflow's helper starts first: it takes longer than our own imports
+        from .tracking import TrackingRun
+
+        tracking = TrackingRun(job.spec.tracking.uri, job.spec.tracking.experiment)
     from .job import run_job
 
-    job = _load(args)
-    outcome = run_job(job, overwrite=args.overwrite, dry_run=args.dry_run, progress=print)
+    outcome = run_job(job, overwrite=args.overwrite, dry_run=args.dry_run, progress=print,
+                      tracking=tracking)
     print(outcome.message)
     if outcome.status == "committed":
         _print_totals(outcome.manifest)

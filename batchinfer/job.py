@@ -131,10 +131,31 @@ class Outcome:
 
 def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
             clock: Callable[[], datetime] = utc_now,
-            progress: Callable[[str], None] = lambda line: None) -> Outcome:
-    """Score one partition and commit it (see the module docstring for the order)."""
+            progress: Callable[[str], None] = lambda line: None,
+            tracking=None) -> Outcome:
+    """Score one partition and commit it (see the module docstring for the order).
+
+    ``tracking`` is a :class:`~batchinfer.tracking.TrackingRun` for the job's store that the
+    caller started early (its helper needs seconds to be ready); by default one is started here.
+    It is closed without a run if the job stops before scoring.
+    """
     t_start = time.perf_counter()
     started = clock()
+    spec = job.spec
+    if tracking is None and not dry_run:
+        from .tracking import TrackingRun
+
+        tracking = TrackingRun(spec.tracking.uri, spec.tracking.experiment)
+    try:
+        return _run_job(job, tracking, overwrite, dry_run, clock, progress, t_start, started)
+    except BaseException:
+        if tracking is not None:
+            tracking.close()  # no-op once the run was finished
+        raise
+
+
+def _run_job(job: Job, tracking, overwrite: bool, dry_run: bool, clock, progress,
+             t_start: float, started: datetime) -> Outcome:
     spec = job.spec
     resolved = resolve(job)
     out_fs, out_root = url_to_fs(spec.output.path)
@@ -145,6 +166,7 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
         if same and not overwrite:
             if not dry_run:  # a run that crashed after its commit left debris behind
                 clean_after_commit(Layout(out_fs, out_root, existing.get("attempt", "")), existing)
+                tracking.close()
             return Outcome("noop", f"{shown_output} is already committed with this triple "
                                    f"(attempt {existing.get('attempt')}); nothing to do",
                            existing, shown_output)
@@ -155,15 +177,9 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
         return Outcome("dry_run", f"dry run: would score {len(resolved.shards)} shards into "
                                   f"{shown_output}", None, shown_output)
 
-    from .tracking import TrackingRun
-
+    tracking.prepare()  # the checks passed: the store may be touched
     attempt = new_attempt(started)
-    tracking = TrackingRun(spec.tracking.uri, spec.tracking.experiment)
-    try:
-        handler, device = _handler(resolved)
-    except BaseException:
-        tracking.close()
-        raise
+    handler, device = _handler(resolved)
     tracking.open(f"{spec.name}-{job.ds or attempt}",
                   {"batchinfer.job": spec.name, "batchinfer.attempt": attempt,
                    "batchinfer.ds": job.ds or ""})

@@ -11,13 +11,17 @@ outcome travels as data (exceptions crossing Beam workers lose their type). The 
 """
 from __future__ import annotations
 
+import collections
+import concurrent.futures
+import pickle
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
-import pickle
-import time
-
 import apache_beam as beam
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.timestamp import MIN_TIMESTAMP
+from apache_beam.utils.windowed_value import WindowedValue
 import numpy as np
 import pyarrow as pa
 
@@ -131,7 +135,6 @@ class Payload:
     rows_in: int
     valid: pa.RecordBatch          # original rows that passed validation and preprocessing
     source_rows: np.ndarray        # int64 row of each valid row within its shard
-    input_hash: pa.Array           # per valid row
     quarantine: list[pa.Table]     # rows already quarantined (schema, preprocess)
     seconds: dict[str, float] = field(default_factory=dict)   # time spent per stage
 
@@ -157,23 +160,33 @@ def build(pipeline: beam.Pipeline, plan: ScoringPlan, handler: BatchModelHandler
 
 
 class ReadShard(beam.DoFn):
-    """(shard index, url) → RecordBatches keyed by (shard, batch), plus one shard record."""
+    """(shard index, url) → RecordBatches keyed by (shard, batch), then one shard record.
+
+    The shard's sha256 is computed on a helper thread while its batches are decoded and scored
+    downstream; the shard record, which carries it, comes out after the batches.
+    """
 
     def __init__(self, plan: ScoringPlan):
         self.plan = plan
+
+    def setup(self):
+        self._hasher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="batchinfer-sha256")
+
+    def teardown(self):
+        hasher = getattr(self, "_hasher", None)
+        if hasher is not None:
+            hasher.shutdown(wait=True, cancel_futures=True)
 
     def process(self, element) -> Iterator[Any]:
         index, url = element
         t0 = time.perf_counter()
         try:
-            reader = ShardReader(url)
+            reader = ShardReader(url, hasher=self._hasher)
         except Unreadable as exc:
             yield beam.pvalue.TaggedOutput(SHARD_INFO, (index, _info(None, None, str(exc))))
             return
         faults.point("read")
-        info = _info(reader.sha256, reader.num_rows, None)
-        info["seconds"] = {"read": time.perf_counter() - t0}
-        yield beam.pvalue.TaggedOutput(SHARD_INFO, (index, info))
+        opened_s = time.perf_counter() - t0
         first_row = 0
         try:
             batches = enumerate(reader.batches(self.plan.batch_rows))
@@ -188,6 +201,10 @@ class ReadShard(beam.DoFn):
         except Unreadable as exc:
             # Batches already sent on are dropped by FinishShard: the shard counts as unreadable.
             yield beam.pvalue.TaggedOutput(SHARD_INFO, (index, _info(reader.sha256, None, str(exc))))
+            return
+        info = _info(reader.sha256, reader.num_rows, None)
+        info["seconds"] = {"read": opened_s}
+        yield beam.pvalue.TaggedOutput(SHARD_INFO, (index, info))
 
 
 def _info(sha256, rows_in, unreadable_reason) -> dict:
@@ -225,26 +242,49 @@ class PrepareBatch(beam.DoFn):
                 valid = valid.take(pa.array(keep))
                 source_rows = source_rows[keep]
             features = _concat_features([r for _, _, r in done]) if done else None
-        t2 = time.perf_counter()
-        input_hash = (row_hashes(valid, plan.hash_columns) if valid.num_rows
-                      else pa.array([], pa.string()))
-        seconds = {"read": read_s, "validate": t1 - t0, "preprocess": t2 - t1,
-                   "hash": time.perf_counter() - t2}
+        seconds = {"read": read_s, "validate": t1 - t0, "preprocess": time.perf_counter() - t1}
         yield Prepared(key=(index, number), rows=valid.num_rows, features=features,
-                       payload=Payload(first_row, batch.num_rows, valid, source_rows, input_hash,
-                                       quarantine, seconds))
+                       payload=Payload(first_row, batch.num_rows, valid, source_rows, quarantine,
+                                       seconds))
 
 
 class WriteBatch(beam.DoFn):
-    """Model results → prediction and quarantine files of this attempt; one batch record out."""
+    """Model results → prediction and quarantine files of this attempt; one batch record out.
+
+    The work here (row hashes, the predictions table, Parquet encoding, the put and its sha256)
+    runs on one writer thread while this worker's main thread reads, validates and scores the
+    next batches: that work is mostly single-threaded and releases the GIL, so it fills the
+    core that scoring leaves idle (bench/README.md). At most ``IN_FLIGHT`` batches wait for the
+    writer; records come out in order, the last ones at the end of the bundle.
+    """
+
+    IN_FLIGHT = 2
 
     def __init__(self, plan: ScoringPlan):
         self.plan = plan
 
     def setup(self):
         self.layout = Layout.for_url(self.plan.output_url, self.plan.attempt)
+        self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="batchinfer-write")
+
+    def start_bundle(self):
+        self._pending: collections.deque = collections.deque()
 
     def process(self, result: PredictionResult) -> Iterator[Any]:
+        self._pending.append(self._writer.submit(self._complete, result))
+        while len(self._pending) > self.IN_FLIGHT:
+            yield self._pending.popleft().result()
+
+    def finish_bundle(self) -> Iterator[Any]:
+        while self._pending:
+            yield WindowedValue(self._pending.popleft().result(), MIN_TIMESTAMP, [GlobalWindow()])
+
+    def teardown(self):
+        writer = getattr(self, "_writer", None)
+        if writer is not None:
+            writer.shutdown(wait=True, cancel_futures=True)
+
+    def _complete(self, result: PredictionResult) -> tuple[int, dict]:
         plan = self.plan
         t0 = time.perf_counter()
         item: Prepared = result.example
@@ -275,8 +315,14 @@ class WriteBatch(beam.DoFn):
 
         files = []
         inference_id = f"{plan.attempt}-{index:05d}-{number:05d}"
+        hash_s = 0.0
         if ok.size:
-            table = self._predictions(payload, ok, outputs, name, inference_id, inference.compute_ms)
+            scored = payload.valid if ok.size == payload.valid.num_rows else payload.valid.take(pa.array(ok))
+            t1 = time.perf_counter()
+            input_hash = row_hashes(scored, plan.hash_columns)
+            hash_s = time.perf_counter() - t1
+            table = self._predictions(payload, scored, ok, input_hash, outputs, name, inference_id,
+                                      inference.compute_ms)
             files.append(self._write(PREDICTIONS, index, number, table, PREDICTION_ENCODING))
         quarantined = 0
         first_reason = None
@@ -285,9 +331,9 @@ class WriteBatch(beam.DoFn):
             quarantined = table.num_rows
             first_reason = table.column("_reason")[0].as_py()
             files.append(self._write(QUARANTINE, index, number, table))
-        seconds = dict(payload.seconds, infer=inference.compute_ms / 1000.0,
-                       write=time.perf_counter() - t0)
-        yield (index, {"kind": "batch", "batch": number, "rows_in": payload.rows_in,
+        seconds = dict(payload.seconds, infer=inference.compute_ms / 1000.0, hash=hash_s,
+                       write=time.perf_counter() - t0 - hash_s)
+        return (index, {"kind": "batch", "batch": number, "rows_in": payload.rows_in,
                        "rows_scored": int(ok.size), "rows_quarantined": quarantined,
                        "files": files, "first_reason": first_reason, "seconds": seconds,
                        "model": {"rows": item.rows, "raised": len(inference.failed),
@@ -307,24 +353,21 @@ class WriteBatch(beam.DoFn):
         faults.point("write")
         return {"path": relative, "rows": table.num_rows, "sha256": digest}
 
-    def _predictions(self, payload: Payload, ok: np.ndarray, outputs: dict[str, np.ndarray],
-                     shard_name: str, inference_id: str, compute_ms: float) -> pa.Table:
+    def _predictions(self, payload: Payload, scored: pa.RecordBatch, ok: np.ndarray,
+                     input_hash: pa.Array, outputs: dict[str, np.ndarray], shard_name: str,
+                     inference_id: str, compute_ms: float) -> pa.Table:
+        """``scored``: the valid rows the model scored (``ok`` indexes them in the batch)."""
         plan = self.plan
         n = int(ok.size)
-        if n == payload.valid.num_rows:  # the common case: every valid row scored, no copies
-            pick = lambda array: array  # noqa: E731
-        else:
-            take = pa.array(ok)
-            pick = lambda array: array.take(take)  # noqa: E731
         columns: dict[str, pa.Array] = {}
         for column in plan.id_columns:
-            columns[column] = pick(payload.valid.column(column))
+            columns[column] = scored.column(column)
         mapping = plan.prediction_names or {k: k for k in outputs}
         for output, column in mapping.items():
             columns[column] = prediction_array(outputs[output])
         columns["_source_shard"] = pa.repeat(shard_name, n).cast(pa.string())
         columns["_source_row"] = pa.array(payload.source_rows[ok], pa.int64())
-        columns["_input_hash"] = pick(payload.input_hash)
+        columns["_input_hash"] = input_hash
         for part, value in plan.triple.as_dict().items():
             columns[f"_{part}"] = _constant_dictionary(value, n)
         columns["_inference_id"] = pa.repeat(inference_id, n).cast(pa.string())

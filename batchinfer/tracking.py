@@ -37,8 +37,9 @@ class TrackingRun:
     core while the job imports Beam and scores. The child speaks one JSON object per line on
     its stdin/stdout (see :func:`_serve`).
 
-    The helper starts (and imports MLflow) at construction; no run exists in MLflow until
-    :meth:`open`, so a job that fails its pre-flight checks leaves no run behind.
+    The helper starts at construction and imports MLflow; :meth:`prepare` lets it connect to
+    the store (creating the experiment if missing); no run exists in MLflow until :meth:`open`.
+    A job that fails its pre-flight checks never calls either, and leaves nothing behind.
 
     Args:
         uri: tracking URI (``sqlite:///…``, ``http://…``, a folder).
@@ -58,6 +59,18 @@ class TrackingRun:
         except OSError as exc:
             self._child = None
             self.error = short_error(exc)
+
+    def prepare(self) -> None:
+        """Let the helper connect to the store now (its modules, a new store's migrations, the
+        experiment): most of its start-up after MLflow's import. Call it once the job's checks
+        have passed, so that a refused job writes nothing, not even a store."""
+        if self._child is None:
+            return
+        try:
+            self._send({"prepare": {"uri": self.uri, "experiment": self.experiment}})
+        except OSError as exc:
+            self.error = short_error(exc)
+            self._close()
 
     def open(self, run_name: str, tags: Mapping[str, str]) -> None:
         """Ask the helper to create the run (returns at once; :meth:`wait` gets its id)."""
@@ -141,16 +154,24 @@ def _serve() -> None:
         import mlflow.tracking  # noqa: F401
     except Exception:  # reported when a run is asked for
         pass
+    experiment_id = prepared = None
     for line in sys.stdin:
         message = json.loads(line)
         try:
+            if "prepare" in message:  # no reply: the outcome is the answer to "open"
+                prepared = message["prepare"]
+                try:
+                    client, experiment_id = connect(prepared["uri"], prepared["experiment"])
+                except Exception as exc:
+                    prepared["error"] = exc
+                continue
             if "open" in message:
-                from mlflow.tracking import MlflowClient
-
                 req = message["open"]
-                with sqlite_first_use_lock(req["uri"]):
-                    client = MlflowClient(tracking_uri=req["uri"])
-                    experiment_id = experiment_id_for(client, req["experiment"])
+                if prepared is None or (prepared["uri"], prepared["experiment"]) != (
+                        req["uri"], req["experiment"]):
+                    client, experiment_id = connect(req["uri"], req["experiment"])
+                elif "error" in prepared:  # not retried: MLflow's client already retried
+                    raise prepared["error"]
                 run_id = client.create_run(experiment_id, run_name=req["run_name"],
                                            tags=req["tags"]).info.run_id
                 reply: dict = {"run_id": run_id}
@@ -193,6 +214,15 @@ def sqlite_first_use_lock(uri: str):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def connect(uri: str, experiment: str):
+    """An MLflow client for ``uri`` and the id of ``experiment`` (created if missing)."""
+    from mlflow.tracking import MlflowClient
+
+    with sqlite_first_use_lock(uri):
+        client = MlflowClient(tracking_uri=uri)
+        return client, experiment_id_for(client, experiment)
+
+
 def experiment_id_for(client, name: str) -> str:
     """Get or create the experiment; concurrent jobs may race to create it (the loser reads it)."""
     found = client.get_experiment_by_name(name)
@@ -226,11 +256,7 @@ def upload(client, run_id: str, params: Mapping[str, Any], metrics: Mapping[str,
 
 def upload_pending(uri: str, experiment: str, record: dict) -> str:
     """Upload a ``_metrics.json`` record that could not be uploaded at run time; return run id."""
-    from mlflow.tracking import MlflowClient
-
-    with sqlite_first_use_lock(uri):
-        client = MlflowClient(tracking_uri=uri)
-        experiment_id = experiment_id_for(client, experiment)
+    client, experiment_id = connect(uri, experiment)
     run_id = record.get("mlflow_run_id")
     if run_id is None:
         run_id = client.create_run(experiment_id, run_name=record.get("run_name"),

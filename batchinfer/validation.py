@@ -38,8 +38,14 @@ import numpy as np
 import pyarrow as pa
 
 from batchinfer.errors import UsageError
+from batchinfer.imports import without
 from batchinfer.precheck import Precheck
 from batchinfer.quarantine import Failure, build_quarantine, empty_quarantine
+
+# Schemas import pandera; pandera's data synthesis would import hypothesis (~0.2 s) whenever it
+# is installed. Importing pandera here first, without it, keeps validation from paying for it.
+with without("hypothesis"):
+    import pandera.strategies.base_strategies  # noqa: F401
 
 __all__ = [
     "ValidationResult",

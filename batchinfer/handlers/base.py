@@ -14,7 +14,6 @@ rows (never one row), so Beam's ``BatchElements`` is told to pass them one at a 
 """
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -22,26 +21,16 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from ..imports import without
 from ..isolation import run_isolating
 
 
 def _import_beam_inference():
-    """Import Beam's RunInference base without paying for torch.
-
-    ``apache_beam.ml.inference.base`` imports its model manager, which imports torch whenever
-    torch is installed (1–6 s here) although batchinfer never uses the model manager. Hiding
-    torch for the duration of that import makes Beam fall back (it guards the import), and
-    torch stays importable for the torch backend afterwards.
-    """
-    if "torch" in sys.modules or "apache_beam.ml.inference.base" in sys.modules:
+    """Import Beam's RunInference base without torch and boto3 (see :mod:`batchinfer.imports`):
+    its model manager imports torch whenever torch is installed, and Beam's S3 filesystem boto3;
+    batchinfer uses neither."""
+    with without("torch", "boto3"):
         import apache_beam.ml.inference.base as base
-        return base
-    sys.modules["torch"] = None  # type: ignore[assignment]  # makes `import torch` raise ImportError
-    try:
-        import apache_beam.ml.inference.base as base
-    finally:
-        if sys.modules.get("torch", 0) is None:
-            del sys.modules["torch"]
     return base
 
 
@@ -127,6 +116,10 @@ class BatchModelHandler(ModelHandler):
         """Identity of the loaded model for the per-process cache."""
         raise NotImplementedError
 
+    def default_chunk_rows(self, model: Any) -> Optional[int]:
+        """Rows per ``predict`` call when the job does not say; None = the whole batch."""
+        return None
+
     # -- Beam's ModelHandler -----------------------------------------------------------------
     def load_model(self) -> Any:
         return shared_model(self.model_key(), self.open_model)
@@ -180,7 +173,7 @@ class BatchModelHandler(ModelHandler):
         return {names[0]: features}
 
     def _run_chunked(self, model, inputs, start, stop, elapsed) -> dict[str, np.ndarray]:
-        step = self.chunk_rows or (stop - start)
+        step = self.chunk_rows or self.default_chunk_rows(model) or (stop - start)
         parts = []
         for lo in range(start, stop, step):
             hi = min(lo + step, stop)

@@ -9,8 +9,9 @@ counted against ``max_bad_shards``); a failure to *fetch* bytes is a storage fai
 from __future__ import annotations
 
 import hashlib
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -55,21 +56,31 @@ class Unreadable(Exception):
 
 
 class ShardReader:
-    """An opened shard: its sha256, row count and Arrow schema; batches on demand."""
+    """An opened shard: its sha256, row count and Arrow schema; batches on demand.
 
-    def __init__(self, url: str):
+    Args:
+        url: the shard.
+        hasher: where to compute the sha256 of a shard held in memory (an executor: hashlib
+            releases the GIL, so the digest is computed while the caller parses and scores);
+            None computes it here.
+    """
+
+    def __init__(self, url: str, hasher: Optional[Executor] = None):
         self.url = url
         fs, path = url_to_fs(url)
         try:
             size = fs.size(path)
             if size <= MAX_IN_MEMORY_BYTES:
                 data = fs.cat_file(path)
-                self.sha256 = hashlib.sha256(data).hexdigest()
+                if hasher is None:
+                    self._sha256: Any = hashlib.sha256(data).hexdigest()
+                else:
+                    self._sha256 = hasher.submit(lambda: hashlib.sha256(data).hexdigest())
                 source: Any = pa.BufferReader(data)
                 self._in_memory = True
             else:
                 self._in_memory = False
-                self.sha256 = _stream_sha256(fs, path)
+                self._sha256 = _stream_sha256(fs, path)
                 source = fs.open(path, "rb")
         except (OSError, ValueError) as exc:
             raise StorageError(f"cannot read shard {url}: {exc}") from None
@@ -81,6 +92,12 @@ class ShardReader:
             raise Unreadable(f"not a readable Parquet file: {_one_line(exc)}") from None
         self.num_rows = self._file.metadata.num_rows
         self.schema = self._file.schema_arrow
+
+    @property
+    def sha256(self) -> str:
+        if isinstance(self._sha256, Future):
+            self._sha256 = self._sha256.result()
+        return self._sha256
 
     def batches(self, rows: int) -> Iterator[pa.RecordBatch]:
         """Yield RecordBatches of at most ``rows`` rows (raises Unreadable on corrupt data)."""
