@@ -148,10 +148,9 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
         tracking = TrackingRun(spec.tracking.uri, spec.tracking.experiment)
     try:
         return _run_job(job, tracking, overwrite, dry_run, clock, progress, t_start, started)
-    except BaseException:
+    finally:
         if tracking is not None:
-            tracking.close()  # no-op once the run was finished
-        raise
+            tracking.close()  # a no-op once the run was finished; else no run is left behind
 
 
 def _run_job(job: Job, tracking, overwrite: bool, dry_run: bool, clock, progress,
@@ -166,7 +165,6 @@ def _run_job(job: Job, tracking, overwrite: bool, dry_run: bool, clock, progress
         if same and not overwrite:
             if not dry_run:  # a run that crashed after its commit left debris behind
                 clean_after_commit(Layout(out_fs, out_root, existing.get("attempt", "")), existing)
-                tracking.close()
             return Outcome("noop", f"{shown_output} is already committed with this triple "
                                    f"(attempt {existing.get('attempt')}); nothing to do",
                            existing, shown_output)
@@ -190,6 +188,10 @@ def _run_job(job: Job, tracking, overwrite: bool, dry_run: bool, clock, progress
     try:
         _run_pipeline(resolved, handler, layout)
         shards = _collect(layout, resolved)
+    except KeyboardInterrupt:  # Ctrl-C: leave nothing, and say so in MLflow
+        remove_attempt(layout, attempt)
+        tracking.finish({"attempt": attempt}, {}, {}, "KILLED", timeout=10.0)
+        raise
     except Exception:
         remove_attempt(layout, attempt)
         try:  # a run that committed meanwhile cleans up other attempts, this one's included
@@ -338,7 +340,19 @@ def _run_pipeline(resolved: Resolved, handler, layout: Layout) -> None:
         with beam.Pipeline(options=options) as pipeline:
             build(pipeline, plan, handler)
     except Exception as exc:
+        if _interrupted(exc):  # Beam wraps a Ctrl-C inside a transform in an Exception
+            raise KeyboardInterrupt from None
         raise RuntimeFailure(f"the scoring pipeline failed: {_last_line(exc)}") from exc
+
+
+def _interrupted(exc: BaseException) -> bool:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _collect(layout: Layout, resolved: Resolved) -> list[dict]:

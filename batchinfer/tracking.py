@@ -116,8 +116,9 @@ class TrackingRun:
     def finish(self, params: Mapping[str, Any], metrics: Mapping[str, float],
                artifacts: Mapping[str, str], status: str = "FINISHED",
                timeout: float = 120.0) -> bool:
-        """Log params, metrics and text artifacts; close the run. True if all was uploaded."""
-        if self.wait() is None:
+        """Log params, metrics and text artifacts; close the run. True if all was uploaded.
+        ``timeout`` bounds each wait for the helper (the run's opening, then the upload)."""
+        if self.wait(timeout) is None:
             self._close()
             return False
         try:
