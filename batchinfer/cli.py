@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from . import __version__
-from .errors import BatchInferError
+from .errors import BatchInferError, UsageError
 
 
 def _job_args(p: argparse.ArgumentParser) -> None:
@@ -37,6 +37,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace a partition committed under another triple")
     p.add_argument("--dry-run", action="store_true", help="check everything, score nothing")
 
+    p = sub.add_parser("backfill", help="score each partition in a date range, skipping committed ones")
+    p.add_argument("job", help="job spec (YAML)")
+    p.add_argument("--start", help="first date YYYY-MM-DD")
+    p.add_argument("--end", help="last date YYYY-MM-DD (included)")
+    p.add_argument("--ds", help="one date: the same as --start DS --end DS")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one spec key by dotted path; value parsed as YAML (repeatable)")
+    p.add_argument("--overwrite", action="store_true", help="replace partitions committed under another triple")
+    p.add_argument("--dry-run", action="store_true", help="check every date, score nothing")
+    p.add_argument("--keep-going", action="store_true", help="after a failing date, score the remaining ones")
+
     p = sub.add_parser("validate", help="check the input against the schema only")
     _job_args(p)
 
@@ -46,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="summarise a committed output")
     p.add_argument("output")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+
+    p = sub.add_parser("diff", help="compare two committed outputs of the same partition")
+    p.add_argument("output_a")
+    p.add_argument("output_b")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
 
     p = sub.add_parser("stamp", help="write a model's declaration (version triple)")
     p.add_argument("model", help="model file or models:/name/version")
@@ -60,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="write and score the credit-risk demo under ./demo/")
     p.add_argument("--dir", default="demo", help="where to write it (default: ./demo)")
-    p.add_argument("--rows", type=int, default=120_000)
+    p.add_argument("--rows", type=int, default=120_000, help="rows in all, a multiple of 6 (6 shards)")
     return parser
 
 
@@ -130,6 +146,84 @@ def cmd_run(args) -> int:
         _print_totals(outcome.manifest)
         print(f"tracking: {outcome.tracking}")
         print(f"wall time: {outcome.timings['wall_s']:.1f} s")
+    return 0
+
+
+def cmd_backfill(args) -> int:
+    from .backfill import backfill, partition_dates
+
+    if args.ds and (args.start or args.end):
+        raise UsageError("give --ds or --start/--end, not both")
+    start, end = (args.ds, args.ds) if args.ds else (args.start, args.end)
+    if not start or not end:
+        raise UsageError("give --start and --end (or --ds for one date)")
+    dates = partition_dates(start, end)
+    print(f"backfill {args.job}: {len(dates)} partition(s), {dates[0]} to {dates[-1]}", flush=True)
+
+    def done(result) -> None:
+        if result.status == "committed":
+            t = result.manifest["totals"]
+            line = (f"committed: {t['rows_in']} rows in, {t['rows_scored']} scored, "
+                    f"{t['rows_quarantined']} quarantined")
+        elif result.status == "failed":
+            line = f"failed (exit {result.exit_code}): {result.message}"
+        else:
+            line = result.message
+        print(f"{result.ds}  {line}", flush=True)
+
+    results = backfill(args.job, dates, overrides=args.overrides, overwrite=args.overwrite,
+                       dry_run=args.dry_run, keep_going=args.keep_going,
+                       progress=lambda line: print(f"            {line}", flush=True), done=done)
+    labels = {"committed": "committed", "noop": "already committed", "lost_race": "committed by another run",
+              "dry_run": "checked", "failed": "failed"}
+    counts = {label: sum(labels[r.status] == label for r in results) for label in labels.values()}
+    print(f"{len(dates)} partition(s): " + ", ".join(f"{n} {label}" for label, n in counts.items() if n)
+          + (f", {len(dates) - len(results)} not attempted" if len(results) < len(dates) else ""))
+    failed = [r for r in results if r.status == "failed"]
+    if not failed:
+        return 0
+    stopped = f"; stopped after {failed[0].ds}" if len(results) < len(dates) else ""
+    print(f"batchinfer backfill: {len(failed)} of {len(dates)} partition(s) failed: "
+          f"{', '.join(r.ds for r in failed)}{stopped}; rerun the same command to resume "
+          f"(committed partitions are skipped)", file=sys.stderr)
+    return failed[0].exit_code
+
+
+def cmd_diff(args) -> int:
+    from .diff import diff_outputs
+
+    report = diff_outputs(args.output_a, args.output_b)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    for side in ("a", "b"):
+        about = report[side]
+        t = about["totals"]
+        print(f"{side.upper()}: {about['output']} (job {about['job']}, ds {about['ds']}, attempt "
+              f"{about['attempt']}; {t['rows_in']} rows in, {t['rows_scored']} scored, "
+              f"{t['rows_quarantined']} quarantined)")
+    if not report["same_partition"]:
+        print("note: the two outputs are of different jobs or dates")
+    if report["triple_differs"]:
+        print("triple: differs")
+        for part, values in report["triple_differs"].items():
+            print(f"  {part}: {values['a']} → {values['b']}")
+    else:
+        print("triple: same")
+    shards = report["shards"]
+    print(f"shards: {shards['both']} in both, {len(shards['only_a'])} only in A, "
+          f"{len(shards['only_b'])} only in B, {len(shards['input_changed'])} with changed input bytes")
+    for name in shards["input_changed"]:
+        print(f"  input changed: {name}")
+    rows = report["rows"]
+    print(f"rows: {rows['scored_both']} scored in both, {rows['scored_only_a']} scored only in A, "
+          f"{rows['scored_only_b']} scored only in B, {rows['quarantined_both']} quarantined in both; "
+          f"{rows['input_hash_differs']} with a different _input_hash")
+    for name, column in report["columns"].items():
+        gap = (f", max |A - B| {column['max_abs_diff']:.6g}"
+               if column["max_abs_diff"] is not None else "")
+        print(f"column {name}: {column['differ']} row(s) differ{gap}")
+    print(f"verdict: {'identical' if report['identical'] else 'different'}")
     return 0
 
 
@@ -221,6 +315,9 @@ def cmd_track(args) -> int:
 def cmd_demo(args) -> int:
     from .demo.run import run_demo
 
+    if args.rows < 6 or args.rows % 6:
+        raise UsageError(f"--rows {args.rows}: the demo writes 6 equal shards, so give a positive "
+                         f"multiple of 6 (e.g. {max(6, args.rows - args.rows % 6)})")
     return run_demo(Path(args.dir), rows=args.rows)
 
 
@@ -230,7 +327,7 @@ def _print_totals(manifest: dict) -> None:
           f"shards: {t['shards']} ({t['shards_unreadable']} unreadable)")
 
 
-COMMANDS = {"run": cmd_run, "validate": cmd_validate, "plan": cmd_plan, "inspect": cmd_inspect,
+COMMANDS = {"run": cmd_run, "backfill": cmd_backfill, "diff": cmd_diff, "validate": cmd_validate, "plan": cmd_plan, "inspect": cmd_inspect,
             "stamp": cmd_stamp, "track": cmd_track, "demo": cmd_demo}
 
 

@@ -101,3 +101,12 @@ def test_second_demo_is_a_noop(demo):
     assert "already committed" in second.stdout
     assert demo["after"] == demo["before"]
     assert demo["manifest_after"] == demo["manifest"]
+
+
+@pytest.mark.parametrize("rows", ["20000", "0", "-6"])
+def test_demo_rows_not_a_multiple_of_six_is_a_usage_error(tmp_path, rows):
+    result = run_cli("demo", "--dir", str(tmp_path / "d"), "--rows", rows, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "give a positive multiple of 6" in lines[0]
+    assert not (tmp_path / "d").exists()

@@ -1,0 +1,77 @@
+"""``batchinfer backfill``: score every partition of a date range, one after another (SPEC §2).
+
+Each date is a ``run`` of its own: the same checks, its own commit and its own MLflow run.
+Partitions already committed with the job's triple are no-ops, so a backfill that stopped (a
+failure, Ctrl-C, a lost machine) is resumed by starting it again. By default it stops at the
+first partition that fails; ``keep_going`` scores the rest and reports every failure.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date, timedelta
+from pathlib import Path
+from typing import Callable, Sequence
+
+from .errors import BatchInferError, SpecError
+from .spec import _DATE, load_job
+
+
+@dataclass(frozen=True)
+class PartitionResult:
+    """What happened to one date: ``status`` is an Outcome status or ``failed``."""
+
+    ds: str
+    status: str
+    message: str
+    exit_code: int = 0
+    manifest: dict | None = None
+
+
+def partition_dates(start: str, end: str) -> list[str]:
+    """Every date from ``start`` to ``end``, both included, as YYYY-MM-DD.
+
+    Raises:
+        SpecError: a date that is not YYYY-MM-DD or not a real day, or ``end`` before ``start``.
+    """
+    first, last = _parse(start, "--start"), _parse(end, "--end")
+    if last < first:
+        raise SpecError(f"--end {end} is before --start {start}")
+    return [(first + timedelta(days=n)).isoformat() for n in range((last - first).days + 1)]
+
+
+def _parse(text: str, what: str) -> date:
+    try:
+        if not _DATE.match(text):
+            raise ValueError
+        return date.fromisoformat(text)
+    except ValueError:
+        raise SpecError(f"{what} {text!r} is not a date YYYY-MM-DD") from None
+
+
+def backfill(job_path: str | Path, dates: Sequence[str], *, overrides: Sequence[str] = (),
+             overwrite: bool = False, dry_run: bool = False, keep_going: bool = False,
+             progress: Callable[[str], None] = lambda line: None,
+             done: Callable[[PartitionResult], None] = lambda result: None) -> list[PartitionResult]:
+    """Run the job for each date in order; return one result per date attempted.
+
+    The spec is loaded for the first date before anything runs, so an error in the spec itself
+    is raised (exit 2) instead of being reported once per date. KeyboardInterrupt propagates.
+    """
+    from .job import run_job
+
+    load_job(job_path, ds=dates[0], overrides=overrides)  # raises SpecError: nothing to attempt
+    results = []
+    for ds in dates:
+        job = None
+        try:
+            job = load_job(job_path, ds=ds, overrides=overrides)
+            outcome = run_job(job, overwrite=overwrite, dry_run=dry_run, progress=progress)
+            result = PartitionResult(ds, outcome.status, outcome.message, 0, outcome.manifest)
+        except BatchInferError as exc:
+            message = job.display(exc.message) if job is not None else exc.message
+            result = PartitionResult(ds, "failed", message, exc.exit_code)
+        results.append(result)
+        done(result)
+        if result.status == "failed" and not keep_going:
+            break
+    return results
