@@ -26,8 +26,15 @@ def _job_args(p: argparse.ArgumentParser) -> None:
                    help="override one spec key by dotted path; value parsed as YAML (repeatable)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line, like every other error (SPEC §2), with where to look."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="batchinfer", description="Audited, versioned batch inference.")
+    parser = _Parser(prog="batchinfer", description="Audited, versioned batch inference.")
     parser.add_argument("--version", action="version", version=f"batchinfer {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and library logs")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -62,6 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("output_a")
     p.add_argument("output_b")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    p = sub.add_parser("export", help="convert a model (.pt2 to ONNX) and check parity")
+    p.add_argument("model", help="a torch.export program (.pt2)")
+    p.add_argument("--to", required=True, metavar="onnx|tensorrt")
+    p.add_argument("--out", required=True, help="the file to write")
+    p.add_argument("--fp16", action="store_true", help="TensorRT: build an FP16 engine")
+    p.add_argument("--sample", metavar="JOB.yaml", help="check parity on rows of this job's input")
+    p.add_argument("--ds", help="with --sample: the partition date")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="with --sample: override one spec key (repeatable)")
 
     p = sub.add_parser("stamp", help="write a model's declaration (version triple)")
     p.add_argument("model", help="model file or models:/name/version")
@@ -109,6 +126,8 @@ def _configure_logging(debug: bool) -> None:
     # Beam logs a failing DoFn at ERROR with its traceback before re-raising; batchinfer reports
     # that failure itself in one line (SPEC §2), so Beam's copy is only shown with --debug.
     logging.getLogger("apache_beam").setLevel(logging.INFO if debug else logging.CRITICAL)
+    # torch's exporter logs notes about optional packages (torchvision) with its own handler.
+    logging.getLogger("torch").setLevel(logging.INFO if debug else logging.ERROR)
 
 
 # Jobs this command loaded: error lines name paths and URIs with ${NAME} in place of the
@@ -227,6 +246,25 @@ def cmd_diff(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from .export import export_model
+
+    sample = None
+    if args.sample:
+        from .spec import load_job
+
+        sample = load_job(args.sample, ds=args.ds, overrides=args.overrides)
+        _LOADED.append(sample)
+    report = export_model(args.model, args.to, args.out, fp16=args.fp16, sample_job=sample)
+    worst = max(report.max_abs_diff.values(), default=0.0)
+    print(f"exported {args.model} → {report.out}")
+    print(f"  inputs   {', '.join(f'{n} {list(s)}' for n, s in report.inputs.items())}")
+    print(f"  outputs  {', '.join(f'{n} {list(s)}' for n, s in report.outputs.items())}")
+    print(f"  parity   max |torch - onnx| {worst:.3g} on {report.sample} ({report.rows} rows)")
+    print(f"  next     batchinfer stamp {report.out} --job JOB.yaml --model-version NAME:V")
+    return 0
+
+
 def cmd_validate(args) -> int:
     from .job import validate_input
 
@@ -327,7 +365,8 @@ def _print_totals(manifest: dict) -> None:
           f"shards: {t['shards']} ({t['shards_unreadable']} unreadable)")
 
 
-COMMANDS = {"run": cmd_run, "backfill": cmd_backfill, "diff": cmd_diff, "validate": cmd_validate, "plan": cmd_plan, "inspect": cmd_inspect,
+COMMANDS = {"run": cmd_run, "backfill": cmd_backfill, "diff": cmd_diff, "export": cmd_export,
+            "validate": cmd_validate, "plan": cmd_plan, "inspect": cmd_inspect,
             "stamp": cmd_stamp, "track": cmd_track, "demo": cmd_demo}
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .errors import SpecError, StorageError
@@ -130,20 +131,19 @@ def _compare_shard(a: _Side, b: _Side, shard_a: dict, shard_b: dict, rows: dict,
 
 def _column_difference(col_a: pa.ChunkedArray, col_b: pa.ChunkedArray) -> tuple[int, float | None]:
     """(rows that are not identical, largest |a - b| for numeric columns or None)."""
-    type_ = col_a.type
-    if type_ != col_b.type:
+    if col_a.type != col_b.type:
         return len(col_a), None
-    width = 1
+    rows, width = len(col_a), 1
     values_a, values_b = col_a.combine_chunks(), col_b.combine_chunks()
     while pa.types.is_fixed_size_list(values_a.type):  # model outputs of shape [N, K, ...]
         width *= values_a.type.list_size
         values_a, values_b = values_a.flatten(), values_b.flatten()
     if pa.types.is_integer(values_a.type) or pa.types.is_floating(values_a.type):
-        x = values_a.to_numpy(zero_copy_only=False).reshape(len(col_a), width)
-        y = values_b.to_numpy(zero_copy_only=False).reshape(len(col_a), width)
+        x = values_a.to_numpy(zero_copy_only=False).reshape(rows, width)
+        y = values_b.to_numpy(zero_copy_only=False).reshape(rows, width)
         same = (x == y) | (np.isnan(x) & np.isnan(y)) if x.dtype.kind == "f" else x == y
-        differ = int((~same.all(axis=1)).sum())
         gap = np.abs(x.astype(np.float64) - y.astype(np.float64))
-        return differ, float(np.nanmax(gap)) if gap.size else 0.0
-    same = np.array([u == v for u, v in zip(col_a.to_pylist(), col_b.to_pylist())], dtype=bool)
-    return int((~same).sum()), None
+        return int((~same.all(axis=1)).sum()), float(np.nanmax(gap)) if gap.size else 0.0
+    equal = pc.fill_null(pc.equal(values_a, values_b), False)
+    same = pc.or_(equal, pc.and_(pc.is_null(values_a), pc.is_null(values_b)))
+    return int((~same.to_numpy(zero_copy_only=False).reshape(rows, width).all(axis=1)).sum()), None

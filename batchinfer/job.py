@@ -68,15 +68,21 @@ class Resolved:
         return tuple(self.job.display(s.url) for s in self.shards)
 
 
-def resolve(job: Job, *, list_input: bool = True, check: bool = True) -> Resolved:
-    """Look up schema, preprocessing, model and shards; compute the triple; check the contract."""
+def resolve_inputs(job: Job) -> tuple[SchemaVersion, tuple[str, ...], Preprocessor]:
+    """The job's schema version, the model's feature columns and the preprocessing step."""
     spec = job.spec
     schema = resolve_schema(spec.schemas.root, spec.schema_)
     missing_ids = [c for c in spec.output.id_columns if c not in schema.columns]
     if missing_ids:
         raise SpecError(f"output.id_columns {missing_ids} are not columns of schema {schema.ref}")
     features = schema.features_for(spec.output.id_columns)
-    preprocessor = load_preprocessor(spec.preprocess, job.folder, features)
+    return schema, features, load_preprocessor(spec.preprocess, job.folder, features)
+
+
+def resolve(job: Job, *, list_input: bool = True, check: bool = True) -> Resolved:
+    """Look up schema, preprocessing, model and shards; compute the triple; check the contract."""
+    spec = job.spec
+    schema, features, preprocessor = resolve_inputs(job)
     refuse_pickle(spec.model.uri, bool(spec.model.options.get("allow_pickle", False)))
     model = resolve_model(spec.model.uri, spec.model.backend, spec.tracking.uri)
     digest = model_digest(model.path, spec.model.backend)

@@ -171,3 +171,17 @@ def test_diff_of_an_uncommitted_output_exits_2(project):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "holds no committed partition" in lines[0]
+
+
+@pytest.mark.parametrize("a, b, type_, expected", [
+    (["a", "b", None], ["a", "c", None], pa.string(), (1, None)),          # nulls on both sides match
+    ([1.0, 2.0, float("nan")], [1.0, 2.5, float("nan")], pa.float64(), (1, 0.5)),
+    ([[1, 2], [3, 4]], [[1, 2], [3, 5]], pa.list_(pa.float32(), 2), (1, 1.0)),  # [N, 2] outputs
+    ([1, 2], [1, 2], pa.int64(), (0, 0.0)),
+    ([], [], pa.string(), (0, None)),
+])
+def test_column_difference(a, b, type_, expected):
+    from batchinfer.diff import _column_difference
+
+    assert _column_difference(pa.chunked_array([pa.array(a, type_)]),
+                              pa.chunked_array([pa.array(b, type_)])) == expected
