@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .errors import BatchInferError, SpecError
-from .spec import _DATE, load_job
+from .spec import DATE_FORMAT, load_job
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ def partition_dates(start: str, end: str) -> list[str]:
 
 def _parse(text: str, what: str) -> date:
     try:
-        if not _DATE.match(text):
+        if not DATE_FORMAT.match(text):
             raise ValueError
         return date.fromisoformat(text)
     except ValueError:

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import SpecError
 
-_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+DATE_FORMAT = re.compile(r"^\d{4}-\d{2}-\d{2}$")  # a partition date, YYYY-MM-DD
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # Secrets shorter than this are not redacted by substring: a one-letter value would mangle
 # every path that happens to contain that letter.
@@ -157,7 +157,7 @@ def load_job(path: str | os.PathLike, *, ds: str | None = None,
         apply_override(data, item)
     spec_sha256 = hashlib.sha256(canonical_json(data).encode()).hexdigest()
     parse_spec(data, source=job_path.name)  # validate before templating: errors name keys, not values
-    if ds is not None and not _DATE.match(ds):
+    if ds is not None and not DATE_FORMAT.match(ds):
         raise SpecError(f"--ds {ds!r} is not a date: use YYYY-MM-DD")
     env = os.environ if environ is None else environ
     secrets: dict[str, str] = {}

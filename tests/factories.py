@@ -4,6 +4,7 @@ Everything is deterministic for a given seed. Used by unit, end-to-end and fault
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -25,7 +26,6 @@ def make_mlp_onnx(path: Path, n_features: int = 4, hidden: int = 8, seed: int = 
                   input_name: str = "x", output_name: str = "y") -> Path:
     """A small MLP (F → hidden → 1, ReLU, sigmoid) as ONNX; also returns its weights via
     :func:`mlp_reference` for parity checks."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     w1, b1, w2, b2 = _weights(n_features, hidden, seed)
@@ -41,6 +41,14 @@ def make_mlp_onnx(path: Path, n_features: int = 4, hidden: int = 8, seed: int = 
         [helper.make_tensor_value_info(output_name, TensorProto.FLOAT, ["N", 1])],
         [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(b1, "b1"),
          numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(b2, "b2")])
+    return save_onnx(graph, path)
+
+
+def save_onnx(graph, path: Path) -> Path:
+    """An ONNX graph as a checked opset-17 model file (ONNX Runtime 1.32 reads IR version 8)."""
+    import onnx
+    from onnx import helper
+
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.checker.check_model(model)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -216,3 +224,50 @@ def point_external_data(model: Path, location: str) -> None:
             if entry.key == "location":
                 entry.value = location
     model.write_bytes(proto.SerializeToString())
+
+
+def partition_files(out: Path) -> set[str]:
+    """Every file under predictions/ and quarantine/, relative to ``out``."""
+    return {str(p.relative_to(out)) for kind in ("predictions", "quarantine") if (out / kind).exists()
+            for p in (out / kind).rglob("*") if p.is_file()}
+
+
+def check_partition(out: Path, shard_paths: Sequence[Path]) -> tuple[pa.Table, pa.Table, dict]:
+    """A committed local partition holds what SPEC §4–§5 promise: every shard listed, every file's
+    sha256 and row count right and under the manifest's attempt, per-shard and total accounting
+    (§5.1), each input row exactly once, no file outside the manifest, no scratch left.
+    Returns (predictions, quarantine, manifest)."""
+    preds, quar, manifest = read_partition(out)
+    assert sorted(s["path"] for s in manifest["shards"]) == sorted(str(p) for p in shard_paths)
+    listed = set()
+    for shard in manifest["shards"]:
+        by_kind = {"predictions": 0, "quarantine": 0}
+        for f in shard["files"]:
+            data = (out / f["path"]).read_bytes()
+            assert hashlib.sha256(data).hexdigest() == f["sha256"], f["path"]
+            assert pq.read_metadata(out / f["path"]).num_rows == f["rows"]
+            by_kind[f["path"].split("/")[0]] += f["rows"]
+            assert f["path"].split("/")[1] == manifest["attempt"]
+            listed.add(f["path"])
+        if shard["status"] == "unreadable":
+            assert shard["rows_in"] is None and shard["files"] == [] and shard["reason"]
+            continue
+        assert shard["rows_in"] == pq.read_metadata(shard["path"]).num_rows
+        assert shard["rows_in"] == shard["rows_scored"] + shard["rows_quarantined"]
+        assert by_kind == {"predictions": shard["rows_scored"], "quarantine": shard["rows_quarantined"]}
+    totals = manifest["totals"]
+    assert totals["rows_scored"] == preds.num_rows == sum(s["rows_scored"] for s in manifest["shards"])
+    assert totals["rows_quarantined"] == quar.num_rows
+    assert totals["rows_in"] == sum(s["rows_in"] or 0 for s in manifest["shards"])
+    assert totals["shards_unreadable"] == sum(s["status"] == "unreadable" for s in manifest["shards"])
+    keys = []
+    for table in (preds, quar):
+        if table.num_rows:
+            keys += zip(table["_source_shard"].to_pylist(), table["_source_row"].to_pylist())
+    assert len(keys) == len(set(keys)), "a row is in the partition twice"
+    expected = {(s["path"], i) for s in manifest["shards"] if s["rows_in"] is not None
+                for i in range(s["rows_in"])}
+    assert set(keys) == expected, "rows lost or invented"
+    assert partition_files(out) == listed, "files outside the manifest"
+    assert not (out / "_tmp").exists(), "scratch left behind"
+    return preds, quar, manifest

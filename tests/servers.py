@@ -23,7 +23,7 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -97,9 +97,31 @@ def _start(cmd: list[str], log: Path, env: dict | None = None) -> subprocess.Pop
         handle.close()
 
 
+def _launch(cmd: list[str], log: Path, health_url: str, timeout: float,
+            env: dict | None = None) -> subprocess.Popen:
+    """Start a server and wait until ``health_url`` answers; stop it if it never does."""
+    proc = _start(cmd, log, env)
+    try:
+        _wait_http(health_url, proc, timeout, log)
+    except BaseException:
+        _stop(proc)
+        raise
+    return proc
+
+
+class _Served:
+    """A server process owned by a ``with`` block (``__enter__`` sets ``self.proc``)."""
+
+    proc: subprocess.Popen | None = None
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None:
+            _stop(self.proc)
+
+
 # -- S3: moto in server mode -------------------------------------------------------------------
 
-class MotoServer:
+class MotoServer(_Served):
     """``python -m moto.server`` on 127.0.0.1, as s3fs's own tests run it.
 
     Attributes:
@@ -120,18 +142,9 @@ class MotoServer:
 
     def __enter__(self) -> "MotoServer":
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.proc = _start([sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(self.port)],
-                           self.log)
-        try:
-            _wait_http(f"{self.endpoint}/moto-api/", self.proc, 60, self.log)
-        except BaseException:
-            _stop(self.proc)
-            raise
+        self.proc = _launch([sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(self.port)],
+                            self.log, f"{self.endpoint}/moto-api/", 60)
         return self
-
-    def __exit__(self, *exc) -> None:
-        if self.proc is not None:
-            _stop(self.proc)
 
     def s3fs(self, endpoint: str | None = None):
         """A fresh s3fs file system on this server (or on ``endpoint``, e.g. a proxy)."""
@@ -160,7 +173,7 @@ def s3fs_for(endpoint: str):
 
 # -- MLflow tracking server --------------------------------------------------------------------
 
-class MlflowServer:
+class MlflowServer(_Served):
     """``mlflow server`` with a sqlite backend and served artifacts, on 127.0.0.1.
 
     Attributes:
@@ -184,17 +197,9 @@ class MlflowServer:
                "--artifacts-destination", str(self.artifacts),
                "--host", HOST, "--port", str(self.port), "--workers", "1"]
         # The server's background job runner (huey consumers, several processes) is not needed.
-        self.proc = _start(cmd, self.log, {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
-        try:
-            _wait_http(f"{self.uri}/health", self.proc, 180, self.log)
-        except BaseException:
-            _stop(self.proc)
-            raise
+        self.proc = _launch(cmd, self.log, f"{self.uri}/health", 180,
+                            {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
         return self
-
-    def __exit__(self, *exc) -> None:
-        if self.proc is not None:
-            _stop(self.proc)
 
     def client(self):
         from mlflow.tracking import MlflowClient

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from factories import no_tracking  # noqa: F401  (a fixture)
-from factories import DS, make_mlp_onnx, mlp_reference, read_partition, write_job, write_schema
+from factories import DS, check_partition, make_mlp_onnx, mlp_reference, write_job, write_schema
 
 FEATURES = ["f0", "f1", "f2", "f3"]
 N = 40
@@ -69,41 +69,6 @@ def run(job: Path, *overrides: str):
     from batchinfer.spec import load_job
 
     return run_job(load_job(job, ds=DS, overrides=list(overrides)))
-
-
-def check_partition(out: Path, shard_paths: list[Path]) -> tuple[pa.Table, pa.Table, dict]:
-    """Accounting (§5.1), file integrity, no debris. Returns (predictions, quarantine, manifest)."""
-    preds, quar, manifest = read_partition(out)
-    assert sorted(s["path"] for s in manifest["shards"]) == sorted(str(p) for p in shard_paths)
-    listed = set()
-    for shard in manifest["shards"]:
-        rows = {"predictions": 0, "quarantine": 0}
-        for f in shard["files"]:
-            assert hashlib.sha256((out / f["path"]).read_bytes()).hexdigest() == f["sha256"]
-            rows[f["path"].split("/")[0]] += f["rows"]
-            listed.add(f["path"])
-        if shard["status"] == "unreadable":
-            assert shard["rows_in"] is None and shard["files"] == [] and shard["reason"]
-            continue
-        assert shard["rows_in"] == pq.read_metadata(shard["path"]).num_rows
-        assert shard["rows_in"] == shard["rows_scored"] + shard["rows_quarantined"]
-        assert rows == {"predictions": shard["rows_scored"], "quarantine": shard["rows_quarantined"]}
-    t = manifest["totals"]
-    assert t["rows_in"] == sum(s["rows_in"] or 0 for s in manifest["shards"])
-    assert t["rows_scored"] == preds.num_rows and t["rows_quarantined"] == quar.num_rows
-    assert t["shards_unreadable"] == sum(s["status"] == "unreadable" for s in manifest["shards"])
-    keys = []
-    for table in (preds, quar):
-        if table.num_rows:
-            keys += zip(table["_source_shard"].to_pylist(), table["_source_row"].to_pylist())
-    assert len(keys) == len(set(keys)), "a row twice"
-    assert set(keys) == {(s["path"], i) for s in manifest["shards"] if s["rows_in"] is not None
-                         for i in range(s["rows_in"])}, "a row lost"
-    on_disk = {str(p.relative_to(out)) for k in ("predictions", "quarantine") if (out / k).exists()
-               for p in (out / k).rglob("*") if p.is_file()}
-    assert on_disk == listed
-    assert not (out / "_tmp").exists()
-    return preds, quar, manifest
 
 
 # -- one partition with every kind of bad shard (strict schema) ----------------------------------

@@ -19,7 +19,8 @@ import pyarrow as pa
 import pytest
 
 from factories import NoTracking
-from factories import DS, make_mlp_onnx, make_shards, read_partition, write_job, write_schema
+from factories import (DS, make_mlp_onnx, make_shards, partition_files, read_partition,
+                       write_job, write_schema)
 
 pytestmark = pytest.mark.slow
 
@@ -50,11 +51,6 @@ def attempt_of(stdout: str) -> str:
     match = re.search(r"\(attempt (\S+?),", stdout)
     assert match, stdout
     return match.group(1)
-
-
-def partition_files(out: Path) -> set[str]:
-    return {str(p.relative_to(out)) for kind in ("predictions", "quarantine") if (out / kind).exists()
-            for p in (out / kind).rglob("*") if p.is_file()}
 
 
 def canonical_predictions(out: Path, project: Path) -> pa.Table:

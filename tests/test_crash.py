@@ -18,7 +18,6 @@ Rerun them with ``.venv/bin/pytest tests/test_crash.py -q``.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -32,7 +31,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from factories import DS, make_mlp_onnx, make_shards, read_partition, write_job, write_schema
+from factories import (DS, check_partition, make_mlp_onnx, make_shards, partition_files,
+                       read_partition, write_job, write_schema)
 
 pytestmark = pytest.mark.slow
 
@@ -166,53 +166,6 @@ def server(tmp_path_factory):
 # -- checks shared by the crash tests ----------------------------------------------------------
 
 EXEMPT = {"_inference_id", "_compute_ms"}
-
-
-def partition_files(out: Path) -> set[str]:
-    """Every file under predictions/ and quarantine/, relative to ``out``."""
-    found = set()
-    for kind in ("predictions", "quarantine"):
-        base = out / kind
-        if base.exists():
-            found |= {str(p.relative_to(out)) for p in base.rglob("*") if p.is_file()}
-    return found
-
-
-def check_partition(out: Path, shard_paths: list[Path]) -> tuple[pa.Table, pa.Table, dict]:
-    """Accounting (§5.1), manifest integrity, and no debris. Returns (preds, quarantine, manifest)."""
-    preds, quar, manifest = read_partition(out)
-    assert sorted(s["path"] for s in manifest["shards"]) == sorted(str(p) for p in shard_paths)
-    listed = set()
-    for shard in manifest["shards"]:
-        by_kind = {"predictions": 0, "quarantine": 0}
-        for f in shard["files"]:
-            data = (out / f["path"]).read_bytes()
-            assert hashlib.sha256(data).hexdigest() == f["sha256"], f["path"]
-            assert pq.read_metadata(out / f["path"]).num_rows == f["rows"]
-            by_kind[f["path"].split("/")[0]] += f["rows"]
-            assert f["path"].split("/")[1] == manifest["attempt"]
-            listed.add(f["path"])
-        if shard["status"] == "unreadable":
-            assert shard["rows_in"] is None and not shard["files"]
-            continue
-        assert shard["rows_in"] == pq.read_metadata(shard["path"]).num_rows
-        assert shard["rows_in"] == shard["rows_scored"] + shard["rows_quarantined"]
-        assert by_kind == {"predictions": shard["rows_scored"], "quarantine": shard["rows_quarantined"]}
-    totals = manifest["totals"]
-    assert totals["rows_scored"] == preds.num_rows == sum(s["rows_scored"] for s in manifest["shards"])
-    assert totals["rows_quarantined"] == quar.num_rows
-    assert totals["rows_in"] == sum(s["rows_in"] or 0 for s in manifest["shards"])
-    keys = []
-    for table in (preds, quar):
-        if table.num_rows:
-            keys += zip(table["_source_shard"].to_pylist(), table["_source_row"].to_pylist())
-    assert len(keys) == len(set(keys)), "a row is in the partition twice"
-    expected = {(s["path"], i) for s in manifest["shards"] if s["rows_in"] is not None
-                for i in range(s["rows_in"])}
-    assert set(keys) == expected, "rows lost or invented"
-    assert partition_files(out) == listed, "files outside the manifest"
-    assert not (out / "_tmp").exists(), "scratch left behind"
-    return preds, quar, manifest
 
 
 def canonical(table: pa.Table) -> pa.Table:

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from factories import (DS, all_input_rows, make_shards, mlp_reference, numeric_project,
-                       read_partition, run_cli, write_job, write_schema)
+                       read_partition, run_cli, save_onnx, write_job, write_schema)
 
 pytestmark = pytest.mark.slow
 
@@ -398,7 +398,6 @@ def _multi_weights():
 
 def make_multi_model(path: Path) -> None:
     """Inputs a, b [N, 2]; outputs y = sigmoid(a@wa + b@wb) [N, 1] and emb = a@ea + b@eb [N, 3]."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     wa, wb, ea, eb = _multi_weights()
@@ -417,10 +416,7 @@ def make_multi_model(path: Path) -> None:
          helper.make_tensor_value_info("emb", TensorProto.FLOAT, ["N", 3])],
         [numpy_helper.from_array(wa, "wa"), numpy_helper.from_array(wb, "wb"),
          numpy_helper.from_array(ea, "ea"), numpy_helper.from_array(eb, "eb")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    onnx.checker.check_model(model)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(model.SerializeToString())
+    save_onnx(graph, path)
 
 
 def multi_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

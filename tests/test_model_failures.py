@@ -7,7 +7,6 @@ Rerun with ``.venv/bin/pytest tests/test_model_failures.py -q``.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -18,7 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from factories import no_tracking  # noqa: F401  (fixture)
-from factories import DS, _weights, make_shards, mlp_reference, read_partition, write_job, write_schema
+from factories import (DS, _weights, check_partition, make_shards, mlp_reference, save_onnx,
+                       write_job, write_schema)
 
 ROWS, BATCH = 300, 100
 BAD = {0: [5, 150, 151], 1: [299]}     # shard → rows that make the model misbehave
@@ -57,7 +57,6 @@ def make_model(path: Path, kind: str) -> Path:
     - ``compress``: keeps only rows with x0 < 5 (the batch dimension shrinks);
     - ``drop_last``: always returns one row fewer than it was given.
     """
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     w1, b1, w2, b2 = _weights(4, 8, 0)
@@ -99,11 +98,7 @@ def make_model(path: Path, kind: str) -> Path:
     graph = helper.make_graph(nodes, kind,
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
                               outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    onnx.checker.check_model(model)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(model.SerializeToString())
-    return path
+    return save_onnx(graph, path)
 
 
 # -- project -------------------------------------------------------------------------------------
@@ -134,28 +129,6 @@ def run_model(folder: Path, kind: str, max_bad_fraction: float = 0.05):
     job = job.rename(folder / f"{kind}.yaml")
     stamp(load_job(job, require_ds=False), None, f"{kind}:1")
     return run_job(load_job(job, ds=DS)), folder / f"out_{kind}"
-
-
-def check_partition(out: Path, shards: list[Path]):
-    preds, quar, manifest = read_partition(out)
-    listed = set()
-    for shard in manifest["shards"]:
-        assert shard["rows_in"] == shard["rows_scored"] + shard["rows_quarantined"]
-        for f in shard["files"]:
-            assert hashlib.sha256((out / f["path"]).read_bytes()).hexdigest() == f["sha256"]
-            listed.add(f["path"])
-    keys = []
-    for table in (preds, quar):
-        if table.num_rows:
-            keys += zip(table["_source_shard"].to_pylist(), table["_source_row"].to_pylist())
-    assert len(keys) == len(set(keys))
-    assert set(keys) == {(str(p), i) for p in shards for i in range(ROWS)}
-    assert manifest["totals"]["rows_scored"] == preds.num_rows
-    assert manifest["totals"]["rows_quarantined"] == quar.num_rows
-    on_disk = {str(p.relative_to(out)) for k in ("predictions", "quarantine") if (out / k).exists()
-               for p in (out / k).rglob("*") if p.is_file()}
-    assert on_disk == listed and not (out / "_tmp").exists()
-    return preds, quar, manifest
 
 
 def bad_keys(shards) -> set[tuple[str, int]]:
