@@ -17,6 +17,7 @@ from typing import Sequence
 
 from . import __version__
 from .errors import BatchInferError, UsageError
+from .redaction import redact
 
 
 def _job_args(p: argparse.ArgumentParser) -> None:
@@ -104,24 +105,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except BatchInferError as exc:
         if args.debug:
-            traceback.print_exc()
-        print(f"batchinfer {args.command}: {_shown(exc.message)}", file=sys.stderr)
+            _print_traceback()
+        print(f"batchinfer {args.command}: {redact(exc.message)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"batchinfer {args.command}: interrupted; nothing was committed by this run", file=sys.stderr)
         return 130
     except Exception as exc:  # a failure of the system, not of the user's input
         if args.debug:
-            traceback.print_exc()
-        text = _shown(" ".join(str(exc).split()))[:300]
+            _print_traceback()
+        text = redact(" ".join(str(exc).split()))[:300]
         print(f"batchinfer {args.command}: unexpected {type(exc).__name__}: {text} "
               f"(rerun with --debug for the traceback)", file=sys.stderr)
         return 5
 
 
+def _print_traceback() -> None:
+    # A traceback quotes messages of library exceptions too (an OSError naming a bucket):
+    # everything that leaves the process is redacted, not only our own messages.
+    print(redact(traceback.format_exc()), end="", file=sys.stderr)
+
+
+class _RedactingFormatter(logging.Formatter):
+    """Log records pass through :func:`~batchinfer.redaction.redact` (library records quote
+    URLs and paths that may hold values from the environment)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
+
+
 def _configure_logging(debug: bool) -> None:
     # Libraries (Beam especially) log warnings that say nothing to a user of a job; --debug shows all.
-    logging.basicConfig(level=logging.INFO if debug else logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(_RedactingFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO if debug else logging.ERROR, handlers=[handler])
     logging.getLogger("batchinfer").setLevel(logging.DEBUG if debug else logging.WARNING)
     # Beam logs a failing DoFn at ERROR with its traceback before re-raising; batchinfer reports
     # that failure itself in one line (SPEC §2), so Beam's copy is only shown with --debug.
@@ -130,23 +147,10 @@ def _configure_logging(debug: bool) -> None:
     logging.getLogger("torch").setLevel(logging.INFO if debug else logging.ERROR)
 
 
-# Jobs this command loaded: error lines name paths and URIs with ${NAME} in place of the
-# values that came from the environment (SPEC §3), as everything else batchinfer prints does.
-_LOADED: list = []
-
-
-def _shown(text: str) -> str:
-    for job in _LOADED:
-        text = job.display(text)
-    return text
-
-
 def _load(args, **kwargs):
     from .spec import load_job
 
-    job = load_job(args.job, ds=args.ds, overrides=args.overrides, **kwargs)
-    _LOADED.append(job)
-    return job
+    return load_job(args.job, ds=args.ds, overrides=args.overrides, **kwargs)
 
 
 def cmd_run(args) -> int:
@@ -254,7 +258,6 @@ def cmd_export(args) -> int:
         from .spec import load_job
 
         sample = load_job(args.sample, ds=args.ds, overrides=args.overrides)
-        _LOADED.append(sample)
     report = export_model(args.model, args.to, args.out, fp16=args.fp16, sample_job=sample)
     worst = max(report.max_abs_diff.values(), default=0.0)
     print(f"exported {args.model} → {report.out}")
@@ -278,6 +281,8 @@ def cmd_validate(args) -> int:
         print(f"  {n:>8}  {column or '(row)'}: {check}")
     for name, reason in report.unreadable:
         print(f"  unreadable  {name}: {reason}")
+    for name in report.ignored:
+        print(f"  ignored     {name}: metadata (name starts with _ or .), not a shard")
     if report.bad_fraction > q.max_bad_fraction or len(report.unreadable) > q.max_bad_shards:
         print("batchinfer validate: above the quarantine thresholds: `run` would exit 4", file=sys.stderr)
         return 4
@@ -292,9 +297,12 @@ def cmd_plan(args) -> int:
     spec = job.spec
     print(f"job:        {spec.name}  (spec sha256 {job.spec_sha256[:16]}…)")
     print(f"partition:  {job.ds or '-'}")
-    print(f"input:      {job.display(spec.input.path)}  ({len(resolved.shards)} shards)")
+    ignored = f", {len(resolved.ignored)} metadata file(s) ignored" if resolved.ignored else ""
+    print(f"input:      {job.display(spec.input.path)}  ({len(resolved.shards)} shards{ignored})")
     for name in resolved.shard_names():
         print(f"  {name}")
+    for url in resolved.ignored:
+        print(f"  ignored: {job.display(url)}  (metadata: name starts with _ or .)")
     print(f"schema:     {resolved.schema.ref}  ({len(resolved.features)} features)")
     print(f"preprocess: {spec.preprocess or 'default (FEATURES as float32)'}")
     print(f"model:      {job.display(spec.model.uri)}  ({spec.model.backend}, device {spec.model.device})")

@@ -4,19 +4,24 @@
      ├── UsageError           → 2   the user's mistake in how the job is described
      │    ├── SpecError               bad, missing or unknown job-spec key; bad --set; {ds} without --ds
      │    ├── UnknownSchemaError      `name@N` not found (the message lists the known versions)
-     │    ├── PreprocessError         the preprocessing module or function cannot be imported
+     │    ├── PreprocessError         the preprocessing module or function cannot be imported, or
+     │    │                           returns something that does not fit the batch or the model
      │    └── NoShardsError           no shard matches input.path
      ├── ContractError        → 3   the version triple or declaration does not hold
      ├── DataQualityError     → 4   bad rows or unreadable shards above the quarantine thresholds
      └── RuntimeFailure       → 5   the system failed: model load/run, backend, device, storage
-          ├── ModelError
+          ├── ModelError              includes a model that breaks the batch contract (output rows
+          │                           ≠ input rows)
           └── StorageError
 
 Every error carries a one-line message that says what was wrong and what to do; the CLI prints
-exactly that line. Exceptions must survive pickling (they may cross Beam workers), so each one
-keeps its constructor arguments in ``args``.
+exactly that line. Values that came from ``${NAME}`` in the job spec are masked when the message
+is made (:mod:`batchinfer.redaction`), so no output path can show them. Exceptions must survive
+pickling (they may cross Beam workers), so each one keeps its constructor arguments in ``args``.
 """
 from __future__ import annotations
+
+from .redaction import redact
 
 
 class BatchInferError(Exception):
@@ -25,6 +30,7 @@ class BatchInferError(Exception):
     exit_code = 1
 
     def __init__(self, message: str):
+        message = redact(message)
         super().__init__(message)
         self.message = message
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Callable, TypeVar
 
+from .errors import BatchInferError
+
 T = TypeVar("T")
 
 # A model that fails on every row (broken, not picky) would otherwise cost one call per row.
@@ -28,6 +30,9 @@ def run_isolating(n_rows: int, run: Callable[[int, int], T]
     Returns:
         ``(done, failed)``: ``done`` lists ``(start, stop, result)`` in row order; ``failed``
         lists ``(row, error message)`` in row order. Every row is in exactly one of them.
+
+    Raises:
+        BatchInferError: whatever ``run`` raised of batchinfer's own errors, unsplit.
     """
     done: list[tuple[int, int, T]] = []
     failed: list[tuple[int, str]] = []
@@ -41,6 +46,10 @@ def run_isolating(n_rows: int, run: Callable[[int, int], T]
             continue
         try:
             result = run(start, stop)
+        except BatchInferError:
+            # Raised on purpose (a model or preprocessing step that breaks the batch contract):
+            # a fault of the whole step, never of the rows, so splitting cannot help.
+            raise
         except Exception as exc:  # any error of the model on these rows
             if stop - start == 1:
                 failed.append((start, f"{type(exc).__name__}: {_one_line(exc)}"))

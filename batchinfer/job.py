@@ -26,11 +26,13 @@ from typing import Callable
 
 from . import faults
 from .contract import Triple, check_contract, model_digest, refuse_pickle
-from .errors import ContractError, DataQualityError, ModelError, RuntimeFailure, SpecError
+from .columns import check_output_columns
+from .errors import (BatchInferError, ContractError, DataQualityError, ModelError, RuntimeFailure,
+                     SpecError)
 from .io.manifest import (MANIFEST_VERSION, clean_after_commit, commit, read_manifest,
                           remove_attempt)
 from .io.outputs import METRICS, Layout, read_json, write_json
-from .io.shards import Shard, list_shards
+from .io.shards import Shard, list_input
 from .io.storage import url_to_fs
 from .models import ResolvedModel, declare, resolve_model
 from .preprocess import Preprocessor, load_preprocessor
@@ -63,6 +65,7 @@ class Resolved:
     model: ResolvedModel
     triple: Triple
     shards: list[Shard] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)   # metadata files input.path matched
 
     def shard_names(self) -> tuple[str, ...]:
         return tuple(self.job.display(s.url) for s in self.shards)
@@ -79,7 +82,7 @@ def resolve_inputs(job: Job) -> tuple[SchemaVersion, tuple[str, ...], Preprocess
     return schema, features, load_preprocessor(spec.preprocess, job.folder, features)
 
 
-def resolve(job: Job, *, list_input: bool = True, check: bool = True) -> Resolved:
+def resolve(job: Job, *, list_input_files: bool = True, check: bool = True) -> Resolved:
     """Look up schema, preprocessing, model and shards; compute the triple; check the contract."""
     spec = job.spec
     schema, features, preprocessor = resolve_inputs(job)
@@ -90,8 +93,9 @@ def resolve(job: Job, *, list_input: bool = True, check: bool = True) -> Resolve
     triple = Triple(declared_version, digest, schema.ref, preprocessor.hash)
     if check:
         check_contract(job.display(spec.model.uri), model.declaration, triple, spec.model.version)
-    shards = list_shards(spec.input.path) if list_input else []
-    return Resolved(job, schema, preprocessor, features, model, triple, shards)
+    listing = list_input(spec.input.path) if list_input_files else None
+    return Resolved(job, schema, preprocessor, features, model, triple,
+                    listing.shards if listing else [], listing.ignored if listing else [])
 
 
 # -- stamp -------------------------------------------------------------------------------------
@@ -101,7 +105,7 @@ def stamp(job: Job, model_uri: str | None, model_version: str | None) -> tuple[T
     spec = job.spec
     if model_uri is not None:
         job = _with_model(job, model_uri)
-    resolved = resolve(job, list_input=False, check=False)
+    resolved = resolve(job, list_input_files=False, check=False)
     version = model_version or spec.model.version
     if not version:
         if resolved.model.registry:
@@ -167,6 +171,7 @@ def _run_job(job: Job, tracking, overwrite: bool, dry_run: bool, clock, progress
     shown_output = job.display(spec.output.path)
     existing = read_manifest(out_fs, out_root)
     if existing is not None:
+        _refuse_other_partition(existing, job, resolved, shown_output, overwrite)
         same = existing.get("triple") == resolved.triple.as_dict()
         if same and not overwrite:
             if not dry_run:  # a run that crashed after its commit left debris behind
@@ -181,13 +186,16 @@ def _run_job(job: Job, tracking, overwrite: bool, dry_run: bool, clock, progress
         return Outcome("dry_run", f"dry run: would score {len(resolved.shards)} shards into "
                                   f"{shown_output}", None, shown_output)
 
+    handler, device = _handler(resolved)  # the model loads (exit 5) and its outputs are named
     tracking.prepare()  # the checks passed: the store may be touched
     attempt = new_attempt(started)
-    handler, device = _handler(resolved)
     tracking.open(f"{spec.name}-{job.ds or attempt}",
                   {"batchinfer.job": spec.name, "batchinfer.attempt": attempt,
                    "batchinfer.ds": job.ds or ""})
     layout = Layout(out_fs, out_root, attempt)
+    if resolved.ignored:
+        progress(f"ignoring {len(resolved.ignored)} metadata file(s) that input.path matched "
+                 f"(names starting with _ or .; `batchinfer plan` lists them)")
     progress(f"scoring {len(resolved.shards)} shards into {shown_output} (attempt {attempt}, "
              f"{spec.runner.name} runner, {device})")
     t_pipeline = time.perf_counter()
@@ -254,6 +262,29 @@ def _run_job(job: Job, tracking, overwrite: bool, dry_run: bool, clock, progress
                    shown_output, tracking_line, {"wall_s": wall_s, "pipeline_s": pipeline_s})
 
 
+def _refuse_other_partition(existing: dict, job: Job, resolved: Resolved, shown_output: str,
+                            overwrite: bool) -> None:
+    """A committed manifest is "this partition" only if it is of this job, this date and these
+    shards; otherwise a same-triple run would call another partition's predictions its own
+    (exit 0, nothing scored). ContractError (exit 3) unless ``--overwrite``."""
+    if overwrite:
+        return
+    spec = job.spec
+    if existing.get("job") != spec.name or existing.get("ds") != job.ds:
+        raise ContractError(
+            f"{shown_output} holds the partition of job {existing.get('job')!r}, ds "
+            f"{existing.get('ds')!r}, not of job {spec.name!r}, ds {job.ds!r}: give each job and "
+            f"date its own output.path (e.g. out/dt={{ds}}), or pass --overwrite to replace it")
+    committed = {s.get("path") for s in existing.get("shards", [])}
+    listed = set(resolved.shard_names())
+    if committed != listed:
+        added, gone = len(listed - committed), len(committed - listed)
+        raise ContractError(
+            f"{shown_output} was committed from other shards than input.path lists now ({added} "
+            f"new, {gone} no longer listed; e.g. {sorted(listed ^ committed)[0]}): pass "
+            f"--overwrite to score the partition as it is now")
+
+
 def _refuse_uncommittable(shards: list[dict], totals: dict, q, layout: Layout, tracking,
                           pipeline_s: float) -> None:
     """Raise (after removing this attempt's files) when the run must not commit: a model that
@@ -318,12 +349,16 @@ def _handler(resolved: Resolved):
                   device=spec.device, options=options)
     model = handler.load_model()
     outputs = handler.output_names(model)
-    wanted = resolved.job.spec.output.predictions
+    output_spec = resolved.job.spec.output
+    wanted = output_spec.predictions
     if wanted:
         unknown = [o for o in wanted if o not in outputs]
         if unknown:
             raise SpecError(f"output.predictions names {unknown}, which the model does not output "
                             f"(its outputs: {outputs})")
+    else:  # each output becomes a column of its own name: it must not take an id's or ours
+        check_output_columns(output_spec.id_columns, {o: o for o in outputs},
+                             source="the model's outputs (output.predictions maps none)")
     return handler, handler.device_used()
 
 
@@ -348,7 +383,22 @@ def _run_pipeline(resolved: Resolved, handler, layout: Layout) -> None:
     except Exception as exc:
         if _interrupted(exc):  # Beam wraps a Ctrl-C inside a transform in an Exception
             raise KeyboardInterrupt from None
+        ours = _our_error(exc)
+        if ours is not None:  # raised on purpose inside a transform: its own message and code
+            raise ours from None
         raise RuntimeFailure(f"the scoring pipeline failed: {_last_line(exc)}") from exc
+
+
+def _our_error(exc: BaseException) -> BatchInferError | None:
+    """The first BatchInferError a transform raised, from the chain Beam wraps it in (Beam
+    re-raises the same type with "[while running 'Stage']" appended, the original as cause)."""
+    found, seen = None, set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, BatchInferError):
+            found = exc
+        exc = exc.__cause__ or exc.__context__
+    return found
 
 
 def _interrupted(exc: BaseException) -> bool:
@@ -416,6 +466,7 @@ class ValidationReport:
     rows_bad: int
     unreadable: list[tuple[str, str]]
     by_reason: dict[tuple[str, str], int]     # (column, check) → rows whose first failure it is
+    ignored: list[str] = field(default_factory=list)   # metadata files input.path matched
 
     @property
     def bad_fraction(self) -> float:
@@ -432,7 +483,8 @@ def validate_input(job: Job) -> ValidationReport:
 
     spec = job.spec
     schema = resolve_schema(spec.schemas.root, spec.schema_)
-    shards = list_shards(spec.input.path)
+    listing = list_input(spec.input.path)
+    shards = listing.shards
     rows_in = rows_bad = 0
     unreadable: list[tuple[str, str]] = []
     by_reason: dict[tuple[str, str], int] = {}
@@ -460,7 +512,8 @@ def validate_input(job: Job) -> ValidationReport:
         rows_bad += bad
         for key, n in counts.items():
             by_reason[key] = by_reason.get(key, 0) + n
-    return ValidationReport(len(shards), rows_in, rows_bad, unreadable, by_reason)
+    return ValidationReport(len(shards), rows_in, rows_bad, unreadable, by_reason,
+                            [job.display(url) for url in listing.ignored])
 
 
 # -- inspect -----------------------------------------------------------------------------------

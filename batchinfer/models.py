@@ -49,8 +49,12 @@ def resolve_model(uri: str, backend: str, tracking_uri: str) -> ResolvedModel:
         if uri.startswith("models:"):
             raise ModelError(f"model.uri {uri}: use models:/<name>/<version>")
         path = Path(uri)
+        if path.is_dir():
+            raise ModelError(f"model.uri {uri} is a folder, not a model file: point it at the "
+                             f"{'/'.join(MODEL_SUFFIXES.get(backend, ('model',)))} file inside")
         if not path.is_file():
-            raise ModelError(f"model file {uri} not found")
+            what = "is not a regular file" if path.exists() else "not found"
+            raise ModelError(f"model file {uri} {what}")
         return ResolvedModel(uri, path, read_sidecar(path))
     client = _client(tracking_uri)
     name, version = ref

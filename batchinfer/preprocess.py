@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -37,10 +37,19 @@ class Preprocessor:
     source: ModuleSource | None = None
 
     def __call__(self, batch: pa.RecordBatch) -> Any:
+        """The features for ``batch``: one array, or arrays by model input name; axis 0 is rows.
+
+        Raises:
+            PreprocessError: the function returned something else, or another number of rows
+                (a fault of the function, not of a row: it is never isolated row by row).
+            Exception: whatever the function raised (a row it rejects: isolated and quarantined).
+        """
         if self.source is None:
             return stack_float32(batch, self.features)
         function = getattr(self.source.load(), self.ref.split(":")[1])
-        return function(batch)
+        features = function(batch)
+        check_features(features, batch.num_rows, self.ref)
+        return features
 
 
 def load_preprocessor(ref: str | None, job_folder: Path, features: Sequence[str]) -> Preprocessor:
@@ -79,6 +88,25 @@ def load_preprocessor(ref: str | None, job_folder: Path, features: Sequence[str]
             raise PreprocessError(f"preprocess {ref}: asset {name!r} unreadable: {exc}") from None
     digest = preprocess_hash(module_name, function_name, source.text, assets)
     return Preprocessor(ref=ref, hash=digest, features=features, source=source)
+
+
+def check_features(features: Any, rows: int, ref: str | None) -> None:
+    """Raise PreprocessError unless ``features`` is an array, or a mapping of name to array,
+    with ``rows`` rows each. Features of another length than the batch would pair each
+    prediction with another row's ids."""
+    arrays = features.items() if isinstance(features, Mapping) else [(None, features)]
+    if isinstance(features, Mapping) and not features:
+        raise PreprocessError(f"preprocess {ref} returned an empty mapping; nothing committed")
+    for name, value in arrays:
+        what = "" if name is None else f" input {name!r}:"
+        if not isinstance(value, np.ndarray):
+            raise PreprocessError(f"preprocess {ref} returned{what} {type(value).__name__}, not a "
+                                  f"numpy array (or a mapping of input name to numpy array); "
+                                  f"nothing committed")
+        if value.shape[:1] != (rows,):
+            raise PreprocessError(f"preprocess {ref} returned{what} shape {list(value.shape)} for "
+                                  f"{rows} rows: axis 0 must be the rows, one per input row; "
+                                  f"nothing committed")
 
 
 def stack_float32(batch: pa.RecordBatch, features: Sequence[str]) -> np.ndarray:

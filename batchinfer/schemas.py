@@ -111,7 +111,13 @@ def resolve_schema(root: str | Path, ref: str) -> SchemaVersion:
     columns = tuple(schema_columns(schema))
     features = getattr(module, "FEATURES", None)
     if features is not None:
+        if isinstance(features, (str, bytes)) or not all(isinstance(f, str) for f in features):
+            raise UsageError(f"schema {ref}: FEATURES must be a list of column names, not "
+                             f"{features!r}")
         features = tuple(features)
+        twice = sorted({f for f in features if features.count(f) > 1})
+        if twice:
+            raise UsageError(f"schema {ref}: FEATURES lists {twice} more than once")
         unknown = [f for f in features if f not in columns]
         if unknown:
             raise UsageError(f"schema {ref}: FEATURES names columns the schema lacks: {unknown}")

@@ -6,10 +6,15 @@ Order matters and is part of the contract (SPEC §3):
 2. ``--set a.b=value`` overrides are applied to that data (values parsed as YAML);
 3. ``job_spec_sha256`` is taken over the result (canonical JSON), before any templating, so it
    names the job, not the partition, and never covers an environment value;
-4. the data is validated (unknown, missing and bad keys are errors that name the key);
+4. the data is validated (unknown, missing and bad keys are errors that name the key). Types
+   are strict: YAML's ``true``, ``2.0`` or ``"8192"`` is not an integer, and a key given twice
+   is an error, not "the last one wins";
 5. ``{ds}`` and ``${NAME}`` are substituted and relative paths resolved against the job file's
    folder. Values that came from ``${NAME}`` are remembered so that every string batchinfer
-   prints, logs or writes can be shown with ``${NAME}`` in their place (:meth:`Job.display`).
+   prints, logs or writes can be shown with ``${NAME}`` in their place (:meth:`Job.display`,
+   :mod:`batchinfer.redaction`);
+6. what no single key can say wrong is checked last: output column names that collide
+   (:mod:`batchinfer.columns`), an output inside the input's reach (:mod:`batchinfer.io.reach`).
 """
 from __future__ import annotations
 
@@ -18,23 +23,28 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from . import redaction
+from .columns import check_output_columns
 from .errors import SpecError
+from .io.reach import ANY_DATE, reach_conflict
 
 DATE_FORMAT = re.compile(r"^\d{4}-\d{2}-\d{2}$")  # a partition date, YYYY-MM-DD
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-# Secrets shorter than this are not redacted by substring: a one-letter value would mangle
-# every path that happens to contain that letter.
-_MIN_REDACT_LEN = 4
+# A date that stands for "some partition" where the spec is checked without --ds.
+SAMPLE_DATE = "2000-01-01"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # strict: no coercion. Lax pydantic reads `rows: true` as 1 and `rows: "8192"` as 8192;
+    # in a job spec those are mistakes to report, not values to guess.
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
 
 
 class InputSpec(_Strict):
@@ -118,10 +128,7 @@ class Job:
 
     def display(self, text: str) -> str:
         """Return ``text`` with every ``${NAME}`` value put back as ``${NAME}``."""
-        for name, value in sorted(self.secrets.items(), key=lambda kv: -len(kv[1])):
-            if len(value) >= _MIN_REDACT_LEN:
-                text = text.replace(value, "${%s}" % name)
-        return text
+        return redaction.mask(text, self.secrets)
 
 
 def load_job(path: str | os.PathLike, *, ds: str | None = None,
@@ -146,7 +153,7 @@ def load_job(path: str | os.PathLike, *, ds: str | None = None,
     except OSError as exc:
         raise SpecError(f"cannot read job file {path}: {exc.strerror or exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         at = f" at line {where.line + 1}" if where else ""
@@ -157,22 +164,60 @@ def load_job(path: str | os.PathLike, *, ds: str | None = None,
         apply_override(data, item)
     spec_sha256 = hashlib.sha256(canonical_json(data).encode()).hexdigest()
     parse_spec(data, source=job_path.name)  # validate before templating: errors name keys, not values
-    if ds is not None and not DATE_FORMAT.match(ds):
-        raise SpecError(f"--ds {ds!r} is not a date: use YYYY-MM-DD")
+    if ds is not None:
+        check_date(ds, "--ds")
     env = os.environ if environ is None else environ
     secrets: dict[str, str] = {}
     templated = _template(data, ds=ds, env=env, secrets=secrets, where="", require_ds=require_ds)
+    redaction.register(secrets)  # before anything can quote a value (errors below included)
     spec = parse_spec(templated, source=job_path.name)
     spec = _resolve_paths(spec, job_path.parent)
+    _check_paths(data, spec, job_path.parent, ds, env)
     return Job(spec=spec, path=job_path, ds=ds, spec_sha256=spec_sha256, secrets=secrets)
+
+
+def check_date(value: str, what: str) -> None:
+    """Raise SpecError unless ``value`` is a real calendar date written YYYY-MM-DD."""
+    try:
+        ok = bool(DATE_FORMAT.match(value)) and bool(datetime.strptime(value, "%Y-%m-%d"))
+    except ValueError:
+        ok = False
+    if not ok:
+        raise SpecError(f"{what} {value!r} is not a date: use YYYY-MM-DD (e.g. 2026-01-31)")
+
+
+def _check_paths(data: dict, spec: "JobSpec", folder: Path, ds: str | None,
+                 env: Mapping[str, str]) -> None:
+    """The rules about input and output paths that concern every date, not just this one."""
+    raw_input, raw_output = data["input"]["path"], data["output"]["path"]
+    if any(ch in spec.output.path for ch in "*?["):
+        raise SpecError(f"output.path {redaction.redact(spec.output.path)!r} contains a glob "
+                        f"character (* ? [): an output is one folder")
+    # Compare the input as it reads *any* date with the output of one date: a run must not be
+    # able to read its own (or another date's) predictions as shards, nor write into its input.
+    secrets: dict[str, str] = {}
+    any_input = resolve_path(_template(raw_input, ds=ANY_DATE, env=env, secrets=secrets,
+                                       where="input.path"), folder)
+    one_output = spec.output.path if ds is not None or "{ds}" not in raw_output else resolve_path(
+        _template(raw_output, ds=SAMPLE_DATE, env=env, secrets=secrets, where="output.path"),
+        folder)
+    conflict = reach_conflict(any_input, one_output)
+    if conflict:
+        raise SpecError(f"output.path {redaction.redact(spec.output.path)} {conflict}: write "
+                        f"outputs outside the input's folders")
 
 
 def parse_spec(data: Any, *, source: str = "job spec") -> JobSpec:
     """Validate plain data as a :class:`JobSpec`; raise one-line :class:`SpecError` otherwise."""
     try:
-        return JobSpec.model_validate(data)
+        spec = JobSpec.model_validate(data)
     except ValidationError as exc:
         raise SpecError(f"{source}: {_describe(exc)}") from None
+    try:
+        check_output_columns(spec.output.id_columns, spec.output.predictions or {})
+    except SpecError as exc:
+        raise SpecError(f"{source}: {exc.message}") from None
+    return spec
 
 
 def apply_override(data: dict, item: str) -> None:
@@ -181,9 +226,10 @@ def apply_override(data: dict, item: str) -> None:
     if not sep or not key or any(not part for part in key.split(".")):
         raise SpecError(f"--set {item!r}: use --set key.path=value, e.g. --set batch.rows=8192")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        raise SpecError(f"--set {key}: value {raw!r} is not valid YAML") from None
+        value = yaml.load(raw, Loader=_UniqueKeyLoader) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise SpecError(f"--set {key}: value {raw!r} is not valid YAML: "
+                        f"{getattr(exc, 'problem', None) or exc}") from None
     node = data
     parts = key.split(".")
     for depth, part in enumerate(parts[:-1]):
@@ -194,6 +240,21 @@ def apply_override(data: dict, item: str) -> None:
             raise SpecError(f"--set {key}: {'.'.join(parts[:depth + 1])} is not a mapping")
         node = child
     node[parts[-1]] = value
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error (PyYAML
+    keeps the last one silently: `batch: {rows: 100}` and, further down, `batch: {rows: 5}`)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def canonical_json(data: Any) -> str:

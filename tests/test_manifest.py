@@ -161,20 +161,38 @@ def _all_files(layout: Layout) -> set[str]:
     return {p[len(layout.root):].lstrip("/") for p in layout.fs.find(layout.root)}
 
 
+WINNER, CRASHED, LOSER = ("20260115T010203Z-0000000a", "20260115T010203Z-0000000b",
+                          "20260115T010204Z-0000000c")
+
+
 @pytest.mark.parametrize("where", ["local", "memory"])
 def test_clean_after_commit(tmp_path, memory_root, where):
     url = str(tmp_path / "out") if where == "local" else memory_root
-    layout = Layout.for_url(url, "winner")
-    kept = ["predictions/winner/part-00000-00000.parquet",
-            "quarantine/winner/part-00001-00000.parquet"]
-    _populate(layout, "winner")
-    _populate(layout, "crashed")
-    _populate(layout, "loser")
-    manifest = _manifest("winner", files=kept)
+    layout = Layout.for_url(url, WINNER)
+    kept = [f"predictions/{WINNER}/part-00000-00000.parquet",
+            f"quarantine/{WINNER}/part-00001-00000.parquet"]
+    _populate(layout, WINNER)
+    _populate(layout, CRASHED)
+    _populate(layout, LOSER)
+    # output.path is the user's: a folder in predictions/ not named like an attempt stays
+    write_file(layout.fs, layout.abs("predictions/notes/README"), b"mine")
+    manifest = _manifest(WINNER, files=kept)
     assert commit(layout, manifest)
     clean_after_commit(layout, manifest)
-    assert _all_files(layout) == {MANIFEST, *kept}
+    assert _all_files(layout) == {MANIFEST, *kept, "predictions/notes/README"}
     assert read_manifest(layout.fs, layout.root) == manifest
+    if where == "local":
+        assert not (tmp_path / "out" / "_tmp").exists()
+
+
+def test_remove_attempt_of_the_last_run_out_leaves_no_empty_tmp(tmp_path):
+    layout = Layout.for_url(str(tmp_path / "out"), "a")
+    _populate(layout, "a")
+    _populate(layout, "b")
+    remove_attempt(layout, "a")
+    assert (tmp_path / "out" / "_tmp" / "b").is_dir()       # another run's scratch: kept
+    remove_attempt(layout, "b")
+    assert not (tmp_path / "out" / "_tmp").exists()
 
 
 def test_listed_files():

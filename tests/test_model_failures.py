@@ -1,5 +1,7 @@
 """Model failures (SPEC §4: rows whose batch the model rejects, or whose output is non-finite,
-are quarantined with ``_check: "model"``; the batch is split to isolate them).
+are quarantined with ``_check: "model"``; the batch is split to isolate them). A model whose
+output has another number of rows than it was given breaks the batch contract: exit 5, nothing
+committed, never isolated row by row.
 
 Real ONNX models that misbehave only on some rows, run in-process (``run_job`` on the
 DirectRunner; MLflow tracking replaced by a stub), plus unit tests of ``BatchModelHandler.infer`` with a Python fake model.
@@ -8,6 +10,7 @@ Rerun with ``.venv/bin/pytest tests/test_model_failures.py -q``.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -181,28 +184,21 @@ def test_model_that_returns_nan_or_inf_for_some_rows(project):
     assert sorted(values) == sorted([-5.0, -7.0, -5.0, -5.0])      # -inf and NaN rows both caught
 
 
-def test_model_that_returns_the_wrong_number_of_rows(project):
-    folder, shards = project
-    outcome, out = run_model(folder, "compress")
-    assert outcome.status == "committed", outcome.message
-    preds, quar, _ = check_partition(out, shards)
-    check_isolated(preds, quar, shards, "rows for 1 input rows")
-
-
-def test_model_that_always_returns_the_wrong_number_of_rows(project):
-    """A model that fails on every row it is given cannot run at all: that is the system's
-    failure (exit 5), not bad data, so nothing is committed whatever the threshold, and the
-    message carries the model's error."""
+@pytest.mark.parametrize("kind, shape", [("compress", r"\[9[89], 1\]"), ("drop_last", r"\[99, 1\]")])
+def test_model_that_returns_another_number_of_rows_is_a_model_failure(project, kind, shape):
+    """A model that drops rows (here: those it cannot score, or always the last) breaks the
+    batch contract. Isolating rows would make it "fit" at one row per call and commit; instead
+    the run fails (exit 5) on the first batch, whatever the threshold, and commits nothing."""
     from batchinfer.errors import ModelError
 
     folder, shards = project
     for fraction in (0.01, 1.0):
         with pytest.raises(ModelError) as info:
-            run_model(folder, "drop_last", max_bad_fraction=fraction)
+            run_model(folder, kind, max_bad_fraction=fraction)
         assert info.value.exit_code == 5
-        assert "raised on every one of the" in str(info.value)
-        assert "rows for" in str(info.value)  # the handler's wrong-row-count error
-        out = folder / "out_drop_last"
+        assert "breaks the batch contract" in str(info.value)
+        assert re.search(f"shape {shape} for 100 input rows", str(info.value)), info.value
+        out = folder / f"out_{kind}"
         assert not (out / "_manifest.json").exists()
         assert not any(p.is_file() for p in out.rglob("*.parquet"))
 
@@ -238,8 +234,8 @@ def fake_handler(mode: str, chunk_rows: int | None = None):
                 raise RuntimeError(f"cannot score marker rows\n(at {np.flatnonzero(marked).tolist()})")
             if mode == "short" and marked.any():
                 return {"y": x[~marked, 0] * 2, "z": x[:, 1]}
-            if mode == "always_short":
-                return {"y": x[1:, 0]}
+            if mode == "always_raise":
+                raise RuntimeError("cannot score anything")
             return {"y": x[:, 0] * 2, "z": x[:, 1:3]}
 
     return Fake()
@@ -253,10 +249,9 @@ def prepared(n: int, marked: list[int]):
     return Prepared(key=(0, 0), rows=n, features=x), x
 
 
-@pytest.mark.parametrize("mode,words", [("raise", "RuntimeError: cannot score marker rows (at [0])"),
-                                        ("short", "model output 'y' has")])
 @pytest.mark.parametrize("chunk_rows", [None, 16])
-def test_infer_isolates_rejected_rows(mode, words, chunk_rows):
+def test_infer_isolates_rejected_rows(chunk_rows):
+    mode, words = "raise", "RuntimeError: cannot score marker rows (at [0])"
     handler = fake_handler(mode, chunk_rows)
     marked = [0, 3, 40, 41, 99]
     item, x = prepared(100, marked)
@@ -274,6 +269,17 @@ def test_infer_isolates_rejected_rows(mode, words, chunk_rows):
     assert result.compute_ms >= 0
 
 
+@pytest.mark.parametrize("chunk_rows", [None, 16])
+def test_infer_output_of_another_length_is_raised_not_isolated(chunk_rows):
+    from batchinfer.errors import ModelError
+
+    handler = fake_handler("short", chunk_rows)
+    item, _ = prepared(100, [0, 3, 40])
+    with pytest.raises(ModelError, match=r"output 'y' has shape \[\d+\] for \d+ input rows"):
+        handler.infer(handler.load_model(), item)
+    assert len(handler.calls) == 1     # the first call that shows it; no splitting
+
+
 def test_infer_without_failures_is_one_call():
     handler = fake_handler("raise")
     item, x = prepared(100, [])
@@ -286,7 +292,7 @@ def test_infer_without_failures_is_one_call():
 def test_infer_model_that_fails_every_row_is_bounded():
     from batchinfer.isolation import MAX_LONE_FAILURES
 
-    handler = fake_handler("always_short")
+    handler = fake_handler("always_raise")
     item, _ = prepared(1000, [])
     result = handler.infer(handler.load_model(), item)
     assert [r for r, _ in result.failed] == list(range(1000))

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from ..errors import ModelError, PreprocessError
 from ..imports import without
 from ..isolation import run_isolating
 
@@ -101,6 +102,8 @@ class BatchModelHandler(ModelHandler):
     def __init__(self, *, chunk_rows: Optional[int] = None):
         super().__init__(min_batch_size=1, max_batch_size=1)
         self.chunk_rows = chunk_rows
+        # Each output's shape past the rows and its dtype, from the first call (see _check_outputs).
+        self._signature: dict[str, tuple] = {}
 
     # -- what a backend implements -----------------------------------------------------------
     def open_model(self) -> Any:
@@ -164,12 +167,13 @@ class BatchModelHandler(ModelHandler):
         if isinstance(features, Mapping):
             missing = [n for n in names if n not in features]
             if missing:
-                raise ValueError(f"preprocessing returned {sorted(features)} but the model needs "
-                                 f"inputs {names}")
+                raise PreprocessError(f"preprocessing returned inputs {sorted(features)} but the "
+                                      f"model needs {names}; nothing committed")
             return {n: features[n] for n in names}
         if len(names) != 1:
-            raise ValueError(f"preprocessing returned one array but the model has inputs {names}: "
-                             f"return a mapping of input name to array")
+            raise PreprocessError(f"preprocessing returned one array but the model has inputs "
+                                  f"{names}: return a mapping of input name to array; nothing "
+                                  f"committed")
         return {names[0]: features}
 
     def _run_chunked(self, model, inputs, start, stop, elapsed) -> dict[str, np.ndarray]:
@@ -181,12 +185,38 @@ class BatchModelHandler(ModelHandler):
             t0 = time.perf_counter()
             out = self.predict(model, chunk)
             elapsed[0] += time.perf_counter() - t0
-            for name, value in out.items():
-                if getattr(value, "shape", (None,))[:1] != (hi - lo,):
-                    raise ValueError(f"model output {name!r} has {np.shape(value)[:1] or 'no'} rows "
-                                     f"for {hi - lo} input rows")
+            self._check_outputs(out, hi - lo)
             parts.append(out)
         return parts[0] if len(parts) == 1 else _concat(parts)
+
+    def _check_outputs(self, out: Mapping[str, Any], rows: int) -> None:
+        """The batch contract: each output has one entry per input row, and the same shape past
+        the rows and the same dtype on every call.
+
+        Neither is a row's fault. A model that sums over the batch would "fit" at one row per
+        call if its rows were isolated, and commit meaningless scores; an output whose width
+        changes between calls would give a partition whose files disagree on the column's type.
+        So the run fails (exit 5) on the first call that shows it.
+        """
+        for name, value in out.items():
+            shape = np.shape(value)
+            if shape[:1] != (rows,):
+                raise ModelError(
+                    f"the model breaks the batch contract: output {name!r} has shape "
+                    f"{list(shape)} for {rows} input rows (its first dimension must be the "
+                    f"number of rows); nothing committed")
+            signature = (shape[1:], np.asarray(value).dtype.str)
+            first = self._signature.setdefault(name, signature)
+            if first != signature:
+                raise ModelError(
+                    f"the model breaks the batch contract: output {name!r} was "
+                    f"{_describe(first)} per row and is now {_describe(signature)}; every call "
+                    f"must give the same shape and type; nothing committed")
+
+
+def _describe(signature: tuple) -> str:
+    shape, dtype = signature
+    return f"{np.dtype(dtype).name} {list(shape)}"
 
 
 def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

@@ -5,11 +5,12 @@ from the job's ``model.options`` (validated here, so a typo is an error, not a s
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Optional
 
 import numpy as np
 
-from ..errors import ModelError, SpecError
+from ..errors import ModelError, PreprocessError, SpecError
 from .base import BatchModelHandler
 
 OPTIONS = {
@@ -93,6 +94,9 @@ class OnnxModelHandler(BatchModelHandler):
         import onnxruntime as ort
 
         so = ort.SessionOptions()
+        # ONNX Runtime writes its warnings (unused initializers, say) straight to stderr, around
+        # the one line an error gets (SPEC §2); batchinfer's --debug turns them back on.
+        so.log_severity_level = 2 if logging.getLogger("batchinfer").isEnabledFor(logging.DEBUG) else 3
         if "intra_op_num_threads" in self.options:
             so.intra_op_num_threads = self.options["intra_op_num_threads"]
         if "inter_op_num_threads" in self.options:
@@ -135,6 +139,13 @@ class OnnxModelHandler(BatchModelHandler):
             value = inputs[meta.name]
             want = _ORT_TYPES.get(meta.type)
             if want is not None and want is not np.object_ and value.dtype != want:
+                # float64 → float32 is what users mean; float → int64 would truncate token ids
+                # or counts without a word, so only casts within a kind are made.
+                if not np.can_cast(value.dtype, want, casting="same_kind"):
+                    raise PreprocessError(
+                        f"preprocessing returned {value.dtype} for model input {meta.name!r}, "
+                        f"which takes {np.dtype(want).name}: return {np.dtype(want).name} (a "
+                        f"cast from {value.dtype} could change values); nothing committed")
                 value = value.astype(want)
             feed[meta.name] = value
         names = self.output_names(model)

@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import faults
 from ..errors import StorageError
-from .outputs import MANIFEST, PREDICTIONS, QUARANTINE, TMP, Layout, write_file
+from .outputs import ATTEMPT, MANIFEST, PREDICTIONS, QUARANTINE, TMP, Layout, write_file
 from .storage import is_local, join
 
 MANIFEST_VERSION = 1
@@ -86,6 +86,18 @@ def remove_attempt(layout: Layout, attempt: str) -> None:
                 fs.rm(path, recursive=True)
         except OSError:
             pass
+    _remove_if_empty(fs, join(layout.root, TMP))
+
+
+def _remove_if_empty(fs: Any, path: str) -> None:
+    """Remove a folder that holds nothing (on object stores folders are not kept anyway). The
+    last run out leaves no empty `_tmp/`; a run still writing there keeps it (not empty)."""
+    if not is_local(fs):
+        return
+    try:
+        os.rmdir(path)
+    except OSError:  # absent, or not empty: another run is using it
+        pass
 
 
 def clean_after_commit(layout: Layout, manifest: dict) -> None:
@@ -99,7 +111,8 @@ def clean_after_commit(layout: Layout, manifest: dict) -> None:
             continue
         for entry in entries:
             name = entry.rstrip("/").rsplit("/", 1)[-1]
-            if kind == TMP or name != committed:
+            # _tmp/ is ours alone (SPEC §4); in predictions/ and quarantine/ only attempts are.
+            if kind == TMP or (ATTEMPT.match(name) and name != committed):
                 try:
                     fs.rm(entry, recursive=True)
                 except OSError:
@@ -118,8 +131,4 @@ def clean_after_commit(layout: Layout, manifest: dict) -> None:
                     fs.rm(path)
                 except OSError:
                     pass
-    try:
-        if fs.exists(join(layout.root, TMP)):
-            fs.rm(join(layout.root, TMP), recursive=True)
-    except OSError:
-        pass
+    _remove_if_empty(fs, join(layout.root, TMP))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,9 @@ PREDICTIONS = "predictions"
 QUARANTINE = "quarantine"
 TMP = "_tmp"
 METRICS = "_metrics.json"
+# `<UTC time>-<8 hex>` (SPEC §6). Cleanup removes only folders named like this: output.path is
+# the user's, and a folder of theirs that happens to sit in predictions/ is not ours to delete.
+ATTEMPT = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
 
 
 @dataclass(frozen=True)

@@ -1,25 +1,43 @@
 """Listing shards with fsspec and reading them as Arrow RecordBatches.
 
-A shard is read in one of two ways. Up to ``MAX_IN_MEMORY_BYTES`` it is fetched whole (one GET on
-an object store), hashed, and parsed from memory. Larger shards are hashed in a streaming pass
-and then read batch by batch from the file, so memory stays bounded by the batch size.
+**Listing.** ``input.path`` is a file, a folder, or a glob. A folder — named directly, or matched
+by the glob as Spark and Hive write them (``part.parquet/``) — stands for every file below it.
+Names starting with ``_`` or ``.`` are Hadoop-style metadata (``_SUCCESS``, ``_committed_*``,
+``.part-0.crc``, ``_temporary/``) and are not shards; they are never skipped silently: the
+listing returns them as ``ignored`` and ``plan`` and ``run`` say so.
+
+**Reading.** The sha256 recorded for a shard is of exactly the bytes its rows were parsed from.
+Up to ``MAX_IN_MEMORY_BYTES`` a shard is fetched whole (one GET on an object store), hashed and
+parsed from memory. A larger one is read through :class:`HashingFile`, which hashes the bytes as
+Arrow reads them (one pass, memory bounded by the batch size); a file that changes while it is
+read (its size, modification time, inode or ETag differ after the last batch, or the object
+store refuses a read because the ETag changed) is ``unreadable`` with reason "changed while
+being read". Only regular files are opened: a FIFO would block forever, a dangling symbolic link
+has no bytes, and both are ``unreadable`` with a reason.
+
 Anything that goes wrong while *parsing* bytes we hold makes the shard ``unreadable`` (recorded,
 counted against ``max_bad_shards``); a failure to *fetch* bytes is a storage failure (exit 5).
 """
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
+import threading
 from concurrent.futures import Executor, Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import NoShardsError, StorageError
-from .storage import full_url, url_to_fs
+from .storage import full_url, is_local, url_to_fs
 
 MAX_IN_MEMORY_BYTES = 256 << 20
+# Names (of a file, or of a folder on its way down from a matched folder) that are metadata.
+METADATA_PREFIXES = ("_", ".")
+CHANGED = "changed while being read"
 
 
 @dataclass(frozen=True)
@@ -28,31 +46,66 @@ class Shard:
     url: str      # as listed from input.path (what _source_shard records)
 
 
+@dataclass(frozen=True)
+class Listing:
+    """What ``input.path`` matched.
+
+    Attributes:
+        shards: the data files, sorted by URL, indexed from 0.
+        ignored: URLs of metadata files that were matched or found but are not shards.
+    """
+
+    shards: list[Shard]
+    ignored: list[str] = field(default_factory=list)
+
+
 def list_shards(pattern: str) -> list[Shard]:
-    """Every file matching ``pattern`` (glob allowed), sorted by URL.
+    """The shards of :func:`list_input` (see there)."""
+    return list_input(pattern).shards
+
+
+def list_input(pattern: str) -> Listing:
+    """Every data file that ``pattern`` (a file, a folder or a glob) stands for.
 
     Raises:
-        NoShardsError: nothing matches.
+        NoShardsError: no data file matches.
         StorageError: the store cannot be listed.
     """
     fs, path = url_to_fs(pattern)
     try:
         if any(ch in path for ch in "*?["):
-            paths = fs.glob(path)
+            matches = {p: info.get("type") for p, info in fs.glob(path, detail=True).items()}
+            hidden_matches = True
         elif fs.isdir(path):
-            paths = fs.find(path)
+            matches, hidden_matches = {path: "directory"}, False
         else:
-            paths = [path] if fs.exists(path) else []
-        paths = [p for p in paths if not fs.isdir(p)]
+            matches, hidden_matches = ({path: "file"} if fs.exists(path) else {}), False
+        files: set[str] = set()
+        ignored: set[str] = set()
+        for match, kind in matches.items():
+            if kind == "directory":
+                for found in fs.find(match):
+                    relative = found[len(match):].strip("/").split("/")
+                    (ignored if any(_is_metadata(p) for p in relative) else files).add(found)
+            elif hidden_matches and _is_metadata(match.rstrip("/").rsplit("/", 1)[-1]):
+                ignored.add(match)  # matched by a glob (a file named exactly is read as asked)
+            else:
+                files.add(match)
     except (OSError, ValueError) as exc:
         raise StorageError(f"cannot list {pattern}: {exc}") from None
-    if not paths:
-        raise NoShardsError(f"no shard matches input.path {pattern}")
-    return [Shard(i, full_url(fs, p)) for i, p in enumerate(sorted(paths))]
+    if not files:
+        also = f" ({len(ignored)} metadata file(s) ignored)" if ignored else ""
+        raise NoShardsError(f"no shard matches input.path {pattern}{also}")
+    return Listing([Shard(i, full_url(fs, p)) for i, p in enumerate(sorted(files))],
+                   [full_url(fs, p) for p in sorted(ignored)])
+
+
+def _is_metadata(name: str) -> bool:
+    return name.startswith(METADATA_PREFIXES)
 
 
 class Unreadable(Exception):
-    """The shard's bytes are not a readable Parquet file."""
+    """The shard's bytes are not a readable Parquet file (or not a file at all)."""
 
 
 class ShardReader:
@@ -63,13 +116,19 @@ class ShardReader:
         hasher: where to compute the sha256 of a shard held in memory (an executor: hashlib
             releases the GIL, so the digest is computed while the caller parses and scores);
             None computes it here.
+
+    Raises:
+        Unreadable: not a regular file, zero bytes, or not Parquet.
+        StorageError: the bytes cannot be fetched.
     """
 
     def __init__(self, url: str, hasher: Optional[Executor] = None):
         self.url = url
-        fs, path = url_to_fs(url)
+        self._fs, self._path = fs, path = url_to_fs(url)
+        self._stream: HashingFile | None = None
         try:
-            size = fs.size(path)
+            info = _regular_file_info(fs, path)
+            size = info["size"]
             if size <= MAX_IN_MEMORY_BYTES:
                 data = fs.cat_file(path)
                 if hasher is None:
@@ -77,48 +136,235 @@ class ShardReader:
                 else:
                     self._sha256 = hasher.submit(lambda: hashlib.sha256(data).hexdigest())
                 source: Any = pa.BufferReader(data)
-                self._in_memory = True
             else:
-                self._in_memory = False
-                self._sha256 = _stream_sha256(fs, path)
-                source = fs.open(path, "rb")
+                fs.invalidate_cache(path)  # a listing's cached info may predate the file
+                info = _regular_file_info(fs, path)
+                size = info["size"]
+                self._identity = _identity(info)
+                self._stream = source = HashingFile(fs.open(path, "rb"), size)
+                self._sha256 = None
+        except Unreadable:
+            raise
         except (OSError, ValueError) as exc:
+            if _is_changed(exc):
+                raise Unreadable(CHANGED) from None
             raise StorageError(f"cannot read shard {url}: {exc}") from None
         if size == 0:
             raise Unreadable("zero-byte file")
         try:
             self._file = pq.ParquetFile(source)
         except Exception as exc:  # pyarrow raises several types for bad bytes
+            if _is_changed(exc):
+                raise Unreadable(CHANGED) from None
             raise Unreadable(f"not a readable Parquet file: {_one_line(exc)}") from None
         self.num_rows = self._file.metadata.num_rows
         self.schema = self._file.schema_arrow
 
     @property
-    def sha256(self) -> str:
+    def sha256(self) -> str | None:
+        """The digest of the bytes the rows came from; for a streamed shard, known once every
+        batch was read (None if it changed while being read)."""
         if isinstance(self._sha256, Future):
             self._sha256 = self._sha256.result()
         return self._sha256
 
     def batches(self, rows: int) -> Iterator[pa.RecordBatch]:
-        """Yield RecordBatches of at most ``rows`` rows (raises Unreadable on corrupt data)."""
+        """Yield RecordBatches of at most ``rows`` rows.
+
+        Raises:
+            Unreadable: corrupt data, or (streamed) the file changed while being read.
+            StorageError: (streamed) the file system failed.
+        """
         try:
             for batch in self._file.iter_batches(batch_size=rows, use_threads=True):
                 if batch.num_rows:
                     yield batch
+            if self._stream is not None:
+                self._finish_stream()
+        except (Unreadable, StorageError):
+            raise
         except Exception as exc:
+            if _is_changed(exc):
+                raise Unreadable(CHANGED) from None
             # Bytes in memory cannot fail to fetch: any error is in the data. When streaming,
             # a plain OSError from the file system is a storage failure; Arrow's are the data's.
-            if not self._in_memory and isinstance(exc, OSError) and not isinstance(exc, pa.ArrowException):
+            if self._stream is not None and isinstance(exc, OSError) and not isinstance(exc, pa.ArrowException):
                 raise StorageError(f"cannot read shard {self.url}: {exc}") from None
             raise Unreadable(f"corrupt Parquet data: {_one_line(exc)}") from None
 
+    def _finish_stream(self) -> None:
+        """Hash what Arrow did not read (magic bytes, unused pages), then make sure the file is
+        still the one that was opened; otherwise its rows and its digest may disagree."""
+        try:
+            digest = self._stream.finish()
+            self._fs.invalidate_cache(self._path)
+            same = _identity(_regular_file_info(self._fs, self._path)) == self._identity
+        except Unreadable:
+            same = False
+        except OSError as exc:
+            if _is_changed(exc) or isinstance(exc, FileNotFoundError):
+                same = False
+            else:
+                raise StorageError(f"cannot read shard {self.url}: {exc}") from None
+        finally:
+            self._stream.close()
+        if not same:
+            raise Unreadable(CHANGED)
+        self._sha256 = digest
 
-def _stream_sha256(fs, path) -> str:
-    h = hashlib.sha256()
-    with fs.open(path, "rb") as fh:
-        while chunk := fh.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+
+class HashingFile:
+    """A read-only file that computes the sha256 of the underlying file from the reads made
+    through it, so the digest is of exactly the bytes the reader got.
+
+    Parquet is read out of order (the footer first, then column chunks), but sha256 needs the
+    bytes in order: reads ahead of the hashed prefix are kept until the prefix reaches them
+    (a row group at most, in practice; past ``AHEAD_LIMIT`` the gap is read and hashed at once).
+    :meth:`finish` hashes the bytes nobody read. Thread-safe: Arrow may read from several threads.
+    """
+
+    AHEAD_LIMIT = 64 << 20
+
+    def __init__(self, raw: Any, size: int):
+        self._raw = raw
+        self._size = size
+        self._pos = 0
+        self._sha = hashlib.sha256()
+        self._hashed = 0                       # bytes [0, _hashed) are in the digest
+        self._ahead: dict[int, bytes] = {}     # offset → bytes read beyond _hashed
+        self._ahead_bytes = 0
+        self._lock = threading.RLock()
+        self.closed = False
+
+    # -- the file protocol Arrow uses ---------------------------------------------------------
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self._size}[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        with self._lock:
+            start = self._pos
+            if n is None or n < 0:
+                n = max(self._size - start, 0)
+            data = self._read_at(start, n)
+            self._pos = start + len(data)
+            self._observe(start, data)
+            return data
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        memoryview(buffer)[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._raw.close()
+
+    # -- hashing ------------------------------------------------------------------------------
+    def finish(self) -> str:
+        """Hash every byte not read yet, in order; return the hex digest of the whole file."""
+        with self._lock:
+            self._fill(self._size)
+            return self._sha.hexdigest()
+
+    def _read_at(self, start: int, n: int) -> bytes:
+        self._raw.seek(start)
+        return self._raw.read(n)
+
+    def _observe(self, start: int, data: bytes) -> None:
+        end = start + len(data)
+        if end <= self._hashed or not data:
+            return
+        if start <= self._hashed:
+            self._sha.update(memoryview(data)[self._hashed - start:])
+            self._hashed = end
+            self._drain()
+            return
+        if len(data) > len(self._ahead.get(start, b"")):
+            self._ahead_bytes += len(data) - len(self._ahead.get(start, b""))
+            self._ahead[start] = data
+        if self._ahead_bytes > self.AHEAD_LIMIT:
+            self._fill(min(self._ahead))
+
+    def _drain(self) -> None:
+        """Hash kept chunks that the hashed prefix has reached."""
+        while self._ahead:
+            start = min(self._ahead)
+            if start > self._hashed:
+                return
+            data = self._ahead.pop(start)
+            self._ahead_bytes -= len(data)
+            if start + len(data) > self._hashed:
+                self._sha.update(memoryview(data)[self._hashed - start:])
+                self._hashed = start + len(data)
+
+    def _fill(self, until: int) -> None:
+        """Read and hash the bytes up to ``until`` (and whatever kept chunks then join)."""
+        while self._hashed < until:
+            nxt = min(self._ahead) if self._ahead else self._size
+            if nxt > self._hashed:
+                gap = self._read_at(self._hashed, min(nxt, until) - self._hashed)
+                if not gap:  # shorter than its size said: it changed
+                    raise Unreadable(CHANGED)
+                self._sha.update(gap)
+                self._hashed += len(gap)
+            self._drain()
+
+
+def _regular_file_info(fs: Any, path: str) -> dict:
+    """``{"size", ...identity fields}`` of a regular file; Unreadable for anything else."""
+    if is_local(fs):
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            if os.path.islink(path):
+                raise Unreadable("a symbolic link to a file that does not exist") from None
+            raise
+        if not stat.S_ISREG(st.st_mode):
+            raise Unreadable(f"not a regular file ({_kind(st.st_mode)})")
+        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino,
+                "dev": st.st_dev}
+    info = fs.info(path)
+    if info.get("type", "file") != "file":
+        raise Unreadable(f"not a file ({info.get('type')})")
+    return info
+
+
+# Fields that change when an object is replaced, on the stores fsspec knows.
+_IDENTITY = ("size", "mtime_ns", "ino", "dev", "ETag", "etag", "generation", "md5Hash",
+             "VersionId", "LastModified", "last_modified", "mtime", "created")
+
+
+def _identity(info: dict) -> tuple:
+    return tuple(str(info.get(key)) for key in _IDENTITY)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return name
+    return "not a file"
+
+
+def _is_changed(exc: BaseException) -> bool:
+    # s3fs raises FileExpired when a read's If-Match on the ETag it opened with fails.
+    return type(exc).__name__ == "FileExpired"
 
 
 def _one_line(exc: BaseException) -> str:
