@@ -8,12 +8,12 @@ first partition that fails; ``keep_going`` scores the rest and reports every fai
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import date, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Callable, Sequence
 
 from .errors import BatchInferError, SpecError
-from .spec import DATE_FORMAT, load_job
+from .spec import check_date, load_job
 
 
 @dataclass(frozen=True)
@@ -33,19 +33,10 @@ def partition_dates(start: str, end: str) -> list[str]:
     Raises:
         SpecError: a date that is not YYYY-MM-DD or not a real day, or ``end`` before ``start``.
     """
-    first, last = _parse(start, "--start"), _parse(end, "--end")
+    first, last = check_date(start, "--start"), check_date(end, "--end")
     if last < first:
         raise SpecError(f"--end {end} is before --start {start}")
     return [(first + timedelta(days=n)).isoformat() for n in range((last - first).days + 1)]
-
-
-def _parse(text: str, what: str) -> date:
-    try:
-        if not DATE_FORMAT.match(text):
-            raise ValueError
-        return date.fromisoformat(text)
-    except ValueError:
-        raise SpecError(f"{what} {text!r} is not a date YYYY-MM-DD") from None
 
 
 def backfill(job_path: str | Path, dates: Sequence[str], *, overrides: Sequence[str] = (),

@@ -169,6 +169,8 @@ def _run_job(job: Job, tracking, overwrite: bool, dry_run: bool, clock, progress
     resolved = resolve(job)
     out_fs, out_root = url_to_fs(spec.output.path)
     shown_output = job.display(spec.output.path)
+    if out_fs.isfile(out_root):
+        raise SpecError(f"output.path {shown_output} is a file; it must be a folder (or not exist)")
     existing = read_manifest(out_fs, out_root)
     if existing is not None:
         _refuse_other_partition(existing, job, resolved, shown_output, overwrite)

@@ -23,7 +23,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import date
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
@@ -176,14 +176,14 @@ def load_job(path: str | os.PathLike, *, ds: str | None = None,
     return Job(spec=spec, path=job_path, ds=ds, spec_sha256=spec_sha256, secrets=secrets)
 
 
-def check_date(value: str, what: str) -> None:
-    """Raise SpecError unless ``value`` is a real calendar date written YYYY-MM-DD."""
+def check_date(value: str, what: str) -> date:
+    """``value`` as a date; SpecError unless it is a real calendar date written YYYY-MM-DD."""
     try:
-        ok = bool(DATE_FORMAT.match(value)) and bool(datetime.strptime(value, "%Y-%m-%d"))
+        if DATE_FORMAT.match(value):
+            return date.fromisoformat(value)
     except ValueError:
-        ok = False
-    if not ok:
-        raise SpecError(f"{what} {value!r} is not a date: use YYYY-MM-DD (e.g. 2026-01-31)")
+        pass
+    raise SpecError(f"{what} {value!r} is not a date: use YYYY-MM-DD (e.g. 2026-01-31)")
 
 
 def _check_paths(data: dict, spec: "JobSpec", folder: Path, ds: str | None,

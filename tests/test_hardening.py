@@ -497,3 +497,12 @@ def test_schema_features_that_are_not_a_list_of_columns_exit_2(project, features
     result = run(project, command="plan")
     assert result.returncode == 2, result.stdout + result.stderr
     assert said in error_line(result, "plan")
+
+
+def test_an_output_path_that_is_a_file_exit_2(project):
+    result = run(project, "output.path=job.yaml")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "is a file" in error_line(result)
+    result = cli(project, "inspect", "job.yaml")
+    assert result.returncode == 2
+    assert "no committed partition" in error_line(result, "inspect")

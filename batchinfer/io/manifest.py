@@ -25,7 +25,7 @@ def read_manifest(fs: Any, root: str) -> dict | None:
     path = join(root, MANIFEST)
     try:
         data = fs.cat_file(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # root is absent, or a file: not committed
         return None
     except OSError as exc:
         raise StorageError(f"cannot read {path}: {exc}") from None
