@@ -158,6 +158,15 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300
                           capture_output=True, text=True, timeout=timeout)
 
 
+def one_line_error(result: subprocess.CompletedProcess, command: str = "run") -> str:
+    """The single stderr line of a failed command (SPEC §2: no bare traceback)."""
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"batchinfer {command}: "), lines[0]
+    return lines[0]
+
+
 def read_partition(output: Path | str, fs=None) -> tuple[pa.Table, pa.Table, dict]:
     """(predictions, quarantine, manifest) of a committed output, following the manifest only."""
     import fsspec

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from factories import (DS, all_input_rows, make_mlp_onnx, make_shards, mlp_reference,
-                       numeric_project, read_partition, run_cli, write_schema)
+                       numeric_project, one_line_error, read_partition, run_cli, write_schema)
 
 pytestmark = pytest.mark.slow
 
@@ -59,15 +59,6 @@ def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
         return {}
     return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
             for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def one_line_error(result, command: str = "run") -> str:
-    """The single stderr line of a failed command (SPEC §2: no bare traceback)."""
-    assert "Traceback" not in result.stderr, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith(f"batchinfer {command}: "), lines[0]
-    return lines[0]
 
 
 def nothing_committed(out: Path) -> None:

@@ -19,7 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from factories import (DS, all_input_rows, make_shards, mlp_reference, numeric_project,
-                       read_partition, run_cli, save_onnx, write_job, write_schema)
+                       one_line_error, read_partition, run_cli, save_onnx, write_job,
+                       write_schema)
 
 pytestmark = pytest.mark.slow
 
@@ -93,13 +94,6 @@ def rows_of(tables: dict[str, pa.Table], shard: list[str], row: list[int]) -> pa
 
 def features_of(table: pa.Table) -> np.ndarray:
     return np.stack([table.column(c).to_numpy().astype(np.float32) for c in FEATURES], axis=1)
-
-
-def one_line_error(result) -> str:
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    return lines[0]
 
 
 # -- the main partition: one job, scored for two dates, rerun, inspected, planned ---------------

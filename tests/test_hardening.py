@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from factories import (DS, NoTracking, check_partition, make_mlp_onnx, make_shards,
-                       read_partition, run_cli, save_onnx)
+                       one_line_error, read_partition, run_cli, save_onnx)
 from servers import *  # noqa: F401,F403  (fixtures)
 
 pytestmark = pytest.mark.slow
@@ -45,15 +45,6 @@ def run(project: Path, *sets: str, command: str = "run", extra: tuple[str, ...] 
     return cli(project, *args, **kwargs)
 
 
-def error_line(result, command: str = "run") -> str:
-    """The one stderr line of a failed command (SPEC §2), never a traceback."""
-    assert "Traceback" not in result.stderr, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith(f"batchinfer {command}: "), lines[0]
-    return lines[0]
-
-
 def shards_of(project: Path) -> list[Path]:
     return sorted(p for p in (project / "data" / f"dt={DS}").glob("*.parquet") if p.is_file())
 
@@ -75,7 +66,7 @@ def test_column_name_collisions_exit_2_before_any_work(project, setting, named):
     for command in ("plan", "run"):
         result = run(project, setting, command=command)
         assert result.returncode == 2, (command, result.stdout, result.stderr)
-        line = error_line(result, command)
+        line = one_line_error(result, command)
         assert named in line, line
     assert not (project / "out").exists()
 
@@ -85,7 +76,7 @@ def test_model_output_named_like_an_id_column_exit_2_before_any_work(project):
     stamp(project, "models/ids.onnx")
     result = run(project, "model.uri=models/ids.onnx")
     assert result.returncode == 2, result.stderr
-    line = error_line(result)
+    line = one_line_error(result)
     assert "'id'" in line and "output.id_columns" in line and "output.predictions" in line, line
     assert not (project / "out").exists()
     # mapped to a name of its own, the same model commits, ids intact
@@ -211,7 +202,7 @@ def test_model_whose_output_ignores_the_batch_exits_5_and_commits_nothing(projec
     stamp(project, "models/sum.onnx")
     result = run(project, "model.uri=models/sum.onnx")
     assert result.returncode == 5, result.stdout + result.stderr
-    line = error_line(result)
+    line = one_line_error(result)
     assert "batch contract" in line and "[1, 1]" in line and "1000 input rows" in line, line
     assert "while running" not in line  # our message, not Beam's stage names
     out = project / "out" / f"dt={DS}"
@@ -274,7 +265,7 @@ def test_output_inside_the_input_exit_2_before_any_work(project, input_path, out
     before = sorted(p for p in (project / "data").rglob("*"))
     result = run(project, f"input.path={input_path}", f"output.path={output_path}")
     assert result.returncode == 2, result.stdout + result.stderr
-    line = error_line(result)
+    line = one_line_error(result)
     assert "output.path" in line and "input" in line, line
     assert sorted(p for p in (project / "data").rglob("*")) == before
 
@@ -292,7 +283,7 @@ def test_an_output_committed_for_another_date_is_not_a_noop(project):
     assert run(project, "output.path=out/fixed").returncode == 0
     result = cli(project, "run", "job.yaml", "--ds", other, "--set", "output.path=out/fixed")
     assert result.returncode == 3, result.stdout + result.stderr
-    line = error_line(result)
+    line = one_line_error(result)
     assert DS in line and other in line, line
     assert json.loads((project / "out" / "fixed" / "_manifest.json").read_text())["ds"] == DS
 
@@ -310,13 +301,13 @@ def test_an_output_committed_for_another_date_is_not_a_noop(project):
 def test_spec_values_of_the_wrong_type_exit_2(project, setting, key):
     result = run(project, setting, command="validate")
     assert result.returncode == 2, result.stdout + result.stderr
-    assert key in error_line(result, "validate")
+    assert key in one_line_error(result, "validate")
 
 
 def test_backend_options_of_the_wrong_type_exit_2_before_any_work(project):
     result = run(project, "model.options.chunk_rows=true")
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "model.options.chunk_rows" in error_line(result)
+    assert "model.options.chunk_rows" in one_line_error(result)
     assert not (project / "out").exists()
 
 
@@ -330,18 +321,18 @@ def test_a_key_given_twice_exit_2(project):
     job.write_text(job.read_text() + "batch:\n  rows: 100\nbatch:\n  rows: 7\n")
     result = run(project, command="plan")
     assert result.returncode == 2
-    assert "'batch' is given twice" in error_line(result, "plan")
+    assert "'batch' is given twice" in one_line_error(result, "plan")
     job.write_text(job.read_text().replace("batch:\n  rows: 100\nbatch:\n  rows: 7\n", ""))
     result = run(project, "output.predictions={y: a, y: b}", command="plan")
     assert result.returncode == 2
-    assert "twice" in error_line(result, "plan")
+    assert "twice" in one_line_error(result, "plan")
 
 
 def test_a_date_that_does_not_exist_exit_2(project):
     shutil.copytree(project / "data" / f"dt={DS}", project / "data" / "dt=2026-02-30")
     result = cli(project, "run", "job.yaml", "--ds", "2026-02-30")
     assert result.returncode == 2
-    assert "2026-02-30" in error_line(result)
+    assert "2026-02-30" in one_line_error(result)
 
 
 # -- 8. files that are not files, models that are folders, scratch left by races ------------------
@@ -351,7 +342,7 @@ def test_dangling_symlink_is_an_unreadable_shard_with_a_reason(project):
     link.symlink_to(project / "gone.parquet")
     result = run(project)
     assert result.returncode == 4, result.stderr
-    line = error_line(result)
+    line = one_line_error(result)
     assert "1 unreadable shards" in line and "while running" not in line, line
     result = run(project, "quarantine.max_bad_shards=1")
     assert result.returncode == 0, result.stderr
@@ -375,7 +366,7 @@ def test_fifo_named_like_a_shard_is_unreadable_and_never_opened(project):
 def test_model_uri_that_is_a_folder_says_so(project):
     result = run(project, "model.uri=models")
     assert result.returncode == 5
-    line = error_line(result)
+    line = one_line_error(result)
     assert "is a folder" in line and ".onnx" in line, line
 
 
@@ -396,7 +387,7 @@ def test_preprocessing_that_returns_other_rows_exit_2_and_commits_nothing(projec
         assert result.returncode == 0, result.stderr
         result = run(project, f"preprocess={module}:transform")
         assert result.returncode == 2, result.stdout + result.stderr
-        assert said in error_line(result), result.stderr
+        assert said in one_line_error(result), result.stderr
         assert not (project / "out" / f"dt={DS}" / "_manifest.json").exists()
 
 
@@ -404,7 +395,7 @@ def test_a_partition_of_another_job_is_not_taken_for_this_one(project):
     assert run(project).returncode == 0
     result = run(project, "name=other_job")
     assert result.returncode == 3, result.stdout + result.stderr
-    line = error_line(result)
+    line = one_line_error(result)
     assert "'testjob'" in line and "'other_job'" in line, line
 
 
@@ -415,7 +406,7 @@ def test_shards_added_after_the_commit_are_not_a_noop(project):
     shutil.move(project / "late" / "part-00000.parquet", late)
     result = run(project)
     assert result.returncode == 3, result.stdout + result.stderr
-    assert "1 new" in error_line(result)
+    assert "1 new" in one_line_error(result)
     result = run(project, extra=("--overwrite",))
     assert result.returncode == 0, result.stderr
     _, _, manifest = check_partition(project / "out" / f"dt={DS}", shards_of(project))
@@ -458,7 +449,7 @@ def test_model_whose_output_width_changes_between_calls_exits_5(project):
     stamp(project, "models/width.onnx")
     result = run(project, "model.uri=models/width.onnx", "batch.rows=300")
     assert result.returncode == 5, result.stdout + result.stderr
-    line = error_line(result)
+    line = one_line_error(result)
     assert "batch contract" in line and "per row and is now" in line, line
     assert not (project / "out" / f"dt={DS}" / "_manifest.json").exists()
 
@@ -481,7 +472,7 @@ def test_float_features_for_an_integer_model_input_exit_2_not_truncated(project)
     stamp(project, "models/codes.onnx")
     result = run(project, "model.uri=models/codes.onnx")
     assert result.returncode == 2, result.stdout + result.stderr
-    line = error_line(result)
+    line = one_line_error(result)
     assert "float32" in line and "int64" in line and "'x'" in line, line
     assert not (project / "out" / f"dt={DS}" / "_manifest.json").exists()
 
@@ -496,13 +487,13 @@ def test_schema_features_that_are_not_a_list_of_columns_exit_2(project, features
     (project / "schemas" / "lock.json").unlink(missing_ok=True)
     result = run(project, command="plan")
     assert result.returncode == 2, result.stdout + result.stderr
-    assert said in error_line(result, "plan")
+    assert said in one_line_error(result, "plan")
 
 
 def test_an_output_path_that_is_a_file_exit_2(project):
     result = run(project, "output.path=job.yaml")
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "is a file" in error_line(result)
+    assert "is a file" in one_line_error(result)
     result = cli(project, "inspect", "job.yaml")
     assert result.returncode == 2
-    assert "no committed partition" in error_line(result, "inspect")
+    assert "no committed partition" in one_line_error(result, "inspect")

@@ -457,3 +457,48 @@ def test_prediction_array_empty_batch():
 
 def arr_equal(arr: pa.Array, values: np.ndarray) -> bool:
     return arr.to_pylist() == values.tolist()
+
+
+def test_streamed_corrupt_shard_keeps_the_digest_of_its_bytes(tmp_path, monkeypatch):
+    import batchinfer.io.shards as shards
+
+    monkeypatch.setattr(shards, "MAX_IN_MEMORY_BYTES", 0)
+    [path] = make_shards(tmp_path, shards=1, rows=2000)
+    data = bytearray(path.read_bytes())
+    footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    data[4:footer_start] = b"\xab" * (footer_start - 4)
+    path.write_bytes(bytes(data))
+    reader = ShardReader(str(path))
+    with pytest.raises(Unreadable, match="corrupt"):
+        list(reader.batches(100))
+    assert reader.sha256 == hashlib.sha256(bytes(data)).hexdigest()
+
+
+def test_hashing_file_digest_is_of_the_bytes_read_in_any_order(tmp_path):
+    from batchinfer.io.shards import HashingFile
+
+    data = np.random.default_rng(0).bytes(100_000)
+    path = tmp_path / "blob"
+    path.write_bytes(data)
+    with open(path, "rb") as raw:
+        f = HashingFile(raw, len(data))
+        for start, n in ((99_000, 1_000), (0, 10), (50_000, 30_000), (10, 5), (40_000, 20_000)):
+            f.seek(start)
+            assert f.read(n) == data[start:start + n]
+        assert f.finish() == hashlib.sha256(data).hexdigest()
+
+
+def test_streamed_shard_whose_store_fails_mid_read_is_a_storage_error(tmp_path, monkeypatch):
+    import batchinfer.io.shards as shards
+    from batchinfer.errors import StorageError
+
+    monkeypatch.setattr(shards, "MAX_IN_MEMORY_BYTES", 0)
+    [path] = make_shards(tmp_path, shards=1, rows=2000)
+    reader = ShardReader(str(path))
+
+    def broken(n=-1):
+        raise ConnectionResetError("connection reset by peer")
+
+    reader._stream._raw.read = broken
+    with pytest.raises(StorageError, match="connection reset"):
+        list(reader.batches(100))

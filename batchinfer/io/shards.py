@@ -129,6 +129,8 @@ class ShardReader:
         try:
             info = _regular_file_info(fs, path)
             size = info["size"]
+            if size == 0:
+                raise Unreadable("zero-byte file")
             if size <= MAX_IN_MEMORY_BYTES:
                 data = fs.cat_file(path)
                 if hasher is None:
@@ -149,13 +151,10 @@ class ShardReader:
             if _is_changed(exc):
                 raise Unreadable(CHANGED) from None
             raise StorageError(f"cannot read shard {url}: {exc}") from None
-        if size == 0:
-            raise Unreadable("zero-byte file")
         try:
             self._file = pq.ParquetFile(source)
         except Exception as exc:  # pyarrow raises several types for bad bytes
-            if _is_changed(exc):
-                raise Unreadable(CHANGED) from None
+            self._raise_fetch_error()
             raise Unreadable(f"not a readable Parquet file: {_one_line(exc)}") from None
         self.num_rows = self._file.metadata.num_rows
         self.schema = self._file.schema_arrow
@@ -187,10 +186,29 @@ class ShardReader:
             if _is_changed(exc):
                 raise Unreadable(CHANGED) from None
             # Bytes in memory cannot fail to fetch: any error is in the data. When streaming,
-            # a plain OSError from the file system is a storage failure; Arrow's are the data's.
-            if self._stream is not None and isinstance(exc, OSError) and not isinstance(exc, pa.ArrowException):
-                raise StorageError(f"cannot read shard {self.url}: {exc}") from None
+            # an error of the file system (seen by HashingFile, whatever Arrow made of it) is a
+            # storage failure; any other is the data's (Arrow raises OSError for both).
+            self._raise_fetch_error()
+            if self._stream is not None:  # the bytes were fetched: the record keeps their digest
+                self._sha256 = self._digest_rest()
             raise Unreadable(f"corrupt Parquet data: {_one_line(exc)}") from None
+
+    def _raise_fetch_error(self) -> None:
+        """Raise the storage failure behind a streamed read's error, if there was one."""
+        error = self._stream.fetch_error if self._stream is not None else None
+        if error is None:
+            return
+        if _is_changed(error):
+            raise Unreadable(CHANGED) from None
+        raise StorageError(f"cannot read shard {self.url}: {error}") from None
+
+    def _digest_rest(self) -> str | None:
+        try:
+            return self._stream.finish()
+        except (OSError, Unreadable):
+            return None
+        finally:
+            self._stream.close()
 
     def _finish_stream(self) -> None:
         """Hash what Arrow did not read (magic bytes, unused pages), then make sure the file is
@@ -235,6 +253,7 @@ class HashingFile:
         self._ahead_bytes = 0
         self._lock = threading.RLock()
         self.closed = False
+        self.fetch_error: BaseException | None = None   # the file system's, if a read failed
 
     # -- the file protocol Arrow uses ---------------------------------------------------------
     def readable(self) -> bool:
@@ -282,8 +301,12 @@ class HashingFile:
             return self._sha.hexdigest()
 
     def _read_at(self, start: int, n: int) -> bytes:
-        self._raw.seek(start)
-        return self._raw.read(n)
+        try:
+            self._raw.seek(start)
+            return self._raw.read(n)
+        except Exception as exc:
+            self.fetch_error = exc
+            raise
 
     def _observe(self, start: int, data: bytes) -> None:
         end = start + len(data)
