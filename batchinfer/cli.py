@@ -157,10 +157,10 @@ def cmd_run(args) -> int:
     job = _load(args)
     tracking = None
     if not args.dry_run:  # MLflow's helper starts first: it takes longer than our own imports
-        from .tracking import TrackingRun
+        from .io.tracking import TrackingRun
 
         tracking = TrackingRun(job.spec.tracking.uri, job.spec.tracking.experiment)
-    from .job import run_job
+    from .commands.run import run_job
 
     outcome = run_job(job, overwrite=args.overwrite, dry_run=args.dry_run, progress=print,
                       tracking=tracking)
@@ -173,7 +173,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_backfill(args) -> int:
-    from .backfill import backfill, partition_dates
+    from .commands.backfill import backfill, partition_dates
 
     if args.ds and (args.start or args.end):
         raise UsageError("give --ds or --start/--end, not both")
@@ -213,7 +213,7 @@ def cmd_backfill(args) -> int:
 
 
 def cmd_diff(args) -> int:
-    from .diff import diff_outputs
+    from .commands.diff import diff_outputs
 
     report = diff_outputs(args.output_a, args.output_b)
     if args.json:
@@ -251,7 +251,7 @@ def cmd_diff(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from .export import export_model
+    from .commands.export import export_model
 
     sample = None
     if args.sample:
@@ -269,7 +269,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from .job import validate_input
+    from .commands.run import validate_input
 
     job = _load(args)
     report = validate_input(job)
@@ -290,7 +290,7 @@ def cmd_validate(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from .job import resolve
+    from .commands.run import resolve
 
     job = _load(args)
     resolved = resolve(job)
@@ -315,7 +315,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_inspect(args) -> int:
-    from .job import inspect_output
+    from .commands.run import inspect_output
 
     manifest = inspect_output(args.output)
     if args.json:
@@ -340,7 +340,7 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_stamp(args) -> int:
-    from .job import stamp
+    from .commands.run import stamp
 
     job = _load(args, require_ds=False)
     triple, where = stamp(job, args.model, args.model_version)
@@ -351,7 +351,7 @@ def cmd_stamp(args) -> int:
 
 
 def cmd_track(args) -> int:
-    from .job import upload_tracking
+    from .commands.run import upload_tracking
 
     run_id = upload_tracking(args.output, args.tracking_uri)
     print(f"uploaded to MLflow run {run_id}")

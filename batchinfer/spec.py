@@ -14,7 +14,7 @@ Order matters and is part of the contract (SPEC §3):
    prints, logs or writes can be shown with ``${NAME}`` in their place (:meth:`Job.display`,
    :mod:`batchinfer.redaction`);
 6. what no single key can say wrong is checked last: output column names that collide
-   (:mod:`batchinfer.columns`), an output inside the input's reach (:mod:`batchinfer.io.reach`).
+   (:mod:`batchinfer.rows.columns`), an output inside the input's reach (:mod:`batchinfer.io.reach`).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import redaction
-from .columns import check_output_columns
+from .rows.columns import check_output_columns
 from .errors import SpecError
 from .io.reach import ANY_DATE, reach_conflict
 

@@ -192,7 +192,7 @@ def all_input_rows(paths: Sequence[Path]) -> set[tuple[str, int]]:
 
 
 class NoTracking:
-    """Stands in for batchinfer.tracking.TrackingRun in in-process tests whose subject is not
+    """Stands in for batchinfer.io.tracking.TrackingRun in in-process tests whose subject is not
     tracking (its MLflow helper process costs about 2 s of CPU a run): no run id, nothing
     uploaded; any other method is a no-op."""
 
@@ -215,10 +215,10 @@ class NoTracking:
 def no_tracking():
     """Replace TrackingRun by :class:`NoTracking` for one test module (use it with
     ``pytestmark = pytest.mark.usefixtures("no_tracking")`` or as an autouse import)."""
-    import batchinfer.tracking
+    import batchinfer.io.tracking
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(batchinfer.tracking, "TrackingRun", NoTracking)
+    mp.setattr(batchinfer.io.tracking, "TrackingRun", NoTracking)
     yield
     mp.undo()
 

@@ -181,7 +181,7 @@ def test_diff_of_an_uncommitted_output_exits_2(project):
     ([], [], pa.string(), (0, None)),
 ])
 def test_column_difference(a, b, type_, expected):
-    from batchinfer.diff import _column_difference
+    from batchinfer.commands.diff import _column_difference
 
     assert _column_difference(pa.chunked_array([pa.array(a, type_)]),
                               pa.chunked_array([pa.array(b, type_)])) == expected

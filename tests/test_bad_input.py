@@ -54,7 +54,7 @@ def with_values(table: pa.Table, column: str, rows: dict[int, object]) -> pa.Tab
 
 
 def stamp_job(folder: Path, job_name: str, model: str, **job_sections) -> Path:
-    from batchinfer.job import stamp
+    from batchinfer.commands.run import stamp
     from batchinfer.spec import load_job
 
     make_mlp_onnx(folder / model)
@@ -65,7 +65,7 @@ def stamp_job(folder: Path, job_name: str, model: str, **job_sections) -> Path:
 
 
 def run(job: Path, *overrides: str):
-    from batchinfer.job import run_job
+    from batchinfer.commands.run import run_job
     from batchinfer.spec import load_job
 
     return run_job(load_job(job, ds=DS, overrides=list(overrides)))

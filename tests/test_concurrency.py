@@ -97,9 +97,9 @@ def check_race(out: Path, ref: Path, shards: list[Path], results: list[tuple[int
 
 
 def no_tracking(monkeypatch) -> None:
-    import batchinfer.tracking
+    import batchinfer.io.tracking
 
-    monkeypatch.setattr(batchinfer.tracking, "TrackingRun", NoTracking)
+    monkeypatch.setattr(batchinfer.io.tracking, "TrackingRun", NoTracking)
 
 
 def no_scratch_files(out: Path) -> bool:
@@ -128,7 +128,7 @@ def races(tmp_path_factory):
     """Both races and the reference run at once, after the shared store was created."""
     shared, shards = make_project(tmp_path_factory.mktemp("race_shared"))
     fresh, fresh_shards = make_project(tmp_path_factory.mktemp("race_fresh"))
-    from batchinfer.job import run_job, stamp
+    from batchinfer.commands.run import run_job, stamp
     from batchinfer.spec import load_job
 
     for folder in (shared, fresh):
@@ -198,7 +198,7 @@ def test_loser_whose_files_the_winner_cleaned_still_exits_as_lost_race(tmp_path,
     commits and its cleanup deletes every uncommitted attempt (B's included) before B commits.
     B must still end as the loser of the race (SPEC §4: exit 0, "already committed by attempt
     …", its files removed), not as a runtime failure with its debris left behind."""
-    import batchinfer.job as job_mod
+    import batchinfer.commands.run as job_mod
     from batchinfer.spec import load_job
 
     no_tracking(monkeypatch)
@@ -206,7 +206,7 @@ def test_loser_whose_files_the_winner_cleaned_still_exits_as_lost_race(tmp_path,
     write_schema(folder / "schemas")
     make_mlp_onnx(folder / "models" / "model.onnx")
     write_job(folder)
-    from batchinfer.job import stamp
+    from batchinfer.commands.run import stamp
     stamp(load_job(folder / "job.yaml", require_ds=False), None, "model:1")
 
     real = job_mod._run_pipeline
@@ -240,8 +240,8 @@ def test_winner_cleans_up_while_loser_is_still_writing(tmp_path, monkeypatch, ov
     import threading
 
     import batchinfer.faults as faults
-    import batchinfer.job as job_mod
-    from batchinfer.job import stamp
+    import batchinfer.commands.run as job_mod
+    from batchinfer.commands.run import stamp
     from batchinfer.spec import load_job
 
     no_tracking(monkeypatch)

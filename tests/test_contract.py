@@ -1,4 +1,4 @@
-"""Tests for batchinfer.contract (the triple, digests, declarations) and batchinfer.preprocess."""
+"""Tests for batchinfer.triple.contract (the triple, digests, declarations) and batchinfer.triple.preprocess."""
 from __future__ import annotations
 
 import hashlib
@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from batchinfer.contract import (
+from batchinfer.triple.contract import (
     PARTS,
     Triple,
     check_contract,
@@ -28,7 +28,7 @@ from batchinfer.contract import (
     write_sidecar,
 )
 from batchinfer.errors import ContractError, ModelError, PreprocessError
-from batchinfer.preprocess import Preprocessor, load_preprocessor, stack_float32
+from batchinfer.triple.preprocess import Preprocessor, load_preprocessor, stack_float32
 
 from factories import make_mlp_onnx, point_external_data
 

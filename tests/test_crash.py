@@ -40,7 +40,7 @@ pytestmark = pytest.mark.slow
 
 _SERVER = r'''
 import importlib, json, os, sys, time
-import batchinfer.cli, batchinfer.job, batchinfer.pipeline, batchinfer.faults, batchinfer.tracking
+import batchinfer.cli, batchinfer.commands.run, batchinfer.pipeline.transforms, batchinfer.faults, batchinfer.io.tracking
 import batchinfer.handlers.onnx, batchinfer.io.manifest
 import apache_beam
 from apache_beam.runners.direct.direct_runner import DirectRunner
@@ -72,7 +72,7 @@ for line in sys.stdin:
                         def wait(self, *a, **k): return None
                         def finish(self, *a, **k): return False
                         def __getattr__(self, name): return lambda *a, **k: None
-                    batchinfer.tracking.TrackingRun = _NoTracking
+                    batchinfer.io.tracking.TrackingRun = _NoTracking
                 rc = batchinfer.cli.main(req["argv"])
             except BaseException as exc:
                 rc = 99

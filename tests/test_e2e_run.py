@@ -234,7 +234,7 @@ def test_audit_column_types(main, part):
 
 
 def test_input_hash(main, part):
-    from batchinfer.hashing import row_hashes
+    from batchinfer.rows.hashing import row_hashes
 
     preds, _, _ = part
     hashes = preds["_input_hash"].to_pylist()

@@ -97,7 +97,7 @@ def _stream_everything(monkeypatch) -> None:
 
 
 def _run_in_process(project: Path, *overrides: str):
-    from batchinfer.job import run_job
+    from batchinfer.commands.run import run_job
     from batchinfer.spec import load_job
 
     return run_job(load_job(project / "job.yaml", ds=DS, overrides=list(overrides)),

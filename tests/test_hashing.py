@@ -1,4 +1,4 @@
-"""Tests for batchinfer.hashing: the stable per-row input hash (docs/hashing.md).
+"""Tests for batchinfer.rows.hashing: the stable per-row input hash (docs/hashing.md).
 
 The reference implementation below follows docs/hashing.md with plain Python integers, one
 value at a time, reading values through pyarrow scalars rather than buffers. It shares no
@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchinfer import hashing
-from batchinfer.hashing import HASH_ALGORITHM, row_hashes, row_hashes_uint64
+from batchinfer.rows import hashing
+from batchinfer.rows.hashing import HASH_ALGORITHM, row_hashes, row_hashes_uint64
 
 # --- Reference implementation of batchinfer-rowhash/1 (docs/hashing.md) ----------------------
 

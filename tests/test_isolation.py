@@ -1,4 +1,4 @@
-"""Tests for batchinfer.isolation.run_isolating: bisecting a batch to isolate failing rows."""
+"""Tests for batchinfer.rows.isolation.run_isolating: bisecting a batch to isolate failing rows."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchinfer.isolation import MAX_LONE_FAILURES, run_isolating
+from batchinfer.rows.isolation import MAX_LONE_FAILURES, run_isolating
 
 
 class Model:

@@ -31,7 +31,7 @@ from batchinfer.io.outputs import (
     write_json,
 )
 from batchinfer.io.shards import Shard, ShardReader, Unreadable, list_shards
-from batchinfer.pipeline import fold_shard, prediction_array
+from batchinfer.pipeline.transforms import fold_shard, prediction_array
 
 from factories import make_shards
 

@@ -122,7 +122,7 @@ def project(tmp_path_factory):
 
 
 def run_model(folder: Path, kind: str, max_bad_fraction: float = 0.05):
-    from batchinfer.job import run_job, stamp
+    from batchinfer.commands.run import run_job, stamp
     from batchinfer.spec import load_job
 
     make_model(folder / "models" / f"{kind}.onnx", kind)
@@ -290,7 +290,7 @@ def test_infer_without_failures_is_one_call():
 
 
 def test_infer_model_that_fails_every_row_is_bounded():
-    from batchinfer.isolation import MAX_LONE_FAILURES
+    from batchinfer.rows.isolation import MAX_LONE_FAILURES
 
     handler = fake_handler("always_raise")
     item, _ = prepared(1000, [])

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from batchinfer.precheck import Precheck
-from batchinfer.validation import validate_batch
+from batchinfer.rows.precheck import Precheck
+from batchinfer.rows.validation import validate_batch
 
 BOUNDS = [0.1, -0.1, 1.0, 0.0, 1e-7, 3.4028234e38, 2.5]
 SPECIAL = [0.1, -0.1, 1.0, 0.0, -0.0, 1e-7, np.float32(0.1).item(), np.nextafter(0.1, 1),

@@ -95,7 +95,7 @@ def build(spec: dict) -> tuple[pa.Table | None, bytes | None, set[int]]:
 
 @pytest.fixture(scope="module")
 def schema(tmp_path_factory):
-    from batchinfer.schemas import resolve_schema
+    from batchinfer.triple.schemas import resolve_schema
 
     root = tmp_path_factory.mktemp("prop_schema")
     write_schema(root)
@@ -106,7 +106,7 @@ def schema(tmp_path_factory):
 @given(spec=shard_spec.filter(lambda s: s["kind"] not in ("garbage", "zero_bytes", "truncated")),
        first_row=st.integers(0, 10**9))
 def test_validate_batch_splits_every_row_exactly_once(schema, spec, first_row):
-    from batchinfer.validation import validate_batch
+    from batchinfer.rows.validation import validate_batch
 
     table, _, bad = build(spec)
     n = table.num_rows
@@ -134,7 +134,7 @@ def test_validate_batch_splits_every_row_exactly_once(schema, spec, first_row):
 def test_fold_shard_accounts_or_refuses(sizes, data):
     """A shard entry from batch records: rows_in = scored + quarantined when every batch
     reported; a missing or inconsistent batch record is an error, never a silent drop."""
-    from batchinfer.pipeline import fold_shard
+    from batchinfer.pipeline.transforms import fold_shard
 
     batches = []
     for number, size in enumerate(sizes):
@@ -167,7 +167,7 @@ def test_fold_shard_accounts_or_refuses(sizes, data):
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    from batchinfer.job import stamp
+    from batchinfer.commands.run import stamp
     from batchinfer.spec import load_job
 
     folder = tmp_path_factory.mktemp("prop_jobs")
@@ -184,10 +184,10 @@ counter = itertools.count()
 
 @pytest.fixture(scope="module")
 def no_tracking():
-    import batchinfer.tracking
+    import batchinfer.io.tracking
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(batchinfer.tracking, "TrackingRun", NoTracking)
+    mp.setattr(batchinfer.io.tracking, "TrackingRun", NoTracking)
     yield
     mp.undo()
 
@@ -195,7 +195,7 @@ def no_tracking():
 @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
 @given(shards=st.lists(shard_spec, min_size=1, max_size=4))
 def test_any_input_keeps_the_accounting_invariant(project, no_tracking, shards):
-    from batchinfer.job import run_job
+    from batchinfer.commands.run import run_job
     from batchinfer.spec import load_job
 
     folder, job = project

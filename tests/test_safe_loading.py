@@ -42,7 +42,7 @@ def project(folder: Path, model: str) -> Path:
 
 
 def stamp_in_process(job: Path) -> None:
-    from batchinfer.job import stamp
+    from batchinfer.commands.run import stamp
     from batchinfer.spec import load_job
 
     stamp(load_job(job, require_ds=False), None, "model:1")
@@ -68,7 +68,7 @@ def to_external(model: Path, location: str) -> Path:
 def hand_declaration(model: Path, files: list[Path]) -> None:
     """A declaration matching the bytes exactly, written without batchinfer's checks: so a
     refusal can only come from the path check, not from a missing or wrong declaration."""
-    from batchinfer.contract import Triple, default_preprocess_hash, digest_files, write_sidecar
+    from batchinfer.triple.contract import Triple, default_preprocess_hash, digest_files, write_sidecar
 
     write_sidecar(model, Triple("hand:0", digest_files([model, *files]), "feats@1",
                                 default_preprocess_hash(FEATURES)))
@@ -193,7 +193,7 @@ def test_pickle_model_refused(cases, name):
 @pytest.mark.parametrize("suffix", [".pickle", ".pt", ".pth", ".joblib", ".ckpt"])
 def test_other_pickle_formats_refused_in_process(tmp_path, suffix):
     from batchinfer.errors import ContractError
-    from batchinfer.job import run_job
+    from batchinfer.commands.run import run_job
     from batchinfer.spec import load_job
 
     job = project(tmp_path, f"models/model{suffix}")
@@ -233,7 +233,7 @@ def test_external_data_inside_model_folder_is_fine(cases):
     assert rc == 0, err
     assert "committed" in out
     manifest = json.loads((folder / "out" / f"dt={DS}" / "_manifest.json").read_text())
-    from batchinfer.contract import digest_files
+    from batchinfer.triple.contract import digest_files
 
     models = folder / "models"
     assert manifest["triple"]["model_digest"] == digest_files([models / "model.onnx",

@@ -1,4 +1,4 @@
-"""Tests for batchinfer.schemas: the name@N registry and the lock of published versions."""
+"""Tests for batchinfer.triple.schemas: the name@N registry and the lock of published versions."""
 from __future__ import annotations
 
 import hashlib
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from batchinfer.errors import ContractError, SpecError, UnknownSchemaError, UsageError
-from batchinfer.schemas import (
+from batchinfer.triple.schemas import (
     LOCK_FILE,
     known_versions,
     lock_schemas,

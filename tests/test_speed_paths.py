@@ -99,7 +99,7 @@ def test_a_run_does_not_import_unused_extras():
     """Beam's and pandera's optional imports are hidden during batchinfer's imports; the
     extras stay importable afterwards."""
     present = [n for n in ("torch", "boto3", "hypothesis") if importlib.util.find_spec(n)]
-    code = ("import sys, batchinfer.handlers.base, batchinfer.validation, batchinfer.pipeline\n"
+    code = ("import sys, batchinfer.handlers.base, batchinfer.rows.validation, batchinfer.pipeline.transforms\n"
             f"print([n for n in {present!r} if n in sys.modules])\n"
             f"import importlib\nfor n in {present!r}: importlib.import_module(n)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

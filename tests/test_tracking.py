@@ -171,7 +171,7 @@ def test_concurrent_jobs_racing_to_create_the_experiment_share_it():
     constraint); the job must then use the experiment the other one created."""
     from types import SimpleNamespace
 
-    from batchinfer.tracking import experiment_id_for
+    from batchinfer.io.tracking import experiment_id_for
 
     class RacingClient:
         created = False

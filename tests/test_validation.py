@@ -1,4 +1,4 @@
-"""Tests for batchinfer.validation and batchinfer.quarantine (SPEC §4 quarantine, §5.1 accounting)."""
+"""Tests for batchinfer.rows.validation and batchinfer.rows.quarantine (SPEC §4 quarantine, §5.1 accounting)."""
 from __future__ import annotations
 
 import json
@@ -18,14 +18,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batchinfer.errors import UsageError
-from batchinfer.quarantine import (
+from batchinfer.rows.quarantine import (
     QUARANTINE_SCHEMA,
     Failure,
     build_quarantine,
     empty_quarantine,
     values_json,
 )
-from batchinfer.validation import (
+from batchinfer.rows.validation import (
     MAX_MESSAGE_CHARS,
     ValidationResult,
     quarantine_all,

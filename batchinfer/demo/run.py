@@ -8,8 +8,8 @@ from . import DEMO_DS, write_demo
 
 
 def run_demo(folder: Path, *, rows: int = 120_000) -> int:
-    from ..job import run_job, stamp
-    from ..schemas import lock_schemas
+    from ..commands.run import run_job, stamp
+    from ..triple.schemas import lock_schemas
     from ..spec import load_job
 
     t0 = time.perf_counter()

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import ModelError, PreprocessError
 from ..imports import without
-from ..isolation import run_isolating
+from ..rows.isolation import run_isolating
 
 
 def _import_beam_inference():

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from .errors import ContractError, ModelError
+from ..errors import ContractError, ModelError
 
 PREPROCESS_PREFIX = "batchinfer-preprocess/1\n"
 SIDECAR_SUFFIX = ".batchinfer.json"

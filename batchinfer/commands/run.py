@@ -24,20 +24,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from . import faults
-from .contract import Triple, check_contract, model_digest, refuse_pickle
-from .columns import check_output_columns
-from .errors import (BatchInferError, ContractError, DataQualityError, ModelError, RuntimeFailure,
+from .. import faults
+from ..triple.contract import Triple, check_contract, model_digest, refuse_pickle
+from ..rows.columns import check_output_columns
+from ..errors import (BatchInferError, ContractError, DataQualityError, ModelError, RuntimeFailure,
                      SpecError)
-from .io.manifest import (MANIFEST_VERSION, clean_after_commit, commit, read_manifest,
+from ..io.manifest import (MANIFEST_VERSION, clean_after_commit, commit, read_manifest,
                           remove_attempt)
-from .io.outputs import METRICS, Layout, read_json, write_json
-from .io.shards import Shard, list_input
-from .io.storage import url_to_fs
-from .models import ResolvedModel, declare, resolve_model
-from .preprocess import Preprocessor, load_preprocessor
-from .schemas import SchemaVersion, resolve_schema
-from .spec import Job, resolve_path
+from ..io.outputs import METRICS, Layout, read_json, write_json
+from ..io.shards import Shard, list_input
+from ..io.storage import url_to_fs
+from ..triple.models import ResolvedModel, declare, resolve_model
+from ..triple.preprocess import Preprocessor, load_preprocessor
+from ..triple.schemas import SchemaVersion, resolve_schema
+from ..spec import Job, resolve_path
 
 log = logging.getLogger("batchinfer")
 
@@ -145,7 +145,7 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
             tracking=None) -> Outcome:
     """Score one partition and commit it (see the module docstring for the order).
 
-    ``tracking`` is a :class:`~batchinfer.tracking.TrackingRun` for the job's store that the
+    ``tracking`` is a :class:`~batchinfer.io.tracking.TrackingRun` for the job's store that the
     caller started early (its helper needs seconds to be ready); by default one is started here.
     It is closed without a run if the job stops before scoring.
     """
@@ -153,7 +153,7 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
     started = clock()
     spec = job.spec
     if tracking is None and not dry_run:
-        from .tracking import TrackingRun
+        from ..io.tracking import TrackingRun
 
         tracking = TrackingRun(spec.tracking.uri, spec.tracking.experiment)
     try:
@@ -192,7 +192,7 @@ def _run_job(job: Job, tracking, overwrite: bool, dry_run: bool, clock, progress
     tracking.prepare()  # the checks passed: the store may be touched
     attempt = new_attempt(started)
     tracking.open(f"{spec.name}-{job.ds or attempt}",
-                  {"batchinfer.job": spec.name, "batchinfer.attempt": attempt,
+                  {"batchinfer.commands.run": spec.name, "batchinfer.attempt": attempt,
                    "batchinfer.ds": job.ds or ""})
     layout = Layout(out_fs, out_root, attempt)
     if resolved.ignored:
@@ -327,7 +327,7 @@ def _finish_tracking(job: Job, resolved: Resolved, tracking, layout: Layout, man
     record = {"mlflow_run_id": manifest["mlflow_run_id"], "uploaded": uploaded, "error": error,
               "tracking_uri": job.display(spec.tracking.uri), "experiment": spec.tracking.experiment,
               "run_name": f"{spec.name}-{job.ds or attempt}", "params": params, "metrics": metrics,
-              "tags": {"batchinfer.job": spec.name, "batchinfer.attempt": attempt}}
+              "tags": {"batchinfer.commands.run": spec.name, "batchinfer.attempt": attempt}}
     try:
         write_json(layout.fs, layout.abs(METRICS), record)
     except Exception as exc:  # the partition is committed; a missing metrics file is not fatal
@@ -342,7 +342,7 @@ def _finish_tracking(job: Job, resolved: Resolved, tracking, layout: Layout, man
 def _handler(resolved: Resolved):
     """Build the backend's handler and load the model once before any work (exit 5 early);
     in-process workers reuse this load (see handlers.base.shared_model)."""
-    from .handlers import handler_class
+    from ..handlers import handler_class
 
     spec = resolved.job.spec.model
     cls = handler_class(spec.backend)
@@ -367,8 +367,8 @@ def _handler(resolved: Resolved):
 def _run_pipeline(resolved: Resolved, handler, layout: Layout) -> None:
     import apache_beam as beam
 
-    from .pipeline import ScoringPlan, build
-    from .runners import pipeline_options
+    from ..pipeline.transforms import ScoringPlan, build
+    from ..pipeline.runners import pipeline_options
 
     spec = resolved.job.spec
     plan = ScoringPlan(
@@ -480,8 +480,8 @@ def validate_input(job: Job) -> ValidationReport:
 
     Unlike ``run``, this needs no model declaration: it answers "is this data fit?" alone.
     """
-    from .io.shards import ShardReader, Unreadable
-    from .validation import validate_batch
+    from ..io.shards import ShardReader, Unreadable
+    from ..rows.validation import validate_batch
 
     spec = job.spec
     schema = resolve_schema(spec.schemas.root, spec.schema_)
@@ -531,11 +531,11 @@ def inspect_output(url: str) -> dict:
 
 def upload_tracking(url: str, tracking_uri: str | None = None) -> str:
     """Upload the ``_metrics.json`` of a committed output that MLflow missed; return run id."""
-    from .tracking import upload_pending
+    from ..io.tracking import upload_pending
 
     fs, root = url_to_fs(url)
     manifest = inspect_output(url)
-    from .io.storage import join
+    from ..io.storage import join
 
     try:
         record = read_json(fs, join(root, METRICS))

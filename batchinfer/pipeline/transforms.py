@@ -7,7 +7,7 @@
 Elements are Arrow RecordBatches of ``batch.rows`` rows, never single rows. Nothing here raises
 for bad data: bad rows become quarantine rows and unreadable shards become shard records, so the
 outcome travels as data (exceptions crossing Beam workers lose their type). The driver
-(:mod:`batchinfer.job`) reads the per-shard records, applies the thresholds and commits.
+(:mod:`batchinfer.commands.run`) reads the per-shard records, applies the thresholds and commits.
 """
 from __future__ import annotations
 
@@ -25,18 +25,18 @@ from apache_beam.utils.windowed_value import WindowedValue
 import numpy as np
 import pyarrow as pa
 
-from . import faults
-from .contract import Triple
-from .handlers.base import BatchModelHandler, Prepared, PredictionResult
-from .handlers.base import _beam_inference
-from .hashing import row_hashes
-from .io.outputs import PREDICTIONS, QUARANTINE, Layout, parquet_bytes, write_file, write_json
-from .io.shards import ShardReader, Unreadable
-from .isolation import run_isolating
-from .preprocess import Preprocessor
-from .quarantine import Failure, build_quarantine
-from .schemas import SchemaVersion
-from .validation import validate_batch
+from .. import faults
+from ..triple.contract import Triple
+from ..handlers.base import BatchModelHandler, Prepared, PredictionResult
+from ..handlers.base import _beam_inference
+from ..rows.hashing import row_hashes
+from ..io.outputs import PREDICTIONS, QUARANTINE, Layout, parquet_bytes, write_file, write_json
+from ..io.shards import ShardReader, Unreadable
+from ..rows.isolation import run_isolating
+from ..triple.preprocess import Preprocessor
+from ..rows.quarantine import Failure, build_quarantine
+from ..triple.schemas import SchemaVersion
+from ..rows.validation import validate_batch
 
 SHARD_INFO = "shard_info"
 # Prediction files: dictionary-encode only the columns that repeat one value per batch, keep

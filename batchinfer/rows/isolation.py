@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, TypeVar
 
-from .errors import BatchInferError
+from ..errors import BatchInferError
 
 T = TypeVar("T")
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ContractError, SpecError, UnknownSchemaError, UsageError
+from ..errors import ContractError, SpecError, UnknownSchemaError, UsageError
 from .sources import ModuleSource
 
 LOCK_FILE = "lock.json"
@@ -84,7 +84,7 @@ def resolve_schema(root: str | Path, ref: str) -> SchemaVersion:
         UsageError: the module fails to import or defines no usable ``SCHEMA``.
         ContractError: a published version was edited after it was locked.
     """
-    from .validation import schema_columns  # pandera is heavy; only pay for it here
+    from ..rows.validation import schema_columns  # pandera is heavy; only pay for it here
 
     path = schema_file(root, ref)
     if not path.is_file():

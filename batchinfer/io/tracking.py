@@ -54,7 +54,7 @@ class TrackingRun:
         self._opened = False
         try:
             self._child = subprocess.Popen(
-                [sys.executable, "-m", "batchinfer.tracking"], stdin=subprocess.PIPE,
+                [sys.executable, "-m", "batchinfer.io.tracking"], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
         except OSError as exc:
             self._child = None

@@ -1,7 +1,7 @@
 """Preprocessing: the user's ``transform(batch) -> ndarray | Mapping[str, ndarray]``, or the
 default (FEATURES stacked as float32).
 
-The function is loaded from the module's exact source (see :mod:`batchinfer.sources`) so that
+The function is loaded from the module's exact source (see :mod:`batchinfer.triple.sources`) so that
 what runs is what ``preprocess_hash`` covers. A module may list files it reads in ``ASSETS``
 (paths relative to the module's folder); their bytes are part of the hash.
 """
@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from .contract import default_preprocess_hash, preprocess_hash
-from .errors import PreprocessError
+from ..errors import PreprocessError
 from .sources import ModuleSource, find_module_file
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from .errors import SpecError
+from ..errors import SpecError
 
 AUDIT_COLUMNS = ("_source_shard", "_source_row", "_input_hash", "_model_version",
                  "_model_digest", "_schema_version", "_preprocess_hash", "_inference_id",

@@ -12,8 +12,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .errors import BatchInferError, SpecError
-from .spec import check_date, load_job
+from ..errors import BatchInferError, SpecError
+from ..spec import check_date, load_job
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def backfill(job_path: str | Path, dates: Sequence[str], *, overrides: Sequence[
     The spec is loaded for the first date before anything runs, so an error in the spec itself
     is raised (exit 2) instead of being reported once per date. KeyboardInterrupt propagates.
     """
-    from .job import run_job
+    from .run import run_job
 
     load_job(job_path, ds=dates[0], overrides=overrides)  # raises SpecError: nothing to attempt
     results = []

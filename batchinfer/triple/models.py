@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .contract import (Triple, declaration_from_tags, read_sidecar, triple_tags, write_sidecar)
-from .errors import ModelError, StorageError
+from ..errors import ModelError, StorageError
 
 _REGISTRY_URI = re.compile(r"^models:/(?P<name>[^/]+)/(?P<version>[0-9]+)$")
 MODEL_SUFFIXES = {"onnxruntime": (".onnx",), "tensorrt": (".engine", ".plan", ".trt"),

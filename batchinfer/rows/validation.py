@@ -22,7 +22,7 @@ order. If pandera itself raises (not a validation failure), or the batch cannot 
 every row is quarantined with that error as the reason; the job never crashes on bad data.
 
 The passing case costs the conversion, the pandera call and O(1) Python; Python runs per
-failure record and per bad row only. Batches that :mod:`batchinfer.precheck` proves clean
+failure record and per bad row only. Batches that :mod:`batchinfer.rows.precheck` proves clean
 with Arrow kernels (the common case for schemas of built-in checks) skip pandera entirely.
 """
 from __future__ import annotations
@@ -39,8 +39,8 @@ import pyarrow as pa
 
 from batchinfer.errors import UsageError
 from batchinfer.imports import without
-from batchinfer.precheck import Precheck
-from batchinfer.quarantine import Failure, build_quarantine, empty_quarantine
+from batchinfer.rows.precheck import Precheck
+from batchinfer.rows.quarantine import Failure, build_quarantine, empty_quarantine
 
 # Schemas import pandera; pandera's data synthesis would import hypothesis (~0.2 s) whenever it
 # is installed. Importing pandera here first, without it, keeps validation from paying for it.

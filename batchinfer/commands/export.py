@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .errors import ModelError, SpecError
+from ..errors import ModelError, SpecError
 
 ONNX_TOLERANCE = 1e-5
 SAMPLE_ROWS = 1024
@@ -143,9 +143,9 @@ def _input_names(program) -> list[str]:
 def _job_sample(job, input_names: list[str]) -> list[np.ndarray]:
     """Up to SAMPLE_ROWS valid rows of the job's first readable shard, preprocessed as a run
     would (validation, then the job's preprocessing)."""
-    from .io.shards import ShardReader, Unreadable, list_shards
-    from .job import resolve_inputs
-    from .validation import validate_batch
+    from ..io.shards import ShardReader, Unreadable, list_shards
+    from .run import resolve_inputs
+    from ..rows.validation import validate_batch
 
     schema, _, preprocessor = resolve_inputs(job)
     for shard in list_shards(job.spec.input.path):

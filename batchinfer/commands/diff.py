@@ -17,9 +17,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .errors import SpecError, StorageError
-from .io.manifest import read_manifest
-from .io.storage import join, url_to_fs
+from ..errors import SpecError, StorageError
+from ..io.manifest import read_manifest
+from ..io.storage import join, url_to_fs
 
 EXEMPT = {"_source_shard", "_source_row", "_inference_id", "_compute_ms", "_model_version",
           "_model_digest", "_schema_version", "_preprocess_hash"}
