@@ -13,11 +13,14 @@ import logging
 import sys
 import traceback
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from . import __version__
 from .errors import BatchInferError, UsageError
 from .redaction import redact
+
+if TYPE_CHECKING:
+    from .io.records import Manifest
 
 
 def _job_args(p: argparse.ArgumentParser) -> None:
@@ -185,9 +188,9 @@ def cmd_backfill(args) -> int:
 
     def done(result) -> None:
         if result.status == "committed":
-            t = result.manifest["totals"]
-            line = (f"committed: {t['rows_in']} rows in, {t['rows_scored']} scored, "
-                    f"{t['rows_quarantined']} quarantined")
+            t = result.manifest.totals
+            line = (f"committed: {t.rows_in} rows in, {t.rows_scored} scored, "
+                    f"{t.rows_quarantined} quarantined")
         elif result.status == "failed":
             line = f"failed (exit {result.exit_code}): {result.message}"
         else:
@@ -269,7 +272,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from .commands.run import validate_input
+    from .commands.validate import validate_input
 
     job = _load(args)
     report = validate_input(job)
@@ -283,14 +286,16 @@ def cmd_validate(args) -> int:
         print(f"  unreadable  {name}: {reason}")
     for name in report.ignored:
         print(f"  ignored     {name}: metadata (name starts with _ or .), not a shard")
-    if report.bad_fraction > q.max_bad_fraction or len(report.unreadable) > q.max_bad_shards:
-        print("batchinfer validate: above the quarantine thresholds: `run` would exit 4", file=sys.stderr)
+    breach = report.breach(job)
+    if breach:
+        print(f"batchinfer validate: above the quarantine thresholds ({breach}): `run` would "
+              f"exit 4", file=sys.stderr)
         return 4
     return 0
 
 
 def cmd_plan(args) -> int:
-    from .commands.run import resolve
+    from .commands.resolve import resolve
 
     job = _load(args)
     resolved = resolve(job)
@@ -315,32 +320,32 @@ def cmd_plan(args) -> int:
 
 
 def cmd_inspect(args) -> int:
-    from .commands.run import inspect_output
+    from .commands.inspect import inspect_output
 
     manifest = inspect_output(args.output)
     if args.json:
-        print(json.dumps(manifest, indent=2))
+        print(json.dumps(manifest.to_dict(), indent=2))
         return 0
-    print(f"{args.output}: job {manifest['job']}, ds {manifest['ds']}, attempt {manifest['attempt']}")
-    for key, value in manifest["triple"].items():
+    print(f"{args.output}: job {manifest.job}, ds {manifest.ds}, attempt {manifest.attempt}")
+    for key, value in manifest.triple.items():
         print(f"  {key:<16} {value}")
-    print(f"runner {manifest['runner']}, device {manifest['device']}, "
-          f"{manifest['started_at']} → {manifest['finished_at']}, MLflow run {manifest['mlflow_run_id']}")
+    print(f"runner {manifest.runner}, device {manifest.device}, "
+          f"{manifest.started_at} → {manifest.finished_at}, MLflow run {manifest.mlflow_run_id}")
     _print_totals(manifest)
     by_status: dict[str, int] = {}
-    for shard in manifest["shards"]:
-        by_status[shard["status"]] = by_status.get(shard["status"], 0) + 1
+    for shard in manifest.shards:
+        by_status[shard.status] = by_status.get(shard.status, 0) + 1
     print("shards by status: " + ", ".join(f"{k} {v}" for k, v in sorted(by_status.items())))
-    for shard in manifest["shards"]:
-        if shard["status"] != "scored":
-            print(f"  {shard['status']:<12} {shard['path']}: {shard['reason'] or ''}")
-    files = [f for s in manifest["shards"] for f in s["files"]]
-    print(f"files: {len(files)} ({sum(f['rows'] for f in files)} rows)")
+    for shard in manifest.shards:
+        if shard.status != "scored":
+            print(f"  {shard.status:<12} {shard.path}: {shard.reason or ''}")
+    files = [f for s in manifest.shards for f in s.files]
+    print(f"files: {len(files)} ({sum(f.rows for f in files)} rows)")
     return 0
 
 
 def cmd_stamp(args) -> int:
-    from .commands.run import stamp
+    from .commands.stamp import stamp
 
     job = _load(args, require_ds=False)
     triple, where = stamp(job, args.model, args.model_version)
@@ -351,7 +356,7 @@ def cmd_stamp(args) -> int:
 
 
 def cmd_track(args) -> int:
-    from .commands.run import upload_tracking
+    from .commands.inspect import upload_tracking
 
     run_id = upload_tracking(args.output, args.tracking_uri)
     print(f"uploaded to MLflow run {run_id}")
@@ -367,10 +372,10 @@ def cmd_demo(args) -> int:
     return run_demo(Path(args.dir), rows=args.rows)
 
 
-def _print_totals(manifest: dict) -> None:
-    t = manifest["totals"]
-    print(f"rows: {t['rows_in']} in, {t['rows_scored']} scored, {t['rows_quarantined']} quarantined; "
-          f"shards: {t['shards']} ({t['shards_unreadable']} unreadable)")
+def _print_totals(manifest: "Manifest") -> None:
+    t = manifest.totals
+    print(f"rows: {t.rows_in} in, {t.rows_scored} scored, {t.rows_quarantined} quarantined; "
+          f"shards: {t.shards} ({t.shards_unreadable} unreadable)")
 
 
 COMMANDS = {"run": cmd_run, "backfill": cmd_backfill, "diff": cmd_diff, "export": cmd_export,

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from . import redaction
+from . import backends, redaction
 from .rows.columns import check_output_columns
 from .errors import SpecError
 from .io.reach import ANY_DATE, reach_conflict
@@ -57,11 +57,20 @@ class SchemasSpec(_Strict):
 
 class ModelSpec(_Strict):
     uri: str = Field(min_length=1)
-    backend: Literal["onnxruntime", "tensorrt", "torch"] = "onnxruntime"
+    backend: str = "onnxruntime"       # a name in batchinfer.backends
     device: Literal["auto", "cpu", "cuda"] = "auto"
     version: str | None = None
-    # Backend-specific settings (e.g. ONNX Runtime threads); each backend validates its own.
+    # Backend-specific settings (e.g. ONNX Runtime threads); the backend's registry entry says
+    # which keys and types it takes.
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _known_backend_and_options(self) -> "ModelSpec":
+        try:
+            backends.check_options(self.backend, self.options)
+        except SpecError as exc:
+            raise ValueError(exc.message) from None
+        return self
 
 
 class OutputSpec(_Strict):
@@ -73,6 +82,15 @@ class OutputSpec(_Strict):
 class QuarantineSpec(_Strict):
     max_bad_fraction: float = Field(default=0.01, ge=0.0, le=1.0)
     max_bad_shards: int = Field(default=0, ge=0)
+
+    def breach(self, rows_in: int, rows_bad: int, unreadable_shards: int) -> str | None:
+        """Why a partition with these counts must not commit (exit 4), or None (SPEC §5.1)."""
+        fraction = rows_bad / rows_in if rows_in else 0.0
+        if fraction <= self.max_bad_fraction and unreadable_shards <= self.max_bad_shards:
+            return None
+        return (f"{rows_bad} of {rows_in} rows quarantined ({fraction:.2%}, max "
+                f"{self.max_bad_fraction:.2%}) and {unreadable_shards} unreadable shards (max "
+                f"{self.max_bad_shards})")
 
 
 class BatchSpec(_Strict):
@@ -330,6 +348,8 @@ def _describe(exc: ValidationError) -> str:
             parts.append(f"unknown key '{loc}'")
         elif kind == "missing":
             parts.append(f"missing required key '{loc}'")
+        elif kind == "value_error":  # our own validators: the message says it all
+            parts.append(err["msg"].removeprefix("Value error, "))
         else:
             got = err.get("input")
             shown = "" if isinstance(got, (dict, list)) else f" (got {str(got)[:80]!r})"

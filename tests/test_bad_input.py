@@ -54,7 +54,7 @@ def with_values(table: pa.Table, column: str, rows: dict[int, object]) -> pa.Tab
 
 
 def stamp_job(folder: Path, job_name: str, model: str, **job_sections) -> Path:
-    from batchinfer.commands.run import stamp
+    from batchinfer.commands.stamp import stamp
     from batchinfer.spec import load_job
 
     make_mlp_onnx(folder / model)

@@ -128,14 +128,15 @@ def races(tmp_path_factory):
     """Both races and the reference run at once, after the shared store was created."""
     shared, shards = make_project(tmp_path_factory.mktemp("race_shared"))
     fresh, fresh_shards = make_project(tmp_path_factory.mktemp("race_fresh"))
-    from batchinfer.commands.run import run_job, stamp
+    from batchinfer.commands.run import run_job
+    from batchinfer.commands.stamp import stamp
     from batchinfer.spec import load_job
 
     for folder in (shared, fresh):
         stamp(load_job(folder / "job.yaml", require_ds=False), None, "model:1")
     # create the shared store once: one job on another partition (in-process, real tracking)
     outcome = run_job(load_job(shared / "job.yaml", ds=OTHER_DS))
-    assert outcome.status == "committed" and outcome.manifest["mlflow_run_id"], outcome.tracking
+    assert outcome.status == "committed" and outcome.manifest.mlflow_run_id, outcome.tracking
     assert (shared / "mlflow.db").exists() and not (fresh / "mlflow.db").exists()
     procs = [start(shared, "--ds", DS), start(shared, "--ds", DS),
              start(fresh, "--ds", DS), start(fresh, "--ds", DS),
@@ -206,22 +207,23 @@ def test_loser_whose_files_the_winner_cleaned_still_exits_as_lost_race(tmp_path,
     write_schema(folder / "schemas")
     make_mlp_onnx(folder / "models" / "model.onnx")
     write_job(folder)
-    from batchinfer.commands.run import stamp
+    from batchinfer.commands.stamp import stamp
     stamp(load_job(folder / "job.yaml", require_ds=False), None, "model:1")
 
-    real = job_mod._run_pipeline
+    real = job_mod._score
     state = {"inside": False, "winner": None}
 
-    def racing(resolved, handler, layout):
-        real(resolved, handler, layout)
+    def racing(resolved, handler, attempt):
+        results = real(resolved, handler, attempt)
         if not state["inside"]:       # B's pipeline is done; now A runs start to finish
             state["inside"] = True
             state["winner"] = job_mod.run_job(load_job(folder / "job.yaml", ds=DS))
+        return attempt.results(len(resolved.shards))  # what B reads after A's cleanup
 
-    monkeypatch.setattr(job_mod, "_run_pipeline", racing)
+    monkeypatch.setattr(job_mod, "_score", racing)
     outcome = job_mod.run_job(load_job(folder / "job.yaml", ds=DS))
     assert state["winner"].status == "committed"
-    winner = state["winner"].manifest["attempt"]
+    winner = state["winner"].manifest.attempt
     assert outcome.status == "lost_race", outcome.message
     assert f"already committed by attempt {winner}" in outcome.message
     out = folder / "out" / f"dt={DS}"
@@ -241,7 +243,7 @@ def test_winner_cleans_up_while_loser_is_still_writing(tmp_path, monkeypatch, ov
 
     import batchinfer.faults as faults
     import batchinfer.commands.run as job_mod
-    from batchinfer.commands.run import stamp
+    from batchinfer.commands.stamp import stamp
     from batchinfer.spec import load_job
 
     no_tracking(monkeypatch)
@@ -275,7 +277,7 @@ def test_winner_cleans_up_while_loser_is_still_writing(tmp_path, monkeypatch, ov
     monkeypatch.setattr(faults, "point", point)
     second = job_mod.run_job(load_job(folder / "job.yaml", ds=DS), overwrite=overwrite)
     assert state["first"].status == "committed", state["first"].message
-    first_attempt = state["first"].manifest["attempt"]
+    first_attempt = state["first"].manifest.attempt
     final = json.loads((out / "_manifest.json").read_text())
     missing = [f["path"] for s in final["shards"] for f in s["files"] if not (out / f["path"]).exists()]
     assert not missing, (f"B ended {second.status}; the manifest of attempt {final['attempt']} "

@@ -100,7 +100,7 @@ def test_model_digest_is_sha256_of_file_bytes(tmp_path):
 def test_model_digest_of_non_onnx_file(tmp_path):
     path = tmp_path / "model.pt2"
     path.write_bytes(b"\x00not onnx\x01")
-    assert model_digest(path, backend="torch") == _sha(b"\x00not onnx\x01")
+    assert model_digest(path) == _sha(b"\x00not onnx\x01")
 
 
 def test_model_digest_missing_file_is_model_error(tmp_path):

@@ -2,6 +2,7 @@
 manifest helpers of the pipeline (SPEC §4, §5.1, §5.2)."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import uuid
@@ -16,12 +17,12 @@ import pytest
 from batchinfer.errors import NoShardsError
 from batchinfer.io.manifest import (
     clean_after_commit,
-    commit,
-    listed_files,
+    create_manifest,
     manifest_bytes,
     read_manifest,
     remove_attempt,
 )
+from batchinfer.io.records import FileRecord, Manifest, ModelStats, ShardRecord, Totals
 from batchinfer.io.outputs import (
     MANIFEST,
     Layout,
@@ -31,15 +32,19 @@ from batchinfer.io.outputs import (
     write_json,
 )
 from batchinfer.io.shards import Shard, ShardReader, Unreadable, list_shards
-from batchinfer.pipeline.transforms import fold_shard, prediction_array
+from batchinfer.pipeline.records import BatchRecord, ShardInfo, fold_shard
+from batchinfer.pipeline.transforms import prediction_array
 
 from factories import make_shards
 
 
-def _manifest(attempt: str, files=(), **extra) -> dict:
-    return {"manifest_version": 1, "job": "j", "ds": "2026-01-15", "attempt": attempt,
-            "shards": [{"path": "s0", "files": [{"path": p, "rows": 1, "sha256": "x"}
-                                                for p in files]}], **extra}
+def _manifest(attempt: str, files=(), job: str = "j") -> Manifest:
+    shard = ShardRecord("s0", "abc", len(files), len(files), 0, "scored", None,
+                        tuple(FileRecord(p, 1, "x") for p in files))
+    return Manifest(job=job, ds="2026-01-15", attempt=attempt, triple={"model_version": "m:1"},
+                    job_spec_sha256="h", runner="direct", device="cpu", started_at="t0",
+                    finished_at="t1", mlflow_run_id=None, totals=Totals.of([shard]),
+                    shards=(shard,))
 
 
 @pytest.fixture
@@ -92,44 +97,44 @@ def test_commit_local_is_exclusive(tmp_path):
     first = Layout.for_url(str(tmp_path / "out"), "first")
     second = Layout.for_url(str(tmp_path / "out"), "second")
     m1, m2 = _manifest("first"), _manifest("second")
-    assert commit(first, m1) is True
+    assert create_manifest(first, m1) is True
     before = Path(first.manifest).read_bytes()
     assert before == manifest_bytes(m1)
-    assert commit(second, m2) is False
+    assert create_manifest(second, m2) is False
     assert Path(first.manifest).read_bytes() == before
     assert read_manifest(first.fs, first.root) == m1
     # even the same attempt cannot commit twice, and trying does not touch the manifest
-    assert commit(first, _manifest("first", note="again")) is False
+    assert create_manifest(first, _manifest("first", job="again")) is False
     assert read_manifest(first.fs, first.root) == m1
 
 
 def test_commit_local_replace_overwrites(tmp_path):
     first = Layout.for_url(str(tmp_path / "out"), "first")
     second = Layout.for_url(str(tmp_path / "out"), "second")
-    assert commit(first, _manifest("first"))
-    assert commit(second, _manifest("second"), replace=True) is True
-    assert read_manifest(second.fs, second.root)["attempt"] == "second"
+    assert create_manifest(first, _manifest("first"))
+    assert create_manifest(second, _manifest("second"), replace=True) is True
+    assert read_manifest(second.fs, second.root).attempt == "second"
 
 
 def test_commit_local_replace_without_previous(tmp_path):
     layout = Layout.for_url(str(tmp_path / "out"), "a")
-    assert commit(layout, _manifest("a"), replace=True) is True
+    assert create_manifest(layout, _manifest("a"), replace=True) is True
     assert read_manifest(layout.fs, layout.root) == _manifest("a")
 
 
 def test_commit_memory_is_exclusive(memory_root):
     first = Layout.for_url(memory_root, "first")
     second = Layout.for_url(memory_root, "second")
-    assert commit(first, _manifest("first")) is True
-    assert commit(second, _manifest("second")) is False
-    assert read_manifest(first.fs, first.root)["attempt"] == "first"
-    assert commit(second, _manifest("second"), replace=True) is True
-    assert read_manifest(first.fs, first.root)["attempt"] == "second"
+    assert create_manifest(first, _manifest("first")) is True
+    assert create_manifest(second, _manifest("second")) is False
+    assert read_manifest(first.fs, first.root).attempt == "first"
+    assert create_manifest(second, _manifest("second"), replace=True) is True
+    assert read_manifest(first.fs, first.root).attempt == "second"
 
 
 def test_manifest_bytes_is_json():
     m = _manifest("a")
-    assert json.loads(manifest_bytes(m)) == m
+    assert json.loads(manifest_bytes(m)) == m.to_dict()
     assert manifest_bytes(m).endswith(b"\n")
 
 
@@ -177,7 +182,7 @@ def test_clean_after_commit(tmp_path, memory_root, where):
     # output.path is the user's: a folder in predictions/ not named like an attempt stays
     write_file(layout.fs, layout.abs("predictions/notes/README"), b"mine")
     manifest = _manifest(WINNER, files=kept)
-    assert commit(layout, manifest)
+    assert create_manifest(layout, manifest)
     clean_after_commit(layout, manifest)
     assert _all_files(layout) == {MANIFEST, *kept, "predictions/notes/README"}
     assert read_manifest(layout.fs, layout.root) == manifest
@@ -195,11 +200,12 @@ def test_remove_attempt_of_the_last_run_out_leaves_no_empty_tmp(tmp_path):
     assert not (tmp_path / "out" / "_tmp").exists()
 
 
-def test_listed_files():
-    m = {"shards": [{"files": [{"path": "a"}, {"path": "b"}]}, {"files": []},
-                    {"files": [{"path": "c"}]}]}
-    assert listed_files(m) == {"a", "b", "c"}
-    assert listed_files({}) == set()
+def test_manifest_files_and_round_trip():
+    m = _manifest("a", files=("predictions/a/p0", "quarantine/a/q0"))
+    assert m.files() == {"predictions/a/p0", "quarantine/a/q0"}
+    assert Manifest.from_dict(json.loads(manifest_bytes(m))) == m
+    assert json.loads(manifest_bytes(m))["shards"][0]["files"][0] == {
+        "path": "predictions/a/p0", "rows": 1, "sha256": "x"}
 
 
 def test_remove_attempt_only_touches_that_attempt(tmp_path):
@@ -212,6 +218,65 @@ def test_remove_attempt_only_touches_that_attempt(tmp_path):
     assert set(other) <= files
     assert "_tmp/b/shards/00000.json" in files
     remove_attempt(layout, "never-existed")  # no error
+
+
+# -- the commit object ----------------------------------------------------------------------------
+
+def _shard_result(layout: Layout, index: int, attempt: str) -> None:
+    from batchinfer.io.records import ShardResult
+
+    record = ShardRecord(f"s{index}", "abc", 1, 1, 0, "scored", None,
+                         (FileRecord(f"predictions/{attempt}/part-{index:05d}-00000.parquet", 1, "x"),))
+    write_json(layout.fs, layout.shard_result(index), ShardResult(record).to_dict())
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_partition_commit_life_cycle(tmp_path, memory_root, where):
+    """begin → results → commit; a second attempt loses the race (same triple) and removes its
+    files; an attempt with another triple is a conflict; --overwrite replaces what it began on."""
+    from batchinfer.io.commit import PartitionCommit
+
+    url = str(tmp_path / "out") if where == "local" else memory_root
+    partition = PartitionCommit(url)
+    assert partition.committed() is None
+    first, second = partition.begin(WINNER), partition.begin(LOSER)
+    for attempt in (first, second):
+        _populate(attempt.layout, attempt.attempt)
+        _shard_result(attempt.layout, 0, attempt.attempt)
+    [result] = first.results(1)
+    assert result.record.path == "s0"
+    with pytest.raises(Exception, match="shard 1 has no result"):
+        first.results(2)
+    mine = _manifest(WINNER, files=[f"predictions/{WINNER}/part-00000-00000.parquet"])
+    assert first.commit(mine).status == "committed"
+    assert partition.committed() == mine
+    assert second.committed_meanwhile() == mine
+    lost = second.commit(_manifest(LOSER))
+    assert (lost.status, lost.manifest) == ("lost_race", mine)
+    other = dataclasses.replace(_manifest(CRASHED), triple={"model_version": "m:2"})
+    third = partition.begin(CRASHED)
+    _populate(third.layout, CRASHED)
+    conflict = third.commit(other)
+    assert conflict.status == "conflict"
+    layout = partition.layout(WINNER)
+    assert _all_files(layout) == {MANIFEST, f"predictions/{WINNER}/part-00000-00000.parquet"}
+    # --overwrite: replaces exactly the manifest it began on, then removes its files
+    replacing = partition.begin(CRASHED, replacing=mine)
+    _populate(replacing.layout, CRASHED)
+    assert replacing.commit(other).status == "committed"
+    assert partition.committed() == other
+    assert not any(WINNER in f for f in _all_files(layout))
+
+
+def test_partition_commit_abort_removes_only_its_attempt(tmp_path):
+    from batchinfer.io.commit import PartitionCommit
+
+    partition = PartitionCommit(str(tmp_path / "out"))
+    a, b = partition.begin(WINNER), partition.begin(LOSER)
+    mine, other = _populate(a.layout, WINNER), _populate(b.layout, LOSER)
+    a.abort()
+    files = _all_files(a.layout)
+    assert not set(mine) & files and set(other) <= files
 
 
 # -- listing shards ------------------------------------------------------------------------------
@@ -342,60 +407,62 @@ def test_shard_reader_corrupt_pages_unreadable_on_read(tmp_path):
 # -- fold_shard ----------------------------------------------------------------------------------
 
 def _info(rows_in, sha="abc", unreadable=None):
-    return {"kind": "info", "sha256": sha, "rows_in": rows_in, "unreadable": unreadable}
+    return ShardInfo(sha, rows_in, unreadable)
 
 
-def _batch(number, rows_in, scored, quarantined, files=(), reason=None, ms=1.5):
-    return {"kind": "batch", "batch": number, "rows_in": rows_in, "rows_scored": scored,
-            "rows_quarantined": quarantined, "files": list(files), "first_reason": reason,
-            "compute_ms": ms}
+def _batch(number, rows_in, scored, quarantined, files=(), reason=None):
+    return BatchRecord(number, rows_in, scored, quarantined, tuple(files), reason,
+                       {"infer": 0.5}, ModelStats(rows_in, 0, None))
 
 
 def test_fold_shard_scored_orders_batches_and_sums():
-    f0 = {"path": "predictions/a/part-00000-00000.parquet", "rows": 10, "sha256": "h0"}
-    f1 = {"path": "predictions/a/part-00000-00001.parquet", "rows": 3, "sha256": "h1"}
-    q1 = {"path": "quarantine/a/part-00000-00001.parquet", "rows": 2, "sha256": "h2"}
-    entry = fold_shard("s.parquet", [_batch(1, 5, 3, 2, [f1, q1], reason="range", ms=2.0),
-                                     _info(15), _batch(0, 10, 10, 0, [f0], ms=1.0)])
-    assert entry["status"] == "scored"
-    assert entry["reason"] is None
-    assert entry["path"] == "s.parquet"
-    assert entry["sha256"] == "abc"
-    assert (entry["rows_in"], entry["rows_scored"], entry["rows_quarantined"]) == (15, 13, 2)
-    assert entry["files"] == [f0, f1, q1]
+    f0 = FileRecord("predictions/a/part-00000-00000.parquet", 10, "h0")
+    f1 = FileRecord("predictions/a/part-00000-00001.parquet", 3, "h1")
+    q1 = FileRecord("quarantine/a/part-00000-00001.parquet", 2, "h2")
+    result = fold_shard("s.parquet", [_batch(1, 5, 3, 2, [f1, q1], reason="range"),
+                                      _info(15), _batch(0, 10, 10, 0, [f0])])
+    entry = result.record
+    assert entry.status == "scored"
+    assert entry.reason is None
+    assert entry.path == "s.parquet"
+    assert entry.sha256 == "abc"
+    assert (entry.rows_in, entry.rows_scored, entry.rows_quarantined) == (15, 13, 2)
+    assert entry.files == (f0, f1, q1)
+    assert result.seconds == {"infer": 1.0}
+    assert result.model == ModelStats(15, 0, None)
 
 
 def test_fold_shard_all_quarantined():
     entry = fold_shard("s", [_info(7), _batch(0, 4, 0, 4, reason="schema: missing column f1"),
-                             _batch(1, 3, 0, 3, reason="other")])
-    assert entry["status"] == "quarantined"
-    assert entry["reason"] == "schema: missing column f1"
-    assert (entry["rows_in"], entry["rows_scored"], entry["rows_quarantined"]) == (7, 0, 7)
+                             _batch(1, 3, 0, 3, reason="other")]).record
+    assert entry.status == "quarantined"
+    assert entry.reason == "schema: missing column f1"
+    assert (entry.rows_in, entry.rows_scored, entry.rows_quarantined) == (7, 0, 7)
 
 
 def test_fold_shard_empty():
-    entry = fold_shard("s", [_info(0)])
-    assert entry["status"] == "empty"
-    assert (entry["rows_in"], entry["rows_scored"], entry["rows_quarantined"]) == (0, 0, 0)
-    assert entry["files"] == []
-    assert entry["reason"] is None
+    entry = fold_shard("s", [_info(0)]).record
+    assert entry.status == "empty"
+    assert (entry.rows_in, entry.rows_scored, entry.rows_quarantined) == (0, 0, 0)
+    assert entry.files == ()
+    assert entry.reason is None
 
 
 def test_fold_shard_unreadable():
-    entry = fold_shard("s", [_info(None, sha="def", unreadable="zero-byte file")])
-    assert entry["status"] == "unreadable"
-    assert entry["rows_in"] is None
-    assert entry["reason"] == "zero-byte file"
-    assert entry["sha256"] == "def"
-    assert (entry["rows_scored"], entry["rows_quarantined"], entry["files"]) == (0, 0, [])
+    entry = fold_shard("s", [_info(None, sha="def", unreadable="zero-byte file")]).record
+    assert entry.status == "unreadable"
+    assert entry.rows_in is None
+    assert entry.reason == "zero-byte file"
+    assert entry.sha256 == "def"
+    assert (entry.rows_scored, entry.rows_quarantined, entry.files) == (0, 0, ())
 
 
 def test_fold_shard_unreadable_mid_read_wins_over_batches():
-    entry = fold_shard("s", [_info(10), _batch(0, 5, 5, 0, [{"path": "p"}]),
-                             _info(None, sha=None, unreadable="corrupt Parquet data: x")])
-    assert entry["status"] == "unreadable"
-    assert entry["sha256"] == "abc"
-    assert entry["files"] == []
+    entry = fold_shard("s", [_info(10), _batch(0, 5, 5, 0, [FileRecord("p", 5, "x")]),
+                             _info(None, sha=None, unreadable="corrupt Parquet data: x")]).record
+    assert entry.status == "unreadable"
+    assert entry.sha256 == "abc"
+    assert entry.files == ()
 
 
 @pytest.mark.parametrize("records", [

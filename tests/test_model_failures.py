@@ -122,7 +122,8 @@ def project(tmp_path_factory):
 
 
 def run_model(folder: Path, kind: str, max_bad_fraction: float = 0.05):
-    from batchinfer.commands.run import run_job, stamp
+    from batchinfer.commands.run import run_job
+    from batchinfer.commands.stamp import stamp
     from batchinfer.spec import load_job
 
     make_model(folder / "models" / f"{kind}.onnx", kind)
@@ -214,7 +215,8 @@ def fake_handler(mode: str, chunk_rows: int | None = None):
 
     class Fake(BatchModelHandler):
         def __init__(self):
-            super().__init__(chunk_rows=chunk_rows)
+            super().__init__("fake.model", digest="fake",
+                             options={"chunk_rows": chunk_rows} if chunk_rows else {})
             self.calls = []
 
         def open_model(self):
@@ -225,6 +227,9 @@ def fake_handler(mode: str, chunk_rows: int | None = None):
 
         def input_names(self, model):
             return ["x"]
+
+        def output_names(self, model):
+            return ["y", "z"]
 
         def predict(self, model, inputs):
             x = inputs["x"]

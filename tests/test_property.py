@@ -134,31 +134,30 @@ def test_validate_batch_splits_every_row_exactly_once(schema, spec, first_row):
 def test_fold_shard_accounts_or_refuses(sizes, data):
     """A shard entry from batch records: rows_in = scored + quarantined when every batch
     reported; a missing or inconsistent batch record is an error, never a silent drop."""
-    from batchinfer.pipeline.transforms import fold_shard
+    from batchinfer.io.records import FileRecord
+    from batchinfer.pipeline.records import BatchRecord, ShardInfo, fold_shard
 
     batches = []
     for number, size in enumerate(sizes):
         q = data.draw(st.integers(0, size))
-        files = ([{"path": f"predictions/a/part-00000-{number:05d}.parquet", "rows": size - q, "sha256": "x"}]
-                 if size - q else [])
-        batches.append({"kind": "batch", "batch": number, "rows_in": size, "rows_scored": size - q,
-                        "rows_quarantined": q, "files": files, "first_reason": "r" if q else None,
-                        "compute_ms": 1.0})
-    info = {"kind": "info", "sha256": "abc", "rows_in": sum(sizes), "unreadable": None}
+        files = ((FileRecord(f"predictions/a/part-00000-{number:05d}.parquet", size - q, "x"),)
+                 if size - q else ())
+        batches.append(BatchRecord(number, size, size - q, q, files, "r" if q else None))
+    info = ShardInfo("abc", sum(sizes))
     order = data.draw(st.permutations(batches + [info]))
-    entry = fold_shard("s", order)
-    assert entry["rows_in"] == entry["rows_scored"] + entry["rows_quarantined"] == sum(sizes)
-    assert entry["status"] == ("empty" if not sum(sizes) else
-                               "quarantined" if not entry["rows_scored"] else "scored")
-    assert [f["path"] for f in entry["files"]] == [f["path"] for b in batches for f in b["files"]]
-    nonempty = [b for b in batches if b["rows_in"]]
+    entry = fold_shard("s", order).record
+    assert entry.rows_in == entry.rows_scored + entry.rows_quarantined == sum(sizes)
+    assert entry.status == ("empty" if not sum(sizes) else
+                            "quarantined" if not entry.rows_scored else "scored")
+    assert [f.path for f in entry.files] == [f.path for b in batches for f in b.files]
+    nonempty = [b for b in batches if b.rows_in]
     if nonempty:
         dropped = data.draw(st.sampled_from(nonempty))
         with pytest.raises(RuntimeError, match="accounting failed"):
             fold_shard("s", [r for r in order if r is not dropped])
-    unreadable = dict(info, unreadable="corrupt", rows_in=None)
-    entry = fold_shard("s", [r if r is not info else unreadable for r in order])
-    assert entry["status"] == "unreadable" and entry["rows_in"] is None and entry["files"] == []
+    unreadable = ShardInfo("abc", None, "corrupt")
+    entry = fold_shard("s", [r if r is not info else unreadable for r in order]).record
+    assert entry.status == "unreadable" and entry.rows_in is None and entry.files == ()
 
 
 # -- whole jobs, in-process ----------------------------------------------------------------------
@@ -167,7 +166,7 @@ def test_fold_shard_accounts_or_refuses(sizes, data):
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    from batchinfer.commands.run import stamp
+    from batchinfer.commands.stamp import stamp
     from batchinfer.spec import load_job
 
     folder = tmp_path_factory.mktemp("prop_jobs")

@@ -42,7 +42,7 @@ def project(folder: Path, model: str) -> Path:
 
 
 def stamp_in_process(job: Path) -> None:
-    from batchinfer.commands.run import stamp
+    from batchinfer.commands.stamp import stamp
     from batchinfer.spec import load_job
 
     stamp(load_job(job, require_ds=False), None, "model:1")

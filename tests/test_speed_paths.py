@@ -22,7 +22,8 @@ from factories import DS, make_mlp_onnx, numeric_project, read_partition, run_cl
 
 from batchinfer.errors import SpecError
 from batchinfer.handlers.base import Prepared
-from batchinfer.handlers.onnx import CPU_CHUNK_ROWS, OnnxModelHandler, check_options
+from batchinfer.backends import check_options
+from batchinfer.handlers.onnx import CPU_CHUNK_ROWS, OnnxModelHandler
 from batchinfer.imports import without
 
 
@@ -58,9 +59,9 @@ def test_onnx_cpu_scores_in_chunks_with_identical_results(tmp_path):
 
 
 def test_allow_spinning_is_a_checked_boolean():
-    assert check_options({"allow_spinning": True}) == {"allow_spinning": True}
+    assert check_options("onnxruntime", {"allow_spinning": True}) == {"allow_spinning": True}
     with pytest.raises(SpecError, match="allow_spinning: expected bool"):
-        check_options({"allow_spinning": "yes"})
+        check_options("onnxruntime", {"allow_spinning": "yes"})
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..errors import BatchInferError, SpecError
+from ..io.records import Manifest
 from ..spec import check_date, load_job
 
 
@@ -24,7 +25,7 @@ class PartitionResult:
     status: str
     message: str
     exit_code: int = 0
-    manifest: dict | None = None
+    manifest: Manifest | None = None
 
 
 def partition_dates(start: str, end: str) -> list[str]:

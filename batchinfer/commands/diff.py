@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from ..errors import SpecError, StorageError
 from ..io.manifest import read_manifest
+from ..io.records import FileRecord, Manifest, ShardRecord
 from ..io.storage import join, url_to_fs
 
 EXEMPT = {"_source_shard", "_source_row", "_inference_id", "_compute_ms", "_model_version",
@@ -34,9 +35,9 @@ def diff_outputs(url_a: str, url_b: str) -> dict[str, Any]:
     """
     sides = [_Side(url) for url in (url_a, url_b)]
     a, b = sides
-    triple = {part: {"a": a.manifest["triple"].get(part), "b": b.manifest["triple"].get(part)}
-              for part in sorted(set(a.manifest["triple"]) | set(b.manifest["triple"]))
-              if a.manifest["triple"].get(part) != b.manifest["triple"].get(part)}
+    triple = {part: {"a": a.manifest.triple.get(part), "b": b.manifest.triple.get(part)}
+              for part in sorted(set(a.manifest.triple) | set(b.manifest.triple))
+              if a.manifest.triple.get(part) != b.manifest.triple.get(part)}
     shards_a, shards_b = a.shards(), b.shards()
     rows = dict.fromkeys(["scored_both", "scored_only_a", "scored_only_b", "quarantined_both",
                           "input_hash_differs"], 0)
@@ -44,14 +45,14 @@ def diff_outputs(url_a: str, url_b: str) -> dict[str, Any]:
     for name in sorted(set(shards_a) & set(shards_b)):
         _compare_shard(a, b, shards_a[name], shards_b[name], rows, columns)
     changed = sorted(n for n in set(shards_a) & set(shards_b)
-                     if shards_a[n]["sha256"] != shards_b[n]["sha256"])
+                     if shards_a[n].sha256 != shards_b[n].sha256)
     identical = (not triple and not changed and shards_a.keys() == shards_b.keys()
                  and rows["scored_only_a"] == rows["scored_only_b"] == 0
                  and rows["input_hash_differs"] == 0
                  and all(c["differ"] == 0 for c in columns.values()))
     return {
         "a": {"output": url_a, **_about(a.manifest)}, "b": {"output": url_b, **_about(b.manifest)},
-        "same_partition": (a.manifest["job"], a.manifest["ds"]) == (b.manifest["job"], b.manifest["ds"]),
+        "same_partition": (a.manifest.job, a.manifest.ds) == (b.manifest.job, b.manifest.ds),
         "triple_differs": triple,
         "shards": {"both": len(set(shards_a) & set(shards_b)),
                    "only_a": sorted(set(shards_a) - set(shards_b)),
@@ -63,9 +64,9 @@ def diff_outputs(url_a: str, url_b: str) -> dict[str, Any]:
     }
 
 
-def _about(manifest: dict) -> dict:
-    return {"job": manifest["job"], "ds": manifest["ds"], "attempt": manifest["attempt"],
-            "totals": manifest["totals"]}
+def _about(manifest: Manifest) -> dict:
+    return {"job": manifest.job, "ds": manifest.ds, "attempt": manifest.attempt,
+            "totals": manifest.totals.to_dict()}
 
 
 class _Side:
@@ -77,21 +78,22 @@ class _Side:
             raise SpecError(f"{url} holds no committed partition (no _manifest.json)")
         self.manifest = manifest
 
-    def shards(self) -> dict[str, dict]:
-        return {s["path"]: s for s in self.manifest["shards"]}
+    def shards(self) -> dict[str, ShardRecord]:
+        return {s.path: s for s in self.manifest.shards}
 
-    def read(self, files: list[dict], kind: str, columns: list[str] | None) -> pa.Table | None:
+    def read(self, files: tuple[FileRecord, ...], kind: str,
+             columns: list[str] | None) -> pa.Table | None:
         """The shard's files of one kind (predictions | quarantine), concatenated."""
         tables = []
         for f in files:
-            if not f["path"].startswith(f"{kind}/"):
+            if not f.path.startswith(f"{kind}/"):
                 continue
-            path = join(self.root, f["path"])
+            path = join(self.root, f.path)
             try:
                 with self.fs.open(path, "rb") as handle:
                     tables.append(pq.read_table(handle, columns=columns))
             except (OSError, pa.ArrowException) as exc:
-                raise StorageError(f"cannot read {self.url}/{f['path']}: {exc}") from None
+                raise StorageError(f"cannot read {self.url}/{f.path}: {exc}") from None
         return pa.concat_tables(tables) if tables else None
 
 
@@ -101,12 +103,12 @@ def _rows(table: pa.Table | None) -> np.ndarray:
     return table.column("_source_row").to_numpy()
 
 
-def _compare_shard(a: _Side, b: _Side, shard_a: dict, shard_b: dict, rows: dict,
+def _compare_shard(a: _Side, b: _Side, shard_a: ShardRecord, shard_b: ShardRecord, rows: dict,
                    columns: dict) -> None:
-    pred_a = a.read(shard_a["files"], "predictions", None)
-    pred_b = b.read(shard_b["files"], "predictions", None)
-    quar_a = _rows(a.read(shard_a["files"], "quarantine", ["_source_row"]))
-    quar_b = _rows(b.read(shard_b["files"], "quarantine", ["_source_row"]))
+    pred_a = a.read(shard_a.files, "predictions", None)
+    pred_b = b.read(shard_b.files, "predictions", None)
+    quar_a = _rows(a.read(shard_a.files, "quarantine", ["_source_row"]))
+    quar_b = _rows(b.read(shard_b.files, "quarantine", ["_source_row"]))
     rows_a, rows_b = _rows(pred_a), _rows(pred_b)
     common, ia, ib = np.intersect1d(rows_a, rows_b, assume_unique=True, return_indices=True)
     rows["scored_both"] += int(common.size)

@@ -144,19 +144,18 @@ def _job_sample(job, input_names: list[str]) -> list[np.ndarray]:
     """Up to SAMPLE_ROWS valid rows of the job's first readable shard, preprocessed as a run
     would (validation, then the job's preprocessing)."""
     from ..io.shards import ShardReader, Unreadable, list_shards
-    from .run import resolve_inputs
-    from ..rows.validation import validate_batch
+    from .resolve import resolve_inputs
+    from .validate import validated_batches
 
     schema, _, preprocessor = resolve_inputs(job)
     for shard in list_shards(job.spec.input.path):
         try:
-            batch = next(iter(ShardReader(shard.url).batches(SAMPLE_ROWS)), None)
+            result = next(validated_batches(ShardReader(shard.url), schema, SAMPLE_ROWS,
+                                            shard.url), None)
         except Unreadable:
             continue
-        if batch is None:
-            continue
-        valid = validate_batch(batch, schema.schema, source_shard=shard.url).valid
-        if valid.num_rows:
+        valid = result.valid if result is not None else None
+        if valid is not None and valid.num_rows:
             features = preprocessor(valid)
             if isinstance(features, Mapping):  # by the program's input names when they match
                 names = input_names if set(input_names) <= set(features) else list(features)

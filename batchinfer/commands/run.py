@@ -1,43 +1,39 @@
-"""What the commands do: plan, validate, run (score and commit), stamp, inspect.
+"""``batchinfer run``: score one partition and commit it.
 
-The order of :func:`run_job` is the contract's (SPEC §1, §4):
+:func:`run_job` follows the contract's order (SPEC §1, §4, §5):
 
 1. resolve everything (schema, preprocessing, shards, model) and check the triple against the
    model's declaration — before any work;
-2. look at the partition: committed with the same triple → no-op; another triple → exit 3
-   unless ``--overwrite``;
-3. run the Beam pipeline into this attempt's folder;
+2. look at the partition: committed already → a no-op, or exit 3 (another triple, job, date or
+   set of shards) unless ``--overwrite``; then load the model (exit 5 before any work);
+3. run the Beam pipeline into a new attempt of the partition;
 4. apply the quarantine thresholds (exit 4, nothing committed);
-5. create ``_manifest.json`` exclusively — the commit; then remove other attempts and scratch;
+5. commit: exactly one run creates the manifest (:class:`~batchinfer.io.commit.PartitionCommit`);
 6. tracking, which can fail without undoing anything.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
-import os
 import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from .. import faults
-from ..triple.contract import Triple, check_contract, model_digest, refuse_pickle
+from ..backends import handler_class
+from ..errors import (BatchInferError, ContractError, DataQualityError, ModelError,
+                      RuntimeFailure, SpecError)
+from ..io.commit import Attempt, PartitionCommit
+from ..io.outputs import METRICS, write_json
+from ..io.records import Manifest, ModelStats, ShardResult, Totals
 from ..rows.columns import check_output_columns
-from ..errors import (BatchInferError, ContractError, DataQualityError, ModelError, RuntimeFailure,
-                     SpecError)
-from ..io.manifest import (MANIFEST_VERSION, clean_after_commit, commit, read_manifest,
-                          remove_attempt)
-from ..io.outputs import METRICS, Layout, read_json, write_json
-from ..io.shards import Shard, list_input
-from ..io.storage import url_to_fs
-from ..triple.models import ResolvedModel, declare, resolve_model
-from ..triple.preprocess import Preprocessor, load_preprocessor
-from ..triple.schemas import SchemaVersion, resolve_schema
-from ..spec import Job, resolve_path
+from ..spec import Job
+from .resolve import Resolved, resolve
+
+if TYPE_CHECKING:
+    from ..handlers.base import BatchModelHandler
+    from ..io.tracking import TrackingRun
 
 log = logging.getLogger("batchinfer")
 
@@ -55,85 +51,12 @@ def new_attempt(now: datetime) -> str:
 
 
 @dataclass
-class Resolved:
-    """A job with everything it names looked up and the triple computed."""
-
-    job: Job
-    schema: SchemaVersion
-    preprocessor: Preprocessor
-    features: tuple[str, ...]
-    model: ResolvedModel
-    triple: Triple
-    shards: list[Shard] = field(default_factory=list)
-    ignored: list[str] = field(default_factory=list)   # metadata files input.path matched
-
-    def shard_names(self) -> tuple[str, ...]:
-        return tuple(self.job.display(s.url) for s in self.shards)
-
-
-def resolve_inputs(job: Job) -> tuple[SchemaVersion, tuple[str, ...], Preprocessor]:
-    """The job's schema version, the model's feature columns and the preprocessing step."""
-    spec = job.spec
-    schema = resolve_schema(spec.schemas.root, spec.schema_)
-    missing_ids = [c for c in spec.output.id_columns if c not in schema.columns]
-    if missing_ids:
-        raise SpecError(f"output.id_columns {missing_ids} are not columns of schema {schema.ref}")
-    features = schema.features_for(spec.output.id_columns)
-    return schema, features, load_preprocessor(spec.preprocess, job.folder, features)
-
-
-def resolve(job: Job, *, list_input_files: bool = True, check: bool = True) -> Resolved:
-    """Look up schema, preprocessing, model and shards; compute the triple; check the contract."""
-    spec = job.spec
-    schema, features, preprocessor = resolve_inputs(job)
-    refuse_pickle(spec.model.uri, bool(spec.model.options.get("allow_pickle", False)))
-    model = resolve_model(spec.model.uri, spec.model.backend, spec.tracking.uri)
-    digest = model_digest(model.path, spec.model.backend)
-    declared_version = (model.declaration or {}).get("model_version") or spec.model.version or ""
-    triple = Triple(declared_version, digest, schema.ref, preprocessor.hash)
-    if check:
-        check_contract(job.display(spec.model.uri), model.declaration, triple, spec.model.version)
-    listing = list_input(spec.input.path) if list_input_files else None
-    return Resolved(job, schema, preprocessor, features, model, triple,
-                    listing.shards if listing else [], listing.ignored if listing else [])
-
-
-# -- stamp -------------------------------------------------------------------------------------
-
-def stamp(job: Job, model_uri: str | None, model_version: str | None) -> tuple[Triple, str]:
-    """Write the model's declaration for this job's schema and preprocessing."""
-    spec = job.spec
-    if model_uri is not None:
-        job = _with_model(job, model_uri)
-    resolved = resolve(job, list_input_files=False, check=False)
-    version = model_version or spec.model.version
-    if not version:
-        if resolved.model.registry:
-            version = ":".join(resolved.model.registry)
-        else:
-            raise SpecError("stamp needs a model version: pass --model-version NAME:V or set "
-                            "model.version in the job")
-    triple = Triple(version, resolved.triple.model_digest, resolved.triple.schema_version,
-                    resolved.triple.preprocess_hash)
-    where = declare(resolved.model, triple, job.spec.tracking.uri)
-    return triple, where
-
-
-def _with_model(job: Job, model_uri: str) -> Job:
-    """``job`` with ``model.uri`` replaced; a relative path is the user's, from the cwd."""
-    model = job.spec.model.model_copy(update={"uri": resolve_path(model_uri, Path.cwd())})
-    return dataclasses.replace(job, spec=job.spec.model_copy(update={"model": model}))
-
-
-# -- run ---------------------------------------------------------------------------------------
-
-@dataclass
 class Outcome:
     """What a run did, for the CLI to print."""
 
     status: str                       # committed | noop | lost_race | dry_run
     message: str
-    manifest: dict | None = None
+    manifest: Manifest | None = None
     output: str = ""
     tracking: str = ""
     timings: dict = field(default_factory=dict)
@@ -142,12 +65,16 @@ class Outcome:
 def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
             clock: Callable[[], datetime] = utc_now,
             progress: Callable[[str], None] = lambda line: None,
-            tracking=None) -> Outcome:
+            tracking: "TrackingRun | None" = None) -> Outcome:
     """Score one partition and commit it (see the module docstring for the order).
 
-    ``tracking`` is a :class:`~batchinfer.io.tracking.TrackingRun` for the job's store that the
-    caller started early (its helper needs seconds to be ready); by default one is started here.
-    It is closed without a run if the job stops before scoring.
+    Args:
+        tracking: a :class:`~batchinfer.io.tracking.TrackingRun` for the job's store that the
+            caller started early (its helper needs seconds to be ready); by default one is
+            started here. It is closed without a run if the job stops before scoring.
+
+    Raises:
+        BatchInferError: with the exit code of what went wrong (SPEC §2).
     """
     t_start = time.perf_counter()
     started = clock()
@@ -157,193 +84,126 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
 
         tracking = TrackingRun(spec.tracking.uri, spec.tracking.experiment)
     try:
-        return _run_job(job, tracking, overwrite, dry_run, clock, progress, t_start, started)
+        # 1. resolve and check the contract
+        resolved = resolve(job)
+        # 2. the partition as it is
+        partition = PartitionCommit(spec.output.path)
+        shown = job.display(spec.output.path)
+        existing = _look_at(partition, job, resolved, shown, overwrite)
+        if existing is not None and not overwrite:
+            if not dry_run:  # a run that crashed after its commit left debris behind
+                partition.tidy(existing)
+            return Outcome("noop", f"{shown} is already committed with this triple (attempt "
+                                   f"{existing.attempt}); nothing to do", existing, shown)
+        if dry_run:
+            return Outcome("dry_run", f"dry run: would score {len(resolved.shards)} shards into "
+                                      f"{shown}", None, shown)
+        assert tracking is not None
+        handler, device = load_handler(resolved)
+        tracking.prepare()  # the checks passed: the store may be touched
+        attempt = partition.begin(new_attempt(started), replacing=existing)
+        tracking.open(f"{spec.name}-{job.ds or attempt.attempt}",
+                      {"batchinfer.job": spec.name, "batchinfer.attempt": attempt.attempt,
+                       "batchinfer.ds": job.ds or ""})
+        if resolved.ignored:
+            progress(f"ignoring {len(resolved.ignored)} metadata file(s) that input.path matched "
+                     f"(names starting with _ or .; `batchinfer plan` lists them)")
+        progress(f"scoring {len(resolved.shards)} shards into {shown} (attempt "
+                 f"{attempt.attempt}, {spec.runner.name} runner, {device})")
+        # 3. score into the attempt
+        t_pipeline = time.perf_counter()
+        try:
+            results = _score(resolved, handler, attempt)
+        except KeyboardInterrupt:  # Ctrl-C: leave nothing, and say so in MLflow
+            attempt.abort()
+            tracking.finish({"attempt": attempt.attempt}, {}, {}, "KILLED", timeout=10.0)
+            raise
+        except Exception:
+            attempt.abort()
+            winner = attempt.committed_meanwhile()
+            if winner is not None and winner.triple == resolved.triple.as_dict():
+                tracking.finish({"attempt": attempt.attempt}, {}, {}, "KILLED")
+                return _lost(winner, shown)
+            tracking.finish({"attempt": attempt.attempt}, {}, {}, "FAILED")
+            raise
+        pipeline_s = time.perf_counter() - t_pipeline
+        totals = Totals.of([r.record for r in results])
+        # 4. thresholds
+        try:
+            _refuse_uncommittable(results, totals, job)
+        except BatchInferError:
+            attempt.abort()
+            tracking.finish({"attempt": attempt.attempt},
+                            _metrics(totals, pipeline_s, 0.0, results), {}, "FAILED")
+            raise
+        # 5. commit
+        manifest = Manifest(
+            job=spec.name, ds=job.ds, attempt=attempt.attempt, triple=resolved.triple.as_dict(),
+            job_spec_sha256=job.spec_sha256, runner=spec.runner.name, device=device,
+            started_at=rfc3339(started), finished_at=rfc3339(clock()),
+            mlflow_run_id=tracking.wait(), totals=totals,
+            shards=tuple(r.record for r in results))
+        committed = attempt.commit(manifest)
+        if committed.status != "committed":
+            tracking.finish({"attempt": attempt.attempt}, {}, {}, "KILLED")
+            if committed.status == "conflict":
+                raise ContractError(_triple_conflict(
+                    shown, committed.manifest.triple if committed.manifest else {},
+                    resolved.triple.as_dict()))
+            return _lost(committed.manifest, shown)
+        # 6. tracking
+        wall_s = time.perf_counter() - t_start
+        line = _finish_tracking(job, resolved, tracking, attempt, manifest, device,
+                                _metrics(totals, pipeline_s, wall_s, results))
+        return Outcome("committed", f"committed {shown} (attempt {attempt.attempt})", manifest,
+                       shown, line, {"wall_s": wall_s, "pipeline_s": pipeline_s})
     finally:
         if tracking is not None:
             tracking.close()  # a no-op once the run was finished; else no run is left behind
 
 
-def _run_job(job: Job, tracking, overwrite: bool, dry_run: bool, clock, progress,
-             t_start: float, started: datetime) -> Outcome:
+def _look_at(partition: PartitionCommit, job: Job, resolved: Resolved, shown: str,
+             overwrite: bool) -> Manifest | None:
+    """The manifest committed at the output now, if it is this partition's (a no-op, or the one
+    ``--overwrite`` replaces).
+
+    A committed manifest is "this partition" only if it is of this job, this date and these
+    shards, with this triple; otherwise a run would call another partition's predictions its
+    own (exit 0, nothing scored).
+
+    Raises:
+        SpecError: ``output.path`` is a file.
+        ContractError: another triple, job, date or set of shards, without ``--overwrite``.
+    """
+    if partition.is_file():
+        raise SpecError(f"output.path {shown} is a file; it must be a folder (or not exist)")
+    existing = partition.committed()
+    if existing is None or overwrite:
+        return existing
     spec = job.spec
-    resolved = resolve(job)
-    out_fs, out_root = url_to_fs(spec.output.path)
-    shown_output = job.display(spec.output.path)
-    if out_fs.isfile(out_root):
-        raise SpecError(f"output.path {shown_output} is a file; it must be a folder (or not exist)")
-    existing = read_manifest(out_fs, out_root)
-    if existing is not None:
-        _refuse_other_partition(existing, job, resolved, shown_output, overwrite)
-        same = existing.get("triple") == resolved.triple.as_dict()
-        if same and not overwrite:
-            if not dry_run:  # a run that crashed after its commit left debris behind
-                clean_after_commit(Layout(out_fs, out_root, existing.get("attempt", "")), existing)
-            return Outcome("noop", f"{shown_output} is already committed with this triple "
-                                   f"(attempt {existing.get('attempt')}); nothing to do",
-                           existing, shown_output)
-        if not same and not overwrite:
-            raise ContractError(_triple_conflict(shown_output, existing.get("triple", {}),
-                                                 resolved.triple.as_dict()))
-    if dry_run:
-        return Outcome("dry_run", f"dry run: would score {len(resolved.shards)} shards into "
-                                  f"{shown_output}", None, shown_output)
-
-    handler, device = _handler(resolved)  # the model loads (exit 5) and its outputs are named
-    tracking.prepare()  # the checks passed: the store may be touched
-    attempt = new_attempt(started)
-    tracking.open(f"{spec.name}-{job.ds or attempt}",
-                  {"batchinfer.commands.run": spec.name, "batchinfer.attempt": attempt,
-                   "batchinfer.ds": job.ds or ""})
-    layout = Layout(out_fs, out_root, attempt)
-    if resolved.ignored:
-        progress(f"ignoring {len(resolved.ignored)} metadata file(s) that input.path matched "
-                 f"(names starting with _ or .; `batchinfer plan` lists them)")
-    progress(f"scoring {len(resolved.shards)} shards into {shown_output} (attempt {attempt}, "
-             f"{spec.runner.name} runner, {device})")
-    t_pipeline = time.perf_counter()
-    try:
-        _run_pipeline(resolved, handler, layout)
-        shards = _collect(layout, resolved)
-    except KeyboardInterrupt:  # Ctrl-C: leave nothing, and say so in MLflow
-        remove_attempt(layout, attempt)
-        tracking.finish({"attempt": attempt}, {}, {}, "KILLED", timeout=10.0)
-        raise
-    except Exception:
-        remove_attempt(layout, attempt)
-        try:  # a run that committed meanwhile cleans up other attempts, this one's included
-            winner = read_manifest(out_fs, out_root)
-        except Exception:
-            winner = None
-        if (winner is not None and winner.get("attempt") != (existing or {}).get("attempt")
-                and winner.get("triple") == resolved.triple.as_dict()):
-            tracking.finish({"attempt": attempt}, {}, {}, "KILLED")
-            return Outcome("lost_race", f"{shown_output} was already committed by attempt "
-                                        f"{winner.get('attempt')}; this run's files were removed",
-                           winner, shown_output)
-        tracking.finish({"attempt": attempt}, {}, {}, "FAILED")
-        raise
-    pipeline_s = time.perf_counter() - t_pipeline
-
-    totals = _totals(shards)
-    _refuse_uncommittable(shards, totals, spec.quarantine, layout, tracking, pipeline_s)
-
-    run_id = tracking.wait()
-    finished = clock()
-    manifest = {
-        "manifest_version": MANIFEST_VERSION, "job": spec.name, "ds": job.ds, "attempt": attempt,
-        "triple": resolved.triple.as_dict(), "job_spec_sha256": job.spec_sha256,
-        "runner": spec.runner.name, "device": device,
-        "started_at": rfc3339(started), "finished_at": rfc3339(finished),
-        "mlflow_run_id": run_id, "totals": totals,
-        "shards": [{k: v for k, v in s.items() if k not in ("seconds", "model")} for s in shards],
-    }
-    faults.point("before_commit")
-    # Replace only the manifest this run set out to replace: if another --overwrite run
-    # committed meanwhile (and its cleanup removed this attempt's files), this run lost.
-    replace = overwrite and existing is not None and (
-        (read_manifest(out_fs, out_root) or {}).get("attempt") == existing.get("attempt"))
-    if not commit(layout, manifest, replace=replace):
-        winner = read_manifest(out_fs, out_root) or {}
-        remove_attempt(layout, attempt)
-        tracking.finish({"attempt": attempt}, {}, {}, "KILLED")
-        if winner.get("triple") != resolved.triple.as_dict():
-            raise ContractError(_triple_conflict(shown_output, winner.get("triple", {}),
-                                                 resolved.triple.as_dict()))
-        return Outcome("lost_race", f"{shown_output} was already committed by attempt "
-                                    f"{winner.get('attempt')}; this run's files were removed",
-                       winner, shown_output)
-    faults.point("after_commit")
-    if existing is not None and overwrite:
-        remove_attempt(layout, existing.get("attempt", ""))
-    clean_after_commit(layout, manifest)
-
-    wall_s = time.perf_counter() - t_start
-    tracking_line = _finish_tracking(job, resolved, tracking, layout, manifest, device,
-                                     _metrics(totals, pipeline_s, wall_s, shards))
-    return Outcome("committed", f"committed {shown_output} (attempt {attempt})", manifest,
-                   shown_output, tracking_line, {"wall_s": wall_s, "pipeline_s": pipeline_s})
-
-
-def _refuse_other_partition(existing: dict, job: Job, resolved: Resolved, shown_output: str,
-                            overwrite: bool) -> None:
-    """A committed manifest is "this partition" only if it is of this job, this date and these
-    shards; otherwise a same-triple run would call another partition's predictions its own
-    (exit 0, nothing scored). ContractError (exit 3) unless ``--overwrite``."""
-    if overwrite:
-        return
-    spec = job.spec
-    if existing.get("job") != spec.name or existing.get("ds") != job.ds:
+    if existing.job != spec.name or existing.ds != job.ds:
         raise ContractError(
-            f"{shown_output} holds the partition of job {existing.get('job')!r}, ds "
-            f"{existing.get('ds')!r}, not of job {spec.name!r}, ds {job.ds!r}: give each job and "
-            f"date its own output.path (e.g. out/dt={{ds}}), or pass --overwrite to replace it")
-    committed = {s.get("path") for s in existing.get("shards", [])}
+            f"{shown} holds the partition of job {existing.job!r}, ds {existing.ds!r}, not of job "
+            f"{spec.name!r}, ds {job.ds!r}: give each job and date its own output.path (e.g. "
+            f"out/dt={{ds}}), or pass --overwrite to replace it")
+    committed = {s.path for s in existing.shards}
     listed = set(resolved.shard_names())
     if committed != listed:
         added, gone = len(listed - committed), len(committed - listed)
         raise ContractError(
-            f"{shown_output} was committed from other shards than input.path lists now ({added} "
-            f"new, {gone} no longer listed; e.g. {sorted(listed ^ committed)[0]}): pass "
-            f"--overwrite to score the partition as it is now")
+            f"{shown} was committed from other shards than input.path lists now ({added} new, "
+            f"{gone} no longer listed; e.g. {sorted(listed ^ committed)[0]}): pass --overwrite "
+            f"to score the partition as it is now")
+    if existing.triple != resolved.triple.as_dict():
+        raise ContractError(_triple_conflict(shown, existing.triple, resolved.triple.as_dict()))
+    return existing
 
 
-def _refuse_uncommittable(shards: list[dict], totals: dict, q, layout: Layout, tracking,
-                          pipeline_s: float) -> None:
-    """Raise (after removing this attempt's files) when the run must not commit: a model that
-    raised on every row it was given (exit 5), or bad rows/shards above the thresholds (exit 4)."""
-    given = sum((s.get("model") or {}).get("rows", 0) for s in shards)
-    raised = sum((s.get("model") or {}).get("raised", 0) for s in shards)
-    if given and raised == given:
-        # Not the data's fault: a model that raises on every row it is given cannot run at all.
-        remove_attempt(layout, layout.attempt)
-        tracking.finish({"attempt": layout.attempt}, {}, {}, "FAILED")
-        error = next(s["model"]["error"] for s in shards if (s.get("model") or {}).get("error"))
-        raise ModelError(f"the model raised on every one of the {given} rows it was given "
-                         f"(first error: {error}); nothing committed")
-    bad_fraction = totals["rows_quarantined"] / totals["rows_in"] if totals["rows_in"] else 0.0
-    if bad_fraction > q.max_bad_fraction or totals["shards_unreadable"] > q.max_bad_shards:
-        remove_attempt(layout, layout.attempt)
-        tracking.finish({"attempt": layout.attempt}, _metrics(totals, pipeline_s, 0.0, shards),
-                        {}, "FAILED")
-        raise DataQualityError(
-            f"data quality: {totals['rows_quarantined']} of {totals['rows_in']} rows quarantined "
-            f"({bad_fraction:.2%}, max {q.max_bad_fraction:.2%}) and "
-            f"{totals['shards_unreadable']} unreadable shards (max {q.max_bad_shards}); nothing "
-            f"committed: run `batchinfer validate` to see why")
-
-
-def _finish_tracking(job: Job, resolved: Resolved, tracking, layout: Layout, manifest: dict,
-                     device: str, metrics: dict) -> str:
-    """Log the committed run to MLflow and keep the same record in ``_metrics.json``; return
-    the line to print. Nothing here can undo the commit."""
-    spec, attempt = job.spec, layout.attempt
-    params = {**{f"triple.{k}": v for k, v in resolved.triple.as_dict().items()},
-              "job": spec.name, "ds": job.ds or "", "attempt": attempt,
-              "job_spec_sha256": job.spec_sha256, "runner": spec.runner.name, "device": device,
-              "schema": resolved.schema.ref, "backend": spec.model.backend}
-    uploaded = tracking.finish(params, metrics, {"manifest.json": json.dumps(manifest, indent=2)})
-    # MLflow's errors quote the tracking URI, which may hold a ${NAME} value (SPEC §3).
-    error = job.display(tracking.error) if tracking.error else None
-    record = {"mlflow_run_id": manifest["mlflow_run_id"], "uploaded": uploaded, "error": error,
-              "tracking_uri": job.display(spec.tracking.uri), "experiment": spec.tracking.experiment,
-              "run_name": f"{spec.name}-{job.ds or attempt}", "params": params, "metrics": metrics,
-              "tags": {"batchinfer.commands.run": spec.name, "batchinfer.attempt": attempt}}
-    try:
-        write_json(layout.fs, layout.abs(METRICS), record)
-    except Exception as exc:  # the partition is committed; a missing metrics file is not fatal
-        log.warning("could not write %s: %s", METRICS, exc)
-    shown_output = job.display(spec.output.path)
-    if uploaded:
-        return f"MLflow run {manifest['mlflow_run_id']} in {job.display(spec.tracking.uri)}"
-    return (f"MLflow unavailable ({error}); metrics kept in {shown_output}/{METRICS}: upload "
-            f"later with `batchinfer track {shown_output}`")
-
-
-def _handler(resolved: Resolved):
-    """Build the backend's handler and load the model once before any work (exit 5 early);
-    in-process workers reuse this load (see handlers.base.shared_model)."""
-    from ..handlers import handler_class
-
+def load_handler(resolved: Resolved) -> "tuple[BatchModelHandler, str]":
+    """Build the backend's handler and load the model once before any work (exit 5 early; in-
+    process workers reuse this load, see handlers.base.shared_model). The model's outputs must
+    name prediction columns that collide with nothing (exit 2). Returns the handler and the
+    device the model runs on."""
     spec = resolved.job.spec.model
     cls = handler_class(spec.backend)
     options = {k: v for k, v in spec.options.items() if k != "allow_pickle"}
@@ -361,19 +221,25 @@ def _handler(resolved: Resolved):
     else:  # each output becomes a column of its own name: it must not take an id's or ours
         check_output_columns(output_spec.id_columns, {o: o for o in outputs},
                              source="the model's outputs (output.predictions maps none)")
-    return handler, handler.device_used()
+    return handler, handler.device_used(model)
 
 
-def _run_pipeline(resolved: Resolved, handler, layout: Layout) -> None:
-    import apache_beam as beam
+def _score(resolved: Resolved, handler: "BatchModelHandler", attempt: Attempt) -> list[ShardResult]:
+    """Run the Beam pipeline into ``attempt``; return every shard's result.
 
-    from ..pipeline.transforms import ScoringPlan, build
+    Raises:
+        BatchInferError: one that a transform raised on purpose (its own message and code).
+        KeyboardInterrupt: Ctrl-C, however Beam wrapped it.
+        RuntimeFailure: the pipeline failed otherwise.
+    """
+    from ..beam_compat import beam
     from ..pipeline.runners import pipeline_options
+    from ..pipeline.transforms import ScoringPlan, build
 
     spec = resolved.job.spec
     plan = ScoringPlan(
         shard_urls=tuple(s.url for s in resolved.shards), shard_names=resolved.shard_names(),
-        output_url=spec.output.path, attempt=layout.attempt, batch_rows=spec.batch.rows,
+        output_url=spec.output.path, attempt=attempt.attempt, batch_rows=spec.batch.rows,
         schema=resolved.schema, preprocessor=resolved.preprocessor, triple=resolved.triple,
         id_columns=tuple(spec.output.id_columns),
         prediction_names=dict(spec.output.predictions) if spec.output.predictions else None,
@@ -386,64 +252,98 @@ def _run_pipeline(resolved: Resolved, handler, layout: Layout) -> None:
         if _interrupted(exc):  # Beam wraps a Ctrl-C inside a transform in an Exception
             raise KeyboardInterrupt from None
         ours = _our_error(exc)
-        if ours is not None:  # raised on purpose inside a transform: its own message and code
+        if ours is not None:
             raise ours from None
         raise RuntimeFailure(f"the scoring pipeline failed: {_last_line(exc)}") from exc
+    return attempt.results(len(resolved.shards))
+
+
+def _refuse_uncommittable(results: list[ShardResult], totals: Totals, job: Job) -> None:
+    """Raise when the run must not commit: a model that raised on every row it was given
+    (exit 5: not the data's fault), or bad rows or shards above the thresholds (exit 4)."""
+    model = sum((r.model for r in results), ModelStats())
+    if model.rows and model.raised == model.rows:
+        raise ModelError(f"the model raised on every one of the {model.rows} rows it was given "
+                         f"(first error: {model.error}); nothing committed")
+    breach = job.spec.quarantine.breach(totals.rows_in, totals.rows_quarantined,
+                                        totals.shards_unreadable)
+    if breach:
+        raise DataQualityError(f"data quality: {breach}; nothing committed: run "
+                               f"`batchinfer validate` to see why")
+
+
+def _finish_tracking(job: Job, resolved: Resolved, tracking: "TrackingRun", attempt: Attempt,
+                     manifest: Manifest, device: str, metrics: dict) -> str:
+    """Log the committed run to MLflow and keep the same record in ``_metrics.json``; return
+    the line to print. Nothing here can undo the commit."""
+    spec = job.spec
+    params = {**{f"triple.{k}": v for k, v in resolved.triple.as_dict().items()},
+              "job": spec.name, "ds": job.ds or "", "attempt": attempt.attempt,
+              "job_spec_sha256": job.spec_sha256, "runner": spec.runner.name, "device": device,
+              "schema": resolved.schema.ref, "backend": spec.model.backend}
+    uploaded = tracking.finish(params, metrics,
+                               {"manifest.json": json.dumps(manifest.to_dict(), indent=2)})
+    # MLflow's errors quote the tracking URI, which may hold a ${NAME} value (SPEC §3).
+    error = job.display(tracking.error) if tracking.error else None
+    record = {"mlflow_run_id": manifest.mlflow_run_id, "uploaded": uploaded, "error": error,
+              "tracking_uri": job.display(spec.tracking.uri), "experiment": spec.tracking.experiment,
+              "run_name": f"{spec.name}-{job.ds or attempt.attempt}", "params": params,
+              "metrics": metrics,
+              "tags": {"batchinfer.job": spec.name, "batchinfer.attempt": attempt.attempt}}
+    layout = attempt.layout
+    try:
+        write_json(layout.fs, layout.abs(METRICS), record)
+    except Exception as exc:  # the partition is committed; a missing metrics file is not fatal
+        log.warning("could not write %s: %s", METRICS, exc)
+    shown = job.display(spec.output.path)
+    if uploaded:
+        return f"MLflow run {manifest.mlflow_run_id} in {job.display(spec.tracking.uri)}"
+    return (f"MLflow unavailable ({error}); metrics kept in {shown}/{METRICS}: upload "
+            f"later with `batchinfer track {shown}`")
+
+
+def _lost(winner: Manifest | None, shown: str) -> Outcome:
+    attempt = winner.attempt if winner else "?"
+    return Outcome("lost_race", f"{shown} was already committed by attempt {attempt}; this "
+                                f"run's files were removed", winner, shown)
 
 
 def _our_error(exc: BaseException) -> BatchInferError | None:
     """The first BatchInferError a transform raised, from the chain Beam wraps it in (Beam
     re-raises the same type with "[while running 'Stage']" appended, the original as cause)."""
     found, seen = None, set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, BatchInferError):
-            found = exc
-        exc = exc.__cause__ or exc.__context__
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, BatchInferError):
+            found = current
+        current = current.__cause__ or current.__context__
     return found
 
 
 def _interrupted(exc: BaseException) -> bool:
     seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, KeyboardInterrupt):
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, KeyboardInterrupt):
             return True
-        exc = exc.__cause__ or exc.__context__
+        current = current.__cause__ or current.__context__
     return False
 
 
-def _collect(layout: Layout, resolved: Resolved) -> list[dict]:
-    shards = []
-    for shard in resolved.shards:
-        try:
-            shards.append(read_json(layout.fs, layout.shard_result(shard.index)))
-        except FileNotFoundError:
-            raise RuntimeFailure(f"shard {resolved.shard_names()[shard.index]} has no result: the "
-                                 f"pipeline ended without finishing it (or another run removed "
-                                 f"this attempt's files)") from None
-    return shards
-
-
-def _totals(shards: list[dict]) -> dict:
-    return {"shards": len(shards),
-            "rows_in": sum(s["rows_in"] or 0 for s in shards),
-            "rows_scored": sum(s["rows_scored"] for s in shards),
-            "rows_quarantined": sum(s["rows_quarantined"] for s in shards),
-            "shards_unreadable": sum(s["status"] == "unreadable" for s in shards)}
-
-
-def _metrics(totals: dict, pipeline_s: float, wall_s: float, shards: list[dict]) -> dict:
-    metrics = {k: float(v) for k, v in totals.items()}
+def _metrics(totals: Totals, pipeline_s: float, wall_s: float,
+             results: list[ShardResult]) -> dict[str, Any]:
+    metrics: dict[str, Any] = {k: float(v) for k, v in totals.to_dict().items()}
     metrics["pipeline_seconds"] = pipeline_s
     # Where the time went, per stage, summed over batches (stages overlap across workers).
-    for shard in shards:
-        for stage, value in (shard.get("seconds") or {}).items():
+    for result in results:
+        for stage, value in result.seconds.items():
             key = f"stage_seconds_{stage}"
             metrics[key] = metrics.get(key, 0.0) + value
     if wall_s:
         metrics["wall_seconds"] = wall_s
-        metrics["rows_per_second"] = totals["rows_in"] / wall_s if wall_s else 0.0
+        metrics["rows_per_second"] = totals.rows_in / wall_s
     return metrics
 
 
@@ -457,97 +357,3 @@ def _triple_conflict(output: str, committed: dict, wanted: dict) -> str:
 def _last_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return (lines[-1] if lines else type(exc).__name__)[:400]
-
-
-# -- validate ----------------------------------------------------------------------------------
-
-@dataclass
-class ValidationReport:
-    shards: int
-    rows_in: int
-    rows_bad: int
-    unreadable: list[tuple[str, str]]
-    by_reason: dict[tuple[str, str], int]     # (column, check) → rows whose first failure it is
-    ignored: list[str] = field(default_factory=list)   # metadata files input.path matched
-
-    @property
-    def bad_fraction(self) -> float:
-        return self.rows_bad / self.rows_in if self.rows_in else 0.0
-
-
-def validate_input(job: Job) -> ValidationReport:
-    """Check every shard against the schema only (no preprocessing, no model, no writes).
-
-    Unlike ``run``, this needs no model declaration: it answers "is this data fit?" alone.
-    """
-    from ..io.shards import ShardReader, Unreadable
-    from ..rows.validation import validate_batch
-
-    spec = job.spec
-    schema = resolve_schema(spec.schemas.root, spec.schema_)
-    listing = list_input(spec.input.path)
-    shards = listing.shards
-    rows_in = rows_bad = 0
-    unreadable: list[tuple[str, str]] = []
-    by_reason: dict[tuple[str, str], int] = {}
-    for shard in shards:
-        name = job.display(shard.url)
-        try:
-            reader = ShardReader(shard.url)
-            first = 0
-            counts: dict[tuple[str, str], int] = {}
-            bad = 0
-            for batch in reader.batches(spec.batch.rows):
-                result = validate_batch(batch, schema.schema, source_shard=name, first_row=first)
-                first += batch.num_rows
-                q = result.quarantine
-                bad += q.num_rows
-                if q.num_rows:
-                    pairs = zip(q.column("_column").to_pylist(), q.column("_check").to_pylist())
-                    for column, check in pairs:
-                        key = (column or "", check)
-                        counts[key] = counts.get(key, 0) + 1
-        except Unreadable as exc:
-            unreadable.append((name, str(exc)))
-            continue
-        rows_in += reader.num_rows
-        rows_bad += bad
-        for key, n in counts.items():
-            by_reason[key] = by_reason.get(key, 0) + n
-    return ValidationReport(len(shards), rows_in, rows_bad, unreadable, by_reason,
-                            [job.display(url) for url in listing.ignored])
-
-
-# -- inspect -----------------------------------------------------------------------------------
-
-def inspect_output(url: str) -> dict:
-    """The committed manifest of ``url`` (raises SpecError when nothing is committed there)."""
-    fs, root = url_to_fs(url)
-    manifest = read_manifest(fs, root)
-    if manifest is None:
-        raise SpecError(f"{url} holds no committed partition (no _manifest.json)")
-    return manifest
-
-
-def upload_tracking(url: str, tracking_uri: str | None = None) -> str:
-    """Upload the ``_metrics.json`` of a committed output that MLflow missed; return run id."""
-    from ..io.tracking import upload_pending
-
-    fs, root = url_to_fs(url)
-    manifest = inspect_output(url)
-    from ..io.storage import join
-
-    try:
-        record = read_json(fs, join(root, METRICS))
-    except FileNotFoundError:
-        raise SpecError(f"{url} has no {METRICS} to upload") from None
-    if record.get("uploaded"):
-        return record.get("mlflow_run_id") or ""
-    record["manifest_text"] = json.dumps(manifest, indent=2)
-    # The record shows ${NAME} in place of environment values (SPEC §3): expand them again.
-    uri = tracking_uri or os.path.expandvars(record["tracking_uri"])
-    run_id = upload_pending(uri, record["experiment"], record)
-    record.pop("manifest_text")
-    record.update({"uploaded": True, "mlflow_run_id": run_id, "error": None})
-    write_json(fs, join(root, METRICS), record)
-    return run_id

@@ -8,7 +8,8 @@ from . import DEMO_DS, write_demo
 
 
 def run_demo(folder: Path, *, rows: int = 120_000) -> int:
-    from ..commands.run import run_job, stamp
+    from ..commands.run import run_job
+    from ..commands.stamp import stamp
     from ..triple.schemas import lock_schemas
     from ..spec import load_job
 
@@ -23,18 +24,18 @@ def run_demo(folder: Path, *, rows: int = 120_000) -> int:
     outcome = run_job(job, progress=print)
     print(outcome.message)
     manifest = outcome.manifest
-    totals = manifest["totals"]
+    totals = manifest.totals
     out = Path(outcome.output)
-    quarantine_files = [f["path"] for s in manifest["shards"] for f in s["files"]
-                        if f["path"].startswith("quarantine/")]
+    quarantine_files = [f.path for s in manifest.shards for f in s.files
+                        if f.path.startswith("quarantine/")]
     print()
     print("─" * 72)
-    print(f"batchinfer demo: {totals['rows_in']:,} rows in {totals['shards']} shards → "
-          f"{totals['rows_scored']:,} scored, {totals['rows_quarantined']:,} quarantined")
+    print(f"batchinfer demo: {totals.rows_in:,} rows in {totals.shards} shards → "
+          f"{totals.rows_scored:,} scored, {totals.rows_quarantined:,} quarantined")
     print(f"  triple       {triple.model_version} · {triple.schema_version} · "
           f"preprocess {triple.preprocess_hash[:12]} · model {triple.model_digest[:12]}")
-    print(f"  predictions  {out / 'predictions' / manifest['attempt']}/")
-    print(f"  quarantine   {len(quarantine_files)} file(s) under {out / 'quarantine' / manifest['attempt']}/")
+    print(f"  predictions  {out / 'predictions' / manifest.attempt}/")
+    print(f"  quarantine   {len(quarantine_files)} file(s) under {out / 'quarantine' / manifest.attempt}/")
     print(f"  manifest     {out / '_manifest.json'}  (the commit; readers follow it)")
     if outcome.tracking:
         print(f"  tracking     {outcome.tracking}")

@@ -1,15 +1,22 @@
 """The base of every batchinfer model handler: Beam's ``ModelHandler`` over prepared batches.
 
-A backend implements three things (STYLE §1):
+A backend subclasses :class:`BatchModelHandler` (generic over its loaded model's type), names
+itself in ``backend`` (its entry in :mod:`batchinfer.backends`: file suffixes, options) and
+implements four hooks:
 
 - ``open_model()``: load the model (called at most once per process and model, see
   :func:`shared_model`);
-- ``predict(model, inputs)``: run it on a dict of input arrays, return a dict of output arrays;
-- ``describe()``: the model's input and output names (for planning and output mapping).
+- ``input_names(model)``, ``output_names(model)``: what it takes and gives, by name;
+- ``predict(model, inputs)``: run it on a dict of input arrays, return a dict of output arrays.
+
+Three more have defaults: ``device_used(model)`` ("cpu"), ``default_chunk_rows(model)`` (None:
+the whole batch per call) and ``model_key()`` (backend, digest, device, options). Every handler is
+built the same way, ``cls(model_path, digest=…, device=…, options=…)``, with options already
+checked against the backend's entry.
 
 Everything else — feeding Arrow-prepared features in chunks, isolating rows the model rejects,
-checking output shapes, timing — lives here once. Elements are :class:`Prepared` batches of many
-rows (never one row), so Beam's ``BatchElements`` is told to pass them one at a time, and
+the batch contract on outputs, timing — lives here once. Elements are :class:`Prepared` batches of
+many rows (never one row), so Beam's ``BatchElements`` is told to pass them one at a time, and
 ``get_num_bytes`` sums array sizes instead of pickling (DESIGN: pickling costs ~34 ms a batch).
 """
 from __future__ import annotations
@@ -17,27 +24,17 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import (Any, Callable, ClassVar, Hashable, Iterable, Mapping, Optional, Sequence,
+                    TypeVar)
 
 import numpy as np
 
+from .. import backends
+from ..beam_compat import ModelHandler, PredictionResult
 from ..errors import ModelError, PreprocessError
-from ..imports import without
 from ..rows.isolation import run_isolating
 
-
-def _import_beam_inference():
-    """Import Beam's RunInference base without torch and boto3 (see :mod:`batchinfer.imports`):
-    its model manager imports torch whenever torch is installed, and Beam's S3 filesystem boto3;
-    batchinfer uses neither."""
-    with without("torch", "boto3"):
-        import apache_beam.ml.inference.base as base
-    return base
-
-
-_beam_inference = _import_beam_inference()
-ModelHandler = _beam_inference.ModelHandler
-PredictionResult = _beam_inference.PredictionResult
+ModelT = TypeVar("ModelT")
 
 _models: dict[Any, Any] = {}
 _models_lock = threading.Lock()
@@ -96,35 +93,68 @@ def slice_features(features: Any, start: int, stop: int) -> Any:
     return features[start:stop]
 
 
-class BatchModelHandler(ModelHandler):
-    """Beam ``ModelHandler`` over :class:`Prepared` batches; subclass per backend."""
+class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
+    """Beam ``ModelHandler`` over :class:`Prepared` batches; subclass per backend.
 
-    def __init__(self, *, chunk_rows: Optional[int] = None):
+    Args:
+        model_path: the local model file.
+        digest: the model digest that was checked (part of the per-process cache key).
+        device: ``auto`` | ``cpu`` | ``cuda`` (the job's ``model.device``).
+        options: the job's ``model.options`` for this backend.
+
+    Raises:
+        SpecError: an option the backend does not take (when built outside a checked spec).
+    """
+
+    backend: ClassVar[str] = ""   # the name in batchinfer.backends ("" for test doubles)
+
+    def __init__(self, model_path: str, *, digest: str, device: str = "auto",
+                 options: Optional[Mapping[str, Any]] = None):
+        options = dict(options or {})
+        if self.backend:
+            options = backends.check_options(self.backend, options)
         super().__init__(min_batch_size=1, max_batch_size=1)
-        self.chunk_rows = chunk_rows
+        self.model_path = model_path
+        self.digest = digest
+        self.device = device
+        self.options = options
+        self.chunk_rows: Optional[int] = options.get("chunk_rows")
         # Each output's shape past the rows and its dtype, from the first call (see _check_outputs).
         self._signature: dict[str, tuple] = {}
 
     # -- what a backend implements -----------------------------------------------------------
-    def open_model(self) -> Any:
+    def open_model(self) -> ModelT:
+        """Load the model (once per process: see :meth:`load_model`)."""
         raise NotImplementedError
 
-    def predict(self, model: Any, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def input_names(self, model: ModelT) -> list[str]:
+        """The model's inputs, by name (a single-input model gets the one array it is given)."""
         raise NotImplementedError
 
-    def input_names(self, model: Any) -> list[str]:
+    def output_names(self, model: ModelT) -> list[str]:
+        """The model's outputs, by name (they become prediction columns)."""
         raise NotImplementedError
 
-    def model_key(self) -> Any:
-        """Identity of the loaded model for the per-process cache."""
+    def predict(self, model: ModelT, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the model on one chunk of rows; every output has one entry per input row."""
         raise NotImplementedError
 
-    def default_chunk_rows(self, model: Any) -> Optional[int]:
+    # -- what a backend may override -----------------------------------------------------------
+    def device_used(self, model: ModelT) -> str:
+        """The device the loaded model runs on, as the manifest records it ("cpu", "cuda:0")."""
+        return "cpu"
+
+    def default_chunk_rows(self, model: ModelT) -> Optional[int]:
         """Rows per ``predict`` call when the job does not say; None = the whole batch."""
         return None
 
+    def model_key(self) -> Hashable:
+        """Identity of the loaded model for the per-process cache."""
+        return (self.backend or type(self).__name__, self.digest, self.device,
+                repr(sorted(self.options.items())))
+
     # -- Beam's ModelHandler -----------------------------------------------------------------
-    def load_model(self) -> Any:
+    def load_model(self) -> ModelT:
         return shared_model(self.model_key(), self.open_model)
 
     def run_inference(self, batch: Sequence[Prepared], model: Any,

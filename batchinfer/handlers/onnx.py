@@ -1,27 +1,22 @@
 """ONNX Runtime backend: CPU, CUDA and TensorRT execution providers.
 
-``onnxruntime`` is imported only when a model is described or loaded. Session options come
-from the job's ``model.options`` (validated here, so a typo is an error, not a silent default).
+``onnxruntime`` is imported only when a model is loaded. Session options come from the job's
+``model.options``, whose keys and types the backend's entry in :mod:`batchinfer.backends`
+declares (a typo is an error, not a silent default); their values are checked here.
 """
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
 from ..errors import ModelError, PreprocessError, SpecError
 from .base import BatchModelHandler
 
-OPTIONS = {
-    "intra_op_num_threads": int,      # 0 = ONNX Runtime's default (one per core)
-    "inter_op_num_threads": int,
-    "graph_optimization_level": str,  # disable | basic | extended | all
-    "enable_cpu_mem_arena": bool,
-    "allow_spinning": bool,           # intra-op threads busy-wait for work (default: false)
-    "chunk_rows": int,                # rows per session.run call (default: CPU_CHUNK_ROWS on CPU)
-    "providers": list,                # explicit provider list, overrides `device`
-}
+if TYPE_CHECKING:
+    import onnxruntime as ort
+
 # Rows per session.run on the CPU provider. A whole 65,536-row batch makes every intermediate
 # activation of a 256-wide MLP 64 MB, which goes out to memory and back between layers; in
 # 4,096-row calls it stays in cache. Measured here (bench/README.md): the bench MLP runs ~30%
@@ -33,17 +28,6 @@ _ORT_TYPES = {
     "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8,
     "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_, "tensor(string)": np.object_,
 }
-
-
-def check_options(options: dict[str, Any]) -> dict[str, Any]:
-    for key, value in options.items():
-        kind = OPTIONS.get(key)
-        if kind is None:
-            raise SpecError(f"unknown key 'model.options.{key}' for backend onnxruntime "
-                            f"(known: {', '.join(sorted(OPTIONS))})")
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise SpecError(f"model.options.{key}: expected {kind.__name__}, got {value!r}")
-    return options
 
 
 def providers_for(device: str, options: dict[str, Any]) -> tuple[list[str], str]:
@@ -68,27 +52,21 @@ def providers_for(device: str, options: dict[str, Any]) -> tuple[list[str], str]
     return ["CPUExecutionProvider"], "cpu"
 
 
-class OnnxModelHandler(BatchModelHandler):
-    """Runs an ONNX model with ONNX Runtime.
+GRAPH_LEVELS = ("disable", "basic", "extended", "all")
 
-    Args:
-        model_path: a local ``.onnx`` file (external data beside it).
-        digest: the model digest that was checked; part of the per-process cache key.
-        device: ``auto`` | ``cpu`` | ``cuda``.
-        options: validated ``model.options``.
-    """
+
+class OnnxModelHandler(BatchModelHandler["ort.InferenceSession"]):
+    """Runs an ONNX model (a local ``.onnx`` file, external data beside it) with ONNX Runtime."""
+
+    backend = "onnxruntime"
 
     def __init__(self, model_path: str, *, digest: str, device: str = "auto",
                  options: Optional[dict[str, Any]] = None):
-        options = check_options(dict(options or {}))
-        super().__init__(chunk_rows=options.get("chunk_rows"))
-        self.model_path = model_path
-        self.digest = digest
-        self.device = device
-        self.options = options
-
-    def model_key(self) -> Any:
-        return ("onnxruntime", self.digest, self.device, repr(sorted(self.options.items())))
+        super().__init__(model_path, digest=digest, device=device, options=options)
+        level = self.options.get("graph_optimization_level", "all")
+        if level not in GRAPH_LEVELS:
+            raise SpecError(f"model.options.graph_optimization_level: {level!r} is not one of "
+                            f"{', '.join(GRAPH_LEVELS)}")
 
     def open_model(self) -> Any:
         import onnxruntime as ort
@@ -124,8 +102,9 @@ class OnnxModelHandler(BatchModelHandler):
     def default_chunk_rows(self, model: Any) -> Optional[int]:
         return CPU_CHUNK_ROWS if model.get_providers()[:1] == ["CPUExecutionProvider"] else None
 
-    def device_used(self) -> str:
-        return providers_for(self.device, self.options)[1]
+    def device_used(self, model: Any) -> str:
+        gpu = model.get_providers()[:1] in (["CUDAExecutionProvider"], ["TensorrtExecutionProvider"])
+        return "cuda:0" if gpu else "cpu"
 
     def input_names(self, model: Any) -> list[str]:
         return [i.name for i in model.get_inputs()]

@@ -15,12 +15,10 @@ from typing import Any
 from .. import faults
 from ..errors import StorageError
 from .outputs import ATTEMPT, MANIFEST, PREDICTIONS, QUARANTINE, TMP, Layout, write_file
+from .records import Manifest
 from .storage import is_local, join
 
-MANIFEST_VERSION = 1
-
-
-def read_manifest(fs: Any, root: str) -> dict | None:
+def read_manifest(fs: Any, root: str) -> Manifest | None:
     """The committed manifest under ``root``, or None if the partition is not committed."""
     path = join(root, MANIFEST)
     try:
@@ -30,16 +28,16 @@ def read_manifest(fs: Any, root: str) -> dict | None:
     except OSError as exc:
         raise StorageError(f"cannot read {path}: {exc}") from None
     try:
-        return json.loads(data)
-    except ValueError:
-        raise StorageError(f"{path} is not valid JSON; the partition needs --overwrite") from None
+        return Manifest.from_dict(json.loads(data))
+    except (ValueError, KeyError, TypeError):
+        raise StorageError(f"{path} is not a valid manifest; the partition needs --overwrite") from None
 
 
-def manifest_bytes(manifest: dict) -> bytes:
-    return (json.dumps(manifest, indent=2) + "\n").encode()
+def manifest_bytes(manifest: Manifest) -> bytes:
+    return (json.dumps(manifest.to_dict(), indent=2) + "\n").encode()
 
 
-def commit(layout: Layout, manifest: dict, *, replace: bool = False) -> bool:
+def create_manifest(layout: Layout, manifest: Manifest, *, replace: bool = False) -> bool:
     """Create the manifest. Return False if another run committed first (and not ``replace``)."""
     fs, data = layout.fs, manifest_bytes(manifest)
     final = layout.manifest
@@ -71,10 +69,6 @@ def commit(layout: Layout, manifest: dict, *, replace: bool = False) -> bool:
     return True
 
 
-def listed_files(manifest: dict) -> set[str]:
-    return {f["path"] for shard in manifest.get("shards", []) for f in shard.get("files", [])}
-
-
 def remove_attempt(layout: Layout, attempt: str) -> None:
     """Delete an attempt's data files and scratch (best effort: debris is never part of a
     partition, and the next run cleans what this one could not)."""
@@ -100,9 +94,9 @@ def _remove_if_empty(fs: Any, path: str) -> None:
         pass
 
 
-def clean_after_commit(layout: Layout, manifest: dict) -> None:
+def clean_after_commit(layout: Layout, manifest: Manifest) -> None:
     """Remove every attempt but the committed one, scratch, and unlisted files of this attempt."""
-    fs, committed = layout.fs, manifest["attempt"]
+    fs, committed = layout.fs, manifest.attempt
     for kind in (PREDICTIONS, QUARANTINE, TMP):
         base = join(layout.root, kind)
         try:
@@ -117,7 +111,7 @@ def clean_after_commit(layout: Layout, manifest: dict) -> None:
                     fs.rm(entry, recursive=True)
                 except OSError:
                     pass
-    listed = listed_files(manifest)
+    listed = manifest.files()
     for kind in (PREDICTIONS, QUARANTINE):
         base = join(layout.root, kind, committed)
         try:

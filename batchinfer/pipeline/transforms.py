@@ -18,19 +18,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
-import apache_beam as beam
-from apache_beam.transforms.window import GlobalWindow
-from apache_beam.utils.timestamp import MIN_TIMESTAMP
-from apache_beam.utils.windowed_value import WindowedValue
 import numpy as np
 import pyarrow as pa
 
 from .. import faults
 from ..triple.contract import Triple
 from ..handlers.base import BatchModelHandler, Prepared, PredictionResult
-from ..handlers.base import _beam_inference
+from ..beam_compat import PredictionResult, RunInference, beam, in_global_window
 from ..rows.hashing import row_hashes
 from ..io.outputs import PREDICTIONS, QUARANTINE, Layout, parquet_bytes, write_file, write_json
+from ..io.records import FileRecord, ModelStats
+from .coders import register_coders
+from .records import BatchRecord, ShardInfo, fold_shard
 from ..io.shards import ShardReader, Unreadable
 from ..rows.isolation import run_isolating
 from ..triple.preprocess import Preprocessor
@@ -92,41 +91,6 @@ class Chunk:
         return self.batch.nbytes
 
 
-class SizedPickleCoder(beam.coders.Coder):
-    """Pickles batch elements, and estimates their size from their buffers.
-
-    Beam samples element sizes for its counters by encoding elements; with the default coder
-    that pickles every sampled batch in full (measured: 1.4 s and 2.5 GB of pickling for
-    8M rows). Elements stay in memory inside a fused stage, so only the estimate needs to be
-    cheap; encoding (when a runner really moves elements between processes) still pickles.
-    """
-
-    def encode(self, value):
-        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-
-    def decode(self, encoded):
-        return pickle.loads(encoded)
-
-    def is_deterministic(self) -> bool:
-        return False
-
-    def _create_impl(self):
-        return beam.coders.coder_impl.CallbackCoderImpl(self.encode, self.decode,
-                                                         size_estimator=_estimate_size)
-
-    def to_type_hint(self):
-        return Any
-
-
-def _estimate_size(value: Any) -> int:
-    example = getattr(value, "example", value)  # PredictionResult wraps a Prepared
-    return int(example.nbytes()) if hasattr(example, "nbytes") else 1024
-
-
-for _element in (Chunk, Prepared, PredictionResult):
-    beam.coders.registry.register_coder(_element, SizedPickleCoder)
-
-
 @dataclass
 class Payload:
     """What travels beside the features to the writer."""
@@ -144,13 +108,14 @@ def build(pipeline: beam.Pipeline, plan: ScoringPlan, handler: BatchModelHandler
     shards = (pipeline
               | "Shards" >> beam.Create(list(enumerate(plan.shard_urls)))
               | "Spread" >> beam.Reshuffle())
+    register_coders(Chunk, Prepared, PredictionResult)
     read = (shards | "ReadShard" >> beam.ParDo(ReadShard(plan))
             .with_outputs(SHARD_INFO, main="batches"))
     read.batches.element_type = Chunk  # so Beam uses SizedPickleCoder for these elements
     prepared = (read.batches | "Prepare" >> beam.ParDo(PrepareBatch(plan))
                 .with_output_types(Prepared))
     written = (prepared
-               | "RunInference" >> _beam_inference.RunInference(handler)
+               | "RunInference" >> RunInference(handler)
                .with_output_types(PredictionResult)
                | "WriteBatch" >> beam.ParDo(WriteBatch(plan)))
     return ((read[SHARD_INFO], written)
@@ -183,7 +148,7 @@ class ReadShard(beam.DoFn):
         try:
             reader = ShardReader(url, hasher=self._hasher)
         except Unreadable as exc:
-            yield beam.pvalue.TaggedOutput(SHARD_INFO, (index, _info(None, None, str(exc))))
+            yield beam.pvalue.TaggedOutput(SHARD_INFO, (index, ShardInfo(None, None, str(exc))))
             return
         faults.point("read")
         opened_s = time.perf_counter() - t0
@@ -200,15 +165,10 @@ class ReadShard(beam.DoFn):
                 first_row += batch.num_rows
         except Unreadable as exc:
             # Batches already sent on are dropped by FinishShard: the shard counts as unreadable.
-            yield beam.pvalue.TaggedOutput(SHARD_INFO, (index, _info(reader.sha256, None, str(exc))))
+            yield beam.pvalue.TaggedOutput(SHARD_INFO, (index, ShardInfo(reader.sha256, None, str(exc))))
             return
-        info = _info(reader.sha256, reader.num_rows, None)
-        info["seconds"] = {"read": opened_s}
+        info = ShardInfo(reader.sha256, reader.num_rows, None, {"read": opened_s})
         yield beam.pvalue.TaggedOutput(SHARD_INFO, (index, info))
-
-
-def _info(sha256, rows_in, unreadable_reason) -> dict:
-    return {"kind": "info", "sha256": sha256, "rows_in": rows_in, "unreadable": unreadable_reason}
 
 
 class PrepareBatch(beam.DoFn):
@@ -277,7 +237,7 @@ class WriteBatch(beam.DoFn):
 
     def finish_bundle(self) -> Iterator[Any]:
         while self._pending:
-            yield WindowedValue(self._pending.popleft().result(), MIN_TIMESTAMP, [GlobalWindow()])
+            yield in_global_window(self._pending.popleft().result())
 
     def teardown(self):
         writer = getattr(self, "_writer", None)
@@ -333,14 +293,13 @@ class WriteBatch(beam.DoFn):
             files.append(self._write(QUARANTINE, index, number, table))
         seconds = dict(payload.seconds, infer=inference.compute_ms / 1000.0, hash=hash_s,
                        write=time.perf_counter() - t0 - hash_s)
-        return (index, {"kind": "batch", "batch": number, "rows_in": payload.rows_in,
-                       "rows_scored": int(ok.size), "rows_quarantined": quarantined,
-                       "files": files, "first_reason": first_reason, "seconds": seconds,
-                       "model": {"rows": item.rows, "raised": len(inference.failed),
-                                 "error": inference.failed[0][1] if inference.failed else None}})
+        model = ModelStats(item.rows, len(inference.failed),
+                           inference.failed[0][1] if inference.failed else None)
+        return (index, BatchRecord(number, payload.rows_in, int(ok.size), quarantined,
+                                   tuple(files), first_reason, seconds, model))
 
     def _write(self, kind: str, index: int, number: int, table: pa.Table,
-               encoding: dict | None = None) -> dict:
+               encoding: dict | None = None) -> FileRecord:
         relative = self.layout.part(kind, index, number)
         if encoding is not None:
             encoding = {"dictionary": encoding["dictionary"],
@@ -351,7 +310,7 @@ class WriteBatch(beam.DoFn):
             faults.point("mid_write")
         digest = write_file(self.layout.fs, self.layout.abs(relative), data)
         faults.point("write")
-        return {"path": relative, "rows": table.num_rows, "sha256": digest}
+        return FileRecord(relative, table.num_rows, digest)
 
     def _predictions(self, payload: Payload, scored: pa.RecordBatch, ok: np.ndarray,
                      input_hash: pa.Array, outputs: dict[str, np.ndarray], shard_name: str,
@@ -386,57 +345,10 @@ class FinishShard(beam.DoFn):
 
     def process(self, element) -> Iterator[int]:
         index, records = element
-        entry = fold_shard(self.plan.shard_names[index], list(records))
-        write_json(self.layout.fs, self.layout.shard_result(index), entry)
+        result = fold_shard(self.plan.shard_names[index], list(records))
+        write_json(self.layout.fs, self.layout.shard_result(index), result.to_dict())
         faults.point("shard_done")
         yield index
-
-
-def fold_shard(name: str, records: Sequence[dict]) -> dict:
-    """One manifest shard entry from a shard's info record(s) and batch records (pure).
-
-    The entry also carries ``seconds`` (time per stage, summed) and ``model`` (rows given to
-    the model, rows it raised on, its first error), which the job reads and leaves out of the
-    manifest.
-
-    Raises:
-        RuntimeError: the batches do not account for every row (a bug, never bad data).
-    """
-    infos = [r for r in records if r["kind"] == "info"]
-    batches = sorted((r for r in records if r["kind"] == "batch"), key=lambda r: r["batch"])
-    sha256 = next((i["sha256"] for i in infos if i["sha256"]), None)
-    unreadable = next((i["unreadable"] for i in infos if i["unreadable"]), None)
-    if unreadable:
-        return {"path": name, "sha256": sha256, "rows_in": None, "rows_scored": 0,
-                "rows_quarantined": 0, "status": "unreadable", "reason": unreadable, "files": []}
-    if not infos:
-        raise RuntimeError(f"shard {name} has batch records but no shard record")
-    rows_in = infos[0]["rows_in"]
-    scored = sum(b["rows_scored"] for b in batches)
-    quarantined = sum(b["rows_quarantined"] for b in batches)
-    seen = sum(b["rows_in"] for b in batches)
-    if seen != rows_in or scored + quarantined != rows_in:
-        raise RuntimeError(f"accounting failed for shard {name}: {rows_in} rows in the footer, "
-                           f"{seen} read, {scored} scored + {quarantined} quarantined")
-    if rows_in == 0:
-        status, reason = "empty", None
-    elif scored == 0:
-        status = "quarantined"
-        reason = next((b["first_reason"] for b in batches if b["first_reason"]), None)
-    else:
-        status, reason = "scored", None
-    files = [f for b in batches for f in b["files"]]
-    seconds: dict[str, float] = {}
-    for record in [*infos, *batches]:
-        for stage, value in record.get("seconds", {}).items():
-            seconds[stage] = seconds.get(stage, 0.0) + value
-    stats = [b.get("model") or {} for b in batches]
-    model = {"rows": sum(m.get("rows", 0) for m in stats),
-             "raised": sum(m.get("raised", 0) for m in stats),
-             "error": next((m["error"] for m in stats if m.get("error")), None)}
-    return {"path": name, "sha256": sha256, "rows_in": rows_in, "rows_scored": scored,
-            "rows_quarantined": quarantined, "status": status, "reason": reason, "files": files,
-            "seconds": seconds, "model": model}
 
 
 def prediction_array(values: np.ndarray) -> pa.Array:

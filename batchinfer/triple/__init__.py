@@ -1,1 +1,8 @@
-"""triple"""
+"""The version triple's parts and where they come from: schema versions (``schemas``), the
+preprocessing step (``preprocess``) and the user code they are loaded from (``sources``), the
+model file or registry version (``models``), and the triple, declarations and digests
+(``contract``).
+
+May import the core (``errors``, ``backends``, ``imports``) and ``rows`` (a schema's columns);
+never the pipeline, handlers, commands or I/O packages.
+"""

@@ -65,7 +65,7 @@ def default_preprocess_hash(features: Sequence[str]) -> str:
 
 # -- model digest ------------------------------------------------------------------------------
 
-def model_files(model_path: str | Path, backend: str = "onnxruntime") -> list[Path]:
+def model_files(model_path: str | Path) -> list[Path]:
     """The files whose bytes make up the model: the file, then ONNX external data by name.
 
     Raises:
@@ -131,8 +131,8 @@ def digest_files(files: Sequence[Path]) -> str:
     return h.hexdigest()
 
 
-def model_digest(model_path: str | Path, backend: str = "onnxruntime") -> str:
-    return digest_files(model_files(model_path, backend))
+def model_digest(model_path: str | Path) -> str:
+    return digest_files(model_files(model_path))
 
 
 def refuse_pickle(model_path: str | Path, allow_pickle: bool = False) -> None:

@@ -7,12 +7,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import backends
 from .contract import (Triple, declaration_from_tags, read_sidecar, triple_tags, write_sidecar)
 from ..errors import ModelError, StorageError
 
 _REGISTRY_URI = re.compile(r"^models:/(?P<name>[^/]+)/(?P<version>[0-9]+)$")
-MODEL_SUFFIXES = {"onnxruntime": (".onnx",), "tensorrt": (".engine", ".plan", ".trt"),
-                  "torch": (".pt2",)}
 
 
 @dataclass(frozen=True)
@@ -51,7 +50,7 @@ def resolve_model(uri: str, backend: str, tracking_uri: str) -> ResolvedModel:
         path = Path(uri)
         if path.is_dir():
             raise ModelError(f"model.uri {uri} is a folder, not a model file: point it at the "
-                             f"{'/'.join(MODEL_SUFFIXES.get(backend, ('model',)))} file inside")
+                             f"{'/'.join(backends.get(backend).suffixes)} file inside")
         if not path.is_file():
             what = "is not a regular file" if path.exists() else "not found"
             raise ModelError(f"model file {uri} {what}")
@@ -91,7 +90,7 @@ def declare(model: ResolvedModel, triple: Triple, tracking_uri: str) -> str:
 
 
 def _model_file(folder: Path, backend: str, uri: str) -> Path:
-    suffixes = MODEL_SUFFIXES.get(backend, ())
+    suffixes = backends.get(backend).suffixes
     found = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in suffixes)
     if len(found) != 1:
         what = "no" if not found else f"{len(found)}"

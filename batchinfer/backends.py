@@ -1,0 +1,120 @@
+"""The backend registry: the one place that says what a ``model.backend`` is.
+
+A :class:`Backend` owns its name, the suffixes of its model files, the ``model.options`` it
+accepts (with their types) and its handler class, named as ``"module:Class"`` so that checking a
+job spec, planning or parsing a DAG never imports ONNX Runtime, torch or TensorRT. The spec
+validates ``model.backend`` and ``model.options`` here, the model resolver looks for a registry
+model's file by these suffixes, and the run builds the handler from here; ``register()`` adds a
+backend everywhere at once.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from .errors import ModelError, SpecError
+
+# Accepted by every backend: lifts the refusal of pickle-based model files (SPEC §5.6).
+COMMON_OPTIONS: Mapping[str, type] = MappingProxyType({"allow_pickle": bool})
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A model backend.
+
+    Attributes:
+        name: the ``model.backend`` value.
+        suffixes: model file suffixes, lower case (a registry model's folder must hold one file
+            with one of them).
+        options: ``model.options`` keys this backend accepts, with their types.
+        handler: ``"package.module:Class"`` of its :class:`~batchinfer.handlers.base.BatchModelHandler`;
+            None for a backend the contract names but this version does not ship.
+        install: what to install (or do) when its library is missing.
+    """
+
+    name: str
+    suffixes: tuple[str, ...]
+    options: Mapping[str, type] = field(default_factory=dict)
+    handler: str | None = None
+    install: str = ""
+
+
+_REGISTRY: dict[str, Backend] = {}
+
+
+def register(backend: Backend) -> None:
+    """Make ``backend`` available under ``backend.name`` (replacing one of the same name)."""
+    _REGISTRY[backend.name] = backend
+
+
+def names() -> tuple[str, ...]:
+    return tuple(sorted(_REGISTRY))
+
+
+def get(name: str) -> Backend:
+    """The backend called ``name``.
+
+    Raises:
+        SpecError: no backend has that name (the message lists the known ones).
+    """
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise SpecError(f"unknown model.backend {name!r} (known: {', '.join(names())})") from None
+
+
+def check_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` if every key is one the backend (or every backend) accepts, with its type.
+
+    Raises:
+        SpecError: an unknown key, or a value of another type (``true`` is not an int).
+    """
+    known = {**get(name).options, **COMMON_OPTIONS}
+    for key, value in options.items():
+        kind = known.get(key)
+        if kind is None:
+            raise SpecError(f"unknown key 'model.options.{key}' for backend {name} "
+                            f"(known: {', '.join(sorted(known))})")
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+            raise SpecError(f"model.options.{key}: expected {kind.__name__}, got {value!r}")
+    return dict(options)
+
+
+def handler_class(name: str) -> type:
+    """The handler class of backend ``name`` (imports the backend's module and library).
+
+    Raises:
+        ModelError: the backend is not in this version, or its library is not installed (exit 5).
+    """
+    backend = get(name)
+    if backend.handler is None:
+        raise ModelError(f"backend {name!r} is not available in this version of batchinfer "
+                         f"(available: {', '.join(n for n in names() if _REGISTRY[n].handler)})")
+    module_name, class_name = backend.handler.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ModelError(f"backend {name!r} needs a package that is not installed ({exc.name}): "
+                         f"{backend.install}") from None
+    return getattr(module, class_name)
+
+
+register(Backend(
+    "onnxruntime", (".onnx",),
+    options={
+        "intra_op_num_threads": int,      # 0 = ONNX Runtime's default (one per core)
+        "inter_op_num_threads": int,
+        "graph_optimization_level": str,  # disable | basic | extended | all
+        "enable_cpu_mem_arena": bool,
+        "allow_spinning": bool,           # intra-op threads busy-wait for work (default: false)
+        "chunk_rows": int,                # rows per session.run call (default: 4,096 on CPU)
+        "providers": list,                # explicit provider list, overrides `device`
+    },
+    handler="batchinfer.handlers.onnx:OnnxModelHandler",
+    install="pip install onnxruntime (CPU) or onnxruntime-gpu (CUDA/TensorRT), e.g. "
+            "pip install 'batchinfer[cpu]'"))
+# Named by the contract (SPEC §3); their handlers come with the GPU backends.
+register(Backend("tensorrt", (".engine", ".plan", ".trt"), install="not in this version"))
+register(Backend("torch", (".pt2",), install="not in this version"))

@@ -1,0 +1,43 @@
+"""Apache Beam, as batchinfer imports it, and the parts of it that batchinfer uses beyond its
+documented surface, in one place. Modules of batchinfer import ``beam`` from here.
+
+``tests/test_beam_compat.py`` exercises each of them against the installed Beam, so an upgrade
+that moves or changes one fails there, with its name, rather than somewhere inside a run.
+
+- Beam imports torch for a RunInference model manager batchinfer does not use (1–6 s here when
+  torch is installed) and boto3 for an S3 client it does not use (fsspec reads S3); both
+  imports are guarded by ``except ImportError`` in Beam, so they are hidden while Beam is first
+  imported (:func:`batchinfer.imports.without`; both stay importable afterwards). This works
+  only if no other module imported Beam first — hence one place.
+- A coder that only *estimates* element sizes (``CallbackCoderImpl(size_estimator=…)``): Beam
+  samples sizes by encoding elements, which pickles whole batches with the default coder.
+- Emitting elements from ``finish_bundle`` needs a ``WindowedValue``; batchinfer's elements
+  live in the global window.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .imports import without
+
+with without("torch", "boto3"):  # first: whichever Beam module imports them first would
+    import apache_beam as beam
+    import apache_beam.ml.inference.base as _inference
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.timestamp import MIN_TIMESTAMP
+from apache_beam.utils.windowed_value import WindowedValue
+
+ModelHandler = _inference.ModelHandler
+PredictionResult = _inference.PredictionResult
+RunInference = _inference.RunInference
+
+
+def size_estimating_coder_impl(encode: Callable[[Any], bytes], decode: Callable[[bytes], Any],
+                               size_estimator: Callable[[Any], int]):
+    """A coder implementation that encodes with ``encode`` but sizes with ``size_estimator``."""
+    return beam.coders.coder_impl.CallbackCoderImpl(encode, decode, size_estimator=size_estimator)
+
+
+def in_global_window(value: Any) -> WindowedValue:
+    """``value`` as an element of the global window (what ``finish_bundle`` must yield)."""
+    return WindowedValue(value, MIN_TIMESTAMP, [GlobalWindow()])

@@ -1,0 +1,47 @@
+"""``batchinfer inspect`` and ``batchinfer track``: read a committed partition, upload its
+metrics when MLflow missed them at run time (SPEC §2, §5.7)."""
+from __future__ import annotations
+
+import json
+import os
+
+from ..errors import SpecError
+from ..io.manifest import read_manifest
+from ..io.outputs import METRICS, read_json, write_json
+from ..io.records import Manifest
+from ..io.storage import join, url_to_fs
+
+
+def inspect_output(url: str) -> Manifest:
+    """The committed manifest of ``url``.
+
+    Raises:
+        SpecError: nothing is committed there (exit 2).
+    """
+    fs, root = url_to_fs(url)
+    manifest = read_manifest(fs, root)
+    if manifest is None:
+        raise SpecError(f"{url} holds no committed partition (no _manifest.json)")
+    return manifest
+
+
+def upload_tracking(url: str, tracking_uri: str | None = None) -> str:
+    """Upload the ``_metrics.json`` of a committed output that MLflow missed; return the run id."""
+    from ..io.tracking import upload_pending
+
+    fs, root = url_to_fs(url)
+    manifest = inspect_output(url)
+    try:
+        record = read_json(fs, join(root, METRICS))
+    except FileNotFoundError:
+        raise SpecError(f"{url} has no {METRICS} to upload") from None
+    if record.get("uploaded"):
+        return record.get("mlflow_run_id") or ""
+    record["manifest_text"] = json.dumps(manifest.to_dict(), indent=2)
+    # The record shows ${NAME} in place of environment values (SPEC §3): expand them again.
+    uri = tracking_uri or os.path.expandvars(record["tracking_uri"])
+    run_id = upload_pending(uri, record["experiment"], record)
+    record.pop("manifest_text")
+    record.update({"uploaded": True, "mlflow_run_id": run_id, "error": None})
+    write_json(fs, join(root, METRICS), record)
+    return run_id

@@ -1,0 +1,37 @@
+"""``batchinfer stamp``: write a model's declaration of the version triple (SPEC §1)."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from ..errors import SpecError
+from ..spec import Job, resolve_path
+from ..triple.contract import Triple
+from ..triple.models import declare
+from .resolve import resolve
+
+
+def stamp(job: Job, model_uri: str | None, model_version: str | None) -> tuple[Triple, str]:
+    """Write the model's declaration for this job's schema and preprocessing; return the triple
+    and where the declaration went."""
+    spec = job.spec
+    if model_uri is not None:
+        job = _with_model(job, model_uri)
+    resolved = resolve(job, list_input_files=False, check=False)
+    version = model_version or spec.model.version
+    if not version:
+        if resolved.model.registry:
+            version = ":".join(resolved.model.registry)
+        else:
+            raise SpecError("stamp needs a model version: pass --model-version NAME:V or set "
+                            "model.version in the job")
+    triple = Triple(version, resolved.triple.model_digest, resolved.triple.schema_version,
+                    resolved.triple.preprocess_hash)
+    where = declare(resolved.model, triple, job.spec.tracking.uri)
+    return triple, where
+
+
+def _with_model(job: Job, model_uri: str) -> Job:
+    """``job`` with ``model.uri`` replaced; a relative path is the user's, from the cwd."""
+    model = job.spec.model.model_copy(update={"uri": resolve_path(model_uri, Path.cwd())})
+    return dataclasses.replace(job, spec=job.spec.model_copy(update={"model": model}))

@@ -1,0 +1,151 @@
+"""Typed records of a partition: the manifest (SPEC §4) and what a finished shard leaves in scratch.
+
+Plain dataclasses with ``to_dict``/``from_dict``; JSON is only made and parsed at the edges
+(:mod:`batchinfer.io.manifest`, the per-shard scratch files). Pure: no I/O here.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+MANIFEST_VERSION = 1
+ShardStatus = Literal["scored", "empty", "quarantined", "unreadable"]
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """A data file of the partition: path relative to ``output.path``, rows, sha256 of its bytes."""
+
+    path: str
+    rows: int
+    sha256: str
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "FileRecord":
+        return cls(path=data["path"], rows=data["rows"], sha256=data["sha256"])
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    """One input shard in the manifest (SPEC §4)."""
+
+    path: str
+    sha256: str | None
+    rows_in: int | None
+    rows_scored: int
+    rows_quarantined: int
+    status: ShardStatus
+    reason: str | None
+    files: tuple[FileRecord, ...] = ()
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["files"] = [asdict(f) for f in self.files]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ShardRecord":
+        return cls(path=data["path"], sha256=data.get("sha256"), rows_in=data.get("rows_in"),
+                   rows_scored=data["rows_scored"], rows_quarantined=data["rows_quarantined"],
+                   status=data["status"], reason=data.get("reason"),
+                   files=tuple(FileRecord.from_dict(f) for f in data.get("files", [])))
+
+
+@dataclass(frozen=True)
+class Totals:
+    shards: int
+    rows_in: int
+    rows_scored: int
+    rows_quarantined: int
+    shards_unreadable: int
+
+    @classmethod
+    def of(cls, shards: list[ShardRecord] | tuple[ShardRecord, ...]) -> "Totals":
+        return cls(shards=len(shards),
+                   rows_in=sum(s.rows_in or 0 for s in shards),
+                   rows_scored=sum(s.rows_scored for s in shards),
+                   rows_quarantined=sum(s.rows_quarantined for s in shards),
+                   shards_unreadable=sum(s.status == "unreadable" for s in shards))
+
+    @property
+    def bad_fraction(self) -> float:
+        return self.rows_quarantined / self.rows_in if self.rows_in else 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """``_manifest.json``: the commit of a partition (SPEC §4)."""
+
+    job: str
+    ds: str | None
+    attempt: str
+    triple: dict[str, str]
+    job_spec_sha256: str
+    runner: str
+    device: str
+    started_at: str
+    finished_at: str
+    mlflow_run_id: str | None
+    totals: Totals
+    shards: tuple[ShardRecord, ...]
+    manifest_version: int = MANIFEST_VERSION
+
+    def files(self) -> set[str]:
+        """Every data file the partition consists of (relative paths)."""
+        return {f.path for shard in self.shards for f in shard.files}
+
+    def to_dict(self) -> dict:
+        return {"manifest_version": self.manifest_version, "job": self.job, "ds": self.ds,
+                "attempt": self.attempt, "triple": dict(self.triple),
+                "job_spec_sha256": self.job_spec_sha256, "runner": self.runner,
+                "device": self.device, "started_at": self.started_at,
+                "finished_at": self.finished_at, "mlflow_run_id": self.mlflow_run_id,
+                "totals": self.totals.to_dict(), "shards": [s.to_dict() for s in self.shards]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Manifest":
+        shards = tuple(ShardRecord.from_dict(s) for s in data.get("shards", []))
+        totals = data.get("totals")
+        return cls(job=data.get("job", ""), ds=data.get("ds"), attempt=data.get("attempt", ""),
+                   triple=dict(data.get("triple", {})),
+                   job_spec_sha256=data.get("job_spec_sha256", ""),
+                   runner=data.get("runner", ""), device=data.get("device", ""),
+                   started_at=data.get("started_at", ""), finished_at=data.get("finished_at", ""),
+                   mlflow_run_id=data.get("mlflow_run_id"),
+                   totals=Totals(**totals) if totals else Totals.of(shards), shards=shards,
+                   manifest_version=data.get("manifest_version", MANIFEST_VERSION))
+
+
+@dataclass(frozen=True)
+class ModelStats:
+    """What the model did with a shard's rows: rows given, rows it raised on, its first error."""
+
+    rows: int = 0
+    raised: int = 0
+    error: str | None = None
+
+    def __add__(self, other: "ModelStats") -> "ModelStats":
+        return ModelStats(self.rows + other.rows, self.raised + other.raised,
+                          self.error or other.error)
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    """What a finished shard leaves in scratch for the commit: its manifest entry, plus the time
+    spent per stage and the model's statistics, which go to the metrics, not the manifest."""
+
+    record: ShardRecord
+    seconds: dict[str, float] = field(default_factory=dict)
+    model: ModelStats = ModelStats()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"record": self.record.to_dict(), "seconds": dict(self.seconds),
+                "model": asdict(self.model)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ShardResult":
+        return cls(ShardRecord.from_dict(data["record"]), dict(data.get("seconds", {})),
+                   ModelStats(**data.get("model", {})))

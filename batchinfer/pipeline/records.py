@@ -1,0 +1,79 @@
+"""What the pipeline's stages say about a shard, and folding it into the shard's result (pure).
+
+``ReadShard`` emits one :class:`ShardInfo` per shard (after its batches), ``WriteBatch`` one
+:class:`BatchRecord` per batch; ``FinishShard`` groups them by shard and :func:`fold_shard` turns
+them into the :class:`~batchinfer.io.records.ShardResult` the commit reads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence, Union
+
+from ..io.records import FileRecord, ModelStats, ShardRecord, ShardResult
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """A shard as read: its digest, its footer's row count, or why it could not be read."""
+
+    sha256: str | None
+    rows_in: int | None
+    unreadable: str | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """One batch as written: rows in, scored and quarantined, and the files that hold them."""
+
+    batch: int
+    rows_in: int
+    rows_scored: int
+    rows_quarantined: int
+    files: tuple[FileRecord, ...] = ()
+    first_reason: str | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+    model: ModelStats = ModelStats()
+
+
+Record = Union[ShardInfo, BatchRecord]
+
+
+def fold_shard(name: str, records: Sequence[Record]) -> ShardResult:
+    """One shard's result from its info record(s) and batch records.
+
+    Raises:
+        RuntimeError: the batches do not account for every row (a bug, never bad data).
+    """
+    infos = [r for r in records if isinstance(r, ShardInfo)]
+    batches = sorted((r for r in records if isinstance(r, BatchRecord)), key=lambda r: r.batch)
+    sha256 = next((i.sha256 for i in infos if i.sha256), None)
+    unreadable = next((i.unreadable for i in infos if i.unreadable), None)
+    if unreadable:
+        # Batches already sent on are dropped: the shard counts as unreadable, and its files are
+        # not listed (the cleanup after the commit removes them).
+        return ShardResult(ShardRecord(name, sha256, None, 0, 0, "unreadable", unreadable))
+    if not infos:
+        raise RuntimeError(f"shard {name} has batch records but no shard record")
+    rows_in = infos[0].rows_in or 0
+    scored = sum(b.rows_scored for b in batches)
+    quarantined = sum(b.rows_quarantined for b in batches)
+    seen = sum(b.rows_in for b in batches)
+    if seen != rows_in or scored + quarantined != rows_in:
+        raise RuntimeError(f"accounting failed for shard {name}: {rows_in} rows in the footer, "
+                           f"{seen} read, {scored} scored + {quarantined} quarantined")
+    if rows_in == 0:
+        status, reason = "empty", None
+    elif scored == 0:
+        status = "quarantined"
+        reason = next((b.first_reason for b in batches if b.first_reason), None)
+    else:
+        status, reason = "scored", None
+    seconds: dict[str, float] = {}
+    for part in [*infos, *batches]:
+        for stage, value in part.seconds.items():
+            seconds[stage] = seconds.get(stage, 0.0) + value
+    model = sum((b.model for b in batches), ModelStats())
+    record = ShardRecord(name, sha256, rows_in, scored, quarantined, status, reason,
+                         tuple(f for b in batches for f in b.files))
+    return ShardResult(record, seconds, model)
