@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from . import __version__
-from .errors import BatchInferError, UsageError
+from .errors import BatchInferError, UsageError, one_line
 from .redaction import redact
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a failure of the system, not of the user's input
         if args.debug:
             _print_traceback()
-        text = redact(" ".join(str(exc).split()))[:300]
+        text = redact(one_line(exc))
         print(f"batchinfer {args.command}: unexpected {type(exc).__name__}: {text} "
               f"(rerun with --debug for the traceback)", file=sys.stderr)
         return 5

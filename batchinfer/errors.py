@@ -24,6 +24,11 @@ from __future__ import annotations
 from .redaction import redact
 
 
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception's message on one line, at most ``limit`` characters (its type if empty)."""
+    return " ".join(str(exc).split())[:limit] or type(exc).__name__
+
+
 class BatchInferError(Exception):
     """Root of every error batchinfer raises on purpose."""
 

@@ -1,6 +1,7 @@
 """Fault injection for crash-safety tests: ``BATCHINFER_FAULT=<point>[:<n>]`` kills the process
 with SIGKILL (no cleanup, no atexit, like ``kill -9``) the n-th time (default 1st) it reaches
-``<point>``. Unset, every call is one dictionary look-up.
+``<point>``. The variable is read on the first call, not on import. Unset, every call is one
+dictionary look-up.
 
 Points, in the order a run meets them:
     read          a shard's bytes have been read
@@ -17,25 +18,30 @@ import os
 import signal
 import threading
 
-_spec = os.environ.get("BATCHINFER_FAULT", "")
-_point, _, _nth = _spec.partition(":")
-_target = int(_nth) if _nth.isdigit() else 1
-_count = 0
 _lock = threading.Lock()
+_state: dict = {}   # point, target occurrence, count; read from the environment on first use
+
+
+def _configured() -> dict:
+    if not _state:
+        spec = os.environ.get("BATCHINFER_FAULT", "")
+        point_name, _, nth = spec.partition(":")
+        _state.update(point=point_name, target=int(nth) if nth.isdigit() else 1, count=0)
+    return _state
 
 
 def point(name: str) -> None:
     """Die here if this is the configured fault point and occurrence."""
-    global _count
-    if name != _point:
+    state = _state or _configured()
+    if name != state["point"]:
         return
     with _lock:
-        _count += 1
-        hit = _count == _target
+        state["count"] += 1
+        hit = state["count"] == state["target"]
     if hit:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
 def armed(name: str) -> bool:
     """True if ``name`` is the configured point (for faults that need to act before dying)."""
-    return name == _point
+    return name == (_state or _configured())["point"]

@@ -18,7 +18,7 @@ ALLOWED: dict[str, set[str]] = {
     "rows": {"core"},
     "io": {"core"},
     "spec": {"core", "rows", "io"},
-    "triple": {"core", "rows"},
+    "triple": {"core", "rows", "io"},
     "handlers": {"core", "beam_compat", "rows"},
     "pipeline": {"core", "beam_compat", "rows", "io", "triple", "handlers"},
     "commands": {"core", "beam_compat", "rows", "io", "spec", "triple", "handlers", "pipeline"},

@@ -69,7 +69,7 @@ def export_model(model: str | Path, to: str, out: str | Path, *, fp16: bool = Fa
     try:
         program = torch.export.load(str(model))
     except Exception as exc:
-        raise ModelError(f"torch cannot load {model}: {_one_line(exc)}") from None
+        raise ModelError(f"torch cannot load {model}: {one_line(exc)}") from None
     if sample_job is not None:
         arrays = _job_sample(sample_job, _input_names(program))
         where = f"rows of {sample_job.spec.name}'s input"
@@ -96,7 +96,7 @@ def _to_onnx(torch, program, arrays: list[np.ndarray], where: str, out: Path) ->
                                   verbose=False)
             session = ort.InferenceSession(scratch, providers=["CPUExecutionProvider"])
         except Exception as exc:
-            raise ModelError(f"cannot convert to ONNX: {_one_line(exc)}") from None
+            raise ModelError(f"cannot convert to ONNX: {one_line(exc)}") from None
         names = [i.name for i in session.get_inputs()]
         if len(names) != len(arrays):
             raise ModelError(f"the ONNX model takes inputs {names}, the program {len(arrays)}")
@@ -179,7 +179,3 @@ def _require_tensorrt() -> None:
     except ImportError:
         raise ModelError("export --to tensorrt needs TensorRT and a CUDA GPU: install "
                          "'batchinfer[gpu]' on a machine with one") from None
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300] or type(exc).__name__

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
-from ..errors import ModelError, PreprocessError, SpecError
+from ..errors import ModelError, PreprocessError, SpecError, one_line
 from .base import BatchModelHandler
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ class OnnxModelHandler(BatchModelHandler["ort.InferenceSession"]):
         try:
             return ort.InferenceSession(self.model_path, sess_options=so, providers=providers)
         except Exception as exc:
-            raise ModelError(f"ONNX Runtime cannot load {self.model_path}: {' '.join(str(exc).split())[:300]}") from None
+            raise ModelError(f"ONNX Runtime cannot load {self.model_path}: {one_line(exc)}") from None
 
     def default_chunk_rows(self, model: Any) -> Optional[int]:
         return CPU_CHUNK_ROWS if model.get_providers()[:1] == ["CPUExecutionProvider"] else None

@@ -31,7 +31,7 @@ from typing import Any, Iterator, Optional
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import NoShardsError, StorageError
+from ..errors import NoShardsError, StorageError, one_line
 from .storage import full_url, is_local, url_to_fs
 
 MAX_IN_MEMORY_BYTES = 256 << 20
@@ -155,7 +155,7 @@ class ShardReader:
             self._file = pq.ParquetFile(source)
         except Exception as exc:  # pyarrow raises several types for bad bytes
             self._raise_fetch_error()
-            raise Unreadable(f"not a readable Parquet file: {_one_line(exc)}") from None
+            raise Unreadable(f"not a readable Parquet file: {one_line(exc)}") from None
         self.num_rows = self._file.metadata.num_rows
         self.schema = self._file.schema_arrow
 
@@ -191,7 +191,7 @@ class ShardReader:
             self._raise_fetch_error()
             if self._stream is not None:  # the bytes were fetched: the record keeps their digest
                 self._sha256 = self._digest_rest()
-            raise Unreadable(f"corrupt Parquet data: {_one_line(exc)}") from None
+            raise Unreadable(f"corrupt Parquet data: {one_line(exc)}") from None
 
     def _raise_fetch_error(self) -> None:
         """Raise the storage failure behind a streamed read's error, if there was one."""
@@ -388,7 +388,3 @@ def _kind(mode: int) -> str:
 def _is_changed(exc: BaseException) -> bool:
     # s3fs raises FileExpired when a read's If-Match on the ETag it opened with fails.
     return type(exc).__name__ == "FileExpired"
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300] or type(exc).__name__

@@ -17,16 +17,32 @@ import subprocess
 import sys
 from typing import Any, Mapping
 
+from ..errors import one_line
+
 # MLflow's HTTP client retries for minutes by default; a nightly job should say "tracking is
-# down" in seconds and commit anyway. A user's own settings win.
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
-# MLflow logs store migrations at INFO; batchinfer reports tracking in its own summary line.
-os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+# down" in seconds and commit anyway. MLflow logs store migrations at INFO; batchinfer reports
+# tracking in its own summary line. A user's own settings win.
+MLFLOW_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
+                   "MLFLOW_LOGGING_LEVEL": "WARNING"}
+
+
+def mlflow_environment() -> None:
+    """Apply :data:`MLFLOW_DEFAULTS` where the user set nothing (before MLflow reads them: it
+    reads them when a client makes its first request, and its logging level on import)."""
+    for name, value in MLFLOW_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+
+
+def mlflow_client(uri: str):
+    """An MLflow client for ``uri`` (tracking and registry), with batchinfer's defaults."""
+    mlflow_environment()
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
 def short_error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+    return f"{type(exc).__name__}: {one_line(exc, 200)}"
 
 
 class TrackingRun:
@@ -55,7 +71,8 @@ class TrackingRun:
         try:
             self._child = subprocess.Popen(
                 [sys.executable, "-m", "batchinfer.io.tracking"], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1,
+                env={**MLFLOW_DEFAULTS, **os.environ})
         except OSError as exc:
             self._child = None
             self.error = short_error(exc)
@@ -217,10 +234,8 @@ def sqlite_first_use_lock(uri: str):
 
 def connect(uri: str, experiment: str):
     """An MLflow client for ``uri`` and the id of ``experiment`` (created if missing)."""
-    from mlflow.tracking import MlflowClient
-
     with sqlite_first_use_lock(uri):
-        client = MlflowClient(tracking_uri=uri)
+        client = mlflow_client(uri)
         return client, experiment_id_for(client, experiment)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, TypeVar
 
-from ..errors import BatchInferError
+from ..errors import BatchInferError, one_line
 
 T = TypeVar("T")
 
@@ -52,7 +52,7 @@ def run_isolating(n_rows: int, run: Callable[[int, int], T]
             raise
         except Exception as exc:  # any error of the model on these rows
             if stop - start == 1:
-                failed.append((start, f"{type(exc).__name__}: {_one_line(exc)}"))
+                failed.append((start, f"{type(exc).__name__}: {one_line(exc)}"))
                 state["lone_failures"] += 1
             else:
                 middle = (start + stop) // 2
@@ -63,8 +63,3 @@ def run_isolating(n_rows: int, run: Callable[[int, int], T]
         done.append((start, stop, result))
     failed.sort()
     return done, failed
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text[:300] if text else type(exc).__name__

@@ -42,10 +42,15 @@ from batchinfer.imports import without
 from batchinfer.rows.precheck import Precheck
 from batchinfer.rows.quarantine import Failure, build_quarantine, empty_quarantine
 
-# Schemas import pandera; pandera's data synthesis would import hypothesis (~0.2 s) whenever it
-# is installed. Importing pandera here first, without it, keeps validation from paying for it.
-with without("hypothesis"):
-    import pandera.strategies.base_strategies  # noqa: F401
+
+
+def import_pandera() -> None:
+    """Import pandera without hypothesis. Schema modules import pandera, and pandera's data
+    synthesis imports hypothesis (~0.2 s) whenever it is installed; a validator never needs
+    it. Call before the first schema module runs (idempotent; hypothesis stays importable)."""
+    if "pandera.strategies.base_strategies" not in sys.modules:
+        with without("hypothesis"):
+            import pandera.strategies.base_strategies  # noqa: F401
 
 __all__ = [
     "ValidationResult",

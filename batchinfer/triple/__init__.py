@@ -3,6 +3,6 @@ preprocessing step (``preprocess``) and the user code they are loaded from (``so
 model file or registry version (``models``), and the triple, declarations and digests
 (``contract``).
 
-May import the core (``errors``, ``backends``, ``imports``) and ``rows`` (a schema's columns);
-never the pipeline, handlers, commands or I/O packages.
+May import the core (``errors``, ``backends``, ``imports``), ``rows`` (a schema's columns) and
+``io`` (MLflow clients for registry models); never the pipeline, handlers or commands.
 """

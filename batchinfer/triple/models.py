@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .. import backends
 from .contract import (Triple, declaration_from_tags, read_sidecar, triple_tags, write_sidecar)
-from ..errors import ModelError, StorageError
+from ..errors import ModelError, StorageError, one_line
 
 _REGISTRY_URI = re.compile(r"^models:/(?P<name>[^/]+)/(?P<version>[0-9]+)$")
 
@@ -99,13 +99,13 @@ def _model_file(folder: Path, backend: str, uri: str) -> Path:
 
 
 def _client(tracking_uri: str):
-    from mlflow.tracking import MlflowClient
+    from ..io.tracking import mlflow_client
 
-    return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    return mlflow_client(tracking_uri)
 
 
 def _registry_error(exc: Exception, what: str, tracking_uri: str) -> Exception:
-    text = " ".join(str(exc).split())[:200]
+    text = one_line(exc, 200)
     if "RESOURCE_DOES_NOT_EXIST" in text or "not found" in text.lower():
         return ModelError(f"{what} not found in the registry at {tracking_uri}: {text}")
     return StorageError(f"cannot read {what} from the registry at {tracking_uri}: {text}")

@@ -84,7 +84,9 @@ def resolve_schema(root: str | Path, ref: str) -> SchemaVersion:
         UsageError: the module fails to import or defines no usable ``SCHEMA``.
         ContractError: a published version was edited after it was locked.
     """
-    from ..rows.validation import schema_columns  # pandera is heavy; only pay for it here
+    from ..rows.validation import import_pandera, schema_columns  # heavy: only pay for it here
+
+    import_pandera()
 
     path = schema_file(root, ref)
     if not path.is_file():

@@ -7,6 +7,7 @@ importing whatever file a worker happens to find under the same name.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -32,8 +33,8 @@ class ModuleSource:
         name: the module name (dotted for modules inside packages).
         filename: where the source was read (set as ``__file__`` so relative asset paths work).
         text: the LF-normalised source.
-        search_path: folders put first on ``sys.path`` while the module executes, so that its
-            own imports resolve as they would from the job's folder.
+        search_path: folders put first on ``sys.path`` while the module executes (and removed
+            afterwards), so that its own imports resolve as they would from the job's folder.
     """
 
     name: str
@@ -75,9 +76,20 @@ class ModuleSource:
 
 
 def _execute(source: ModuleSource) -> types.ModuleType:
-    for folder in reversed(source.search_path):
-        if folder not in sys.path:
-            sys.path.insert(0, folder)
+    # The job's folders are first on sys.path while the module executes (its own imports
+    # resolve as from the job's folder), and only then: a process that runs several jobs must
+    # not find one job's modules through another's folder.
+    added = [folder for folder in source.search_path if folder not in sys.path]
+    sys.path[:0] = added
+    try:
+        return _execute_here(source)
+    finally:
+        for folder in added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(folder)
+
+
+def _execute_here(source: ModuleSource) -> types.ModuleType:
     module = types.ModuleType(source.name)
     module.__file__ = source.filename
     module.__package__ = source.name.rpartition(".")[0]
