@@ -25,9 +25,16 @@ if TYPE_CHECKING:
 
 def _job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("job", help="job spec (YAML)")
-    p.add_argument("--ds", help="partition date YYYY-MM-DD, replaces {ds}")
+    _spec_options(p, "partition date YYYY-MM-DD, replaces {ds}")
+
+
+def _spec_options(p: argparse.ArgumentParser, ds_help: str,
+                  set_help: str = "override one spec key by dotted path; value parsed as YAML "
+                                  "(repeatable)") -> None:
+    """``--ds`` and ``--set``, as every command that reads a job spec takes them (SPEC §2)."""
+    p.add_argument("--ds", help=ds_help)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one spec key by dotted path; value parsed as YAML (repeatable)")
+                   help=set_help)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,9 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job", help="job spec (YAML)")
     p.add_argument("--start", help="first date YYYY-MM-DD")
     p.add_argument("--end", help="last date YYYY-MM-DD (included)")
-    p.add_argument("--ds", help="one date: the same as --start DS --end DS")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one spec key by dotted path; value parsed as YAML (repeatable)")
+    _spec_options(p, "one date: the same as --start DS --end DS")
     p.add_argument("--overwrite", action="store_true", help="replace partitions committed under another triple")
     p.add_argument("--dry-run", action="store_true", help="check every date, score nothing")
     p.add_argument("--keep-going", action="store_true", help="after a failing date, score the remaining ones")
@@ -80,16 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="the file to write")
     p.add_argument("--fp16", action="store_true", help="TensorRT: build an FP16 engine")
     p.add_argument("--sample", metavar="JOB.yaml", help="check parity on rows of this job's input")
-    p.add_argument("--ds", help="with --sample: the partition date")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="with --sample: override one spec key (repeatable)")
+    _spec_options(p, "with --sample: the partition date",
+                  "with --sample: override one spec key (repeatable)")
 
     p = sub.add_parser("stamp", help="write a model's declaration (version triple)")
     p.add_argument("model", help="model file or models:/name/version")
     p.add_argument("--job", required=True, help="the job whose schema and preprocessing to declare")
     p.add_argument("--model-version", help="e.g. credit_risk:3 (default: the job's model.version)")
-    p.add_argument("--ds")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    _spec_options(p, "the partition date, if the spec's paths need one")
 
     p = sub.add_parser("track", help="upload metrics that MLflow missed at run time")
     p.add_argument("output")

@@ -145,7 +145,7 @@ def test_dataframe_model_class_is_converted(tmp_path):
     version = resolve_schema(tmp_path, "modelled@1")
     import pandera.polars as pap
 
-    assert isinstance(version.schema, pap.DataFrameSchema)
+    assert isinstance(version.schema.schema, pap.DataFrameSchema)
     assert version.columns == ("key", "x", "y")
     assert version.features is None
     assert version.features_for(["key"]) == ("x", "y")

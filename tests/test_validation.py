@@ -1,6 +1,8 @@
 """Tests for batchinfer.rows.validation and batchinfer.rows.quarantine (SPEC §4 quarantine, §5.1 accounting)."""
 from __future__ import annotations
 
+import pickle
+
 import json
 import warnings
 from datetime import date, datetime, timezone
@@ -30,6 +32,7 @@ from batchinfer.rows.validation import (
     ValidationResult,
     quarantine_all,
     schema_columns,
+    compile_schema,
     schema_kind,
     to_pandas_frame,
     validate_batch,
@@ -482,10 +485,15 @@ def test_model_converted_once(monkeypatch):
 
     monkeypatch.setattr(Model, "to_schema", classmethod(counting))
     batch = pa.RecordBatch.from_pydict({"v": [1.0, -1.0]})
+    compiled = compile_schema(Model)      # what a job does, once per schema version
     for _ in range(3):
-        result = validate_batch(batch, Model, source_shard=SHARD)
+        result = validate_batch(batch, compiled, source_shard=SHARD)
         assert result.quarantine.num_rows == 1
     assert len(calls) == 1
+    # it travels to Beam workers as the converted schema, and compiles there once
+    clone = pickle.loads(pickle.dumps(compiled))
+    assert validate_batch(batch, clone, source_shard=SHARD).quarantine.num_rows == 1
+    assert clone.columns == ("v",) and len(calls) == 1
 
 
 def test_quarantine_all():

@@ -85,17 +85,36 @@ class ValidationResult:
 # --- schema kinds -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Resolved:
-    kind: str  # "polars" | "pandas"
-    schema: Any  # the pandera DataFrameSchema to validate with
-    columns: tuple[str, ...]
-    precheck: Precheck  # proves clean batches clean without pandera
+class CompiledSchema:
+    """A pandera schema made ready to validate Arrow batches: its kind, the ``DataFrameSchema``
+    (a ``DataFrameModel`` is converted), its columns and the pre-check.
+
+    Built once per schema version and process (:func:`batchinfer.triple.schemas.resolve_schema`
+    does); it pickles as the ``DataFrameSchema`` alone and is built again where it is unpickled
+    (a Beam worker), since the pre-check holds compiled evaluators and a lock.
+
+    Raises:
+        UsageError: not a pandera polars/pandas DataFrameSchema or DataFrameModel.
+    """
+
+    def __init__(self, schema: object):
+        self.kind = schema_kind(schema)
+        # The public modules register pandera's validation backends for their kind.
+        if self.kind == "polars":
+            import pandera.polars  # noqa: F401
+        else:
+            import pandera.pandas  # noqa: F401
+        self.schema: Any = schema.to_schema() if isinstance(schema, type) else schema
+        self.columns: tuple[str, ...] = tuple(self.schema.columns)
+        self.precheck = Precheck(self.schema)   # proves clean batches clean without pandera
+
+    def __reduce__(self):
+        return (CompiledSchema, (self.schema,))
 
 
-# id(schema) -> (schema, resolved). Holding the schema keeps its id from being reused.
-_RESOLVED: dict[int, tuple[object, _Resolved]] = {}
-_RESOLVED_MAX = 256
+def compile_schema(schema: object) -> CompiledSchema:
+    """``schema`` ready to validate with (a CompiledSchema is returned as it is)."""
+    return schema if isinstance(schema, CompiledSchema) else CompiledSchema(schema)
 
 
 def _kind_of(schema: object) -> str | None:
@@ -134,32 +153,13 @@ def schema_kind(schema: object) -> str:
     return kind
 
 
-def _resolve(schema: object) -> _Resolved:
-    entry = _RESOLVED.get(id(schema))
-    if entry is not None and entry[0] is schema:
-        return entry[1]
-    kind = schema_kind(schema)
-    # The public modules register pandera's validation backends for their kind.
-    if kind == "polars":
-        import pandera.polars  # noqa: F401
-    else:
-        import pandera.pandas  # noqa: F401
-    resolved_schema = schema.to_schema() if isinstance(schema, type) else schema
-    resolved = _Resolved(kind, resolved_schema, tuple(resolved_schema.columns),
-                         Precheck(resolved_schema))
-    if len(_RESOLVED) >= _RESOLVED_MAX:
-        _RESOLVED.clear()
-    _RESOLVED[id(schema)] = (schema, resolved)
-    return resolved
-
-
 def schema_columns(schema: object) -> list[str]:
     """The column names ``schema`` declares, in declaration order.
 
     Raises:
         UsageError: ``schema`` is not a supported pandera schema (see ``schema_kind``).
     """
-    return list(_resolve(schema).columns)
+    return list(compile_schema(schema).columns)
 
 
 # --- validation ---------------------------------------------------------------------------
@@ -175,7 +175,8 @@ def validate_batch(
 
     Args:
         batch: the input rows, as read from the shard.
-        schema: a pandera polars/pandas DataFrameSchema or DataFrameModel subclass.
+        schema: a :class:`CompiledSchema` (compiled once: what a job passes), or a pandera
+            polars/pandas DataFrameSchema or DataFrameModel subclass (compiled for this call).
         source_shard: the shard's URL, written to ``_source_shard``.
         first_row: the shard row index of the batch's row 0.
 
@@ -191,7 +192,7 @@ def validate_batch(
         >>> result.valid.num_rows + result.quarantine.num_rows == batch.num_rows
         True
     """
-    resolved = _resolve(schema)
+    resolved = compile_schema(schema)
     n = batch.num_rows
     if n == 0:
         return ValidationResult(batch, np.empty(0, dtype=np.int64), empty_quarantine())
@@ -296,7 +297,7 @@ def _to_frame(kind: str, batch: pa.RecordBatch):
 _Folded = tuple[list[Failure], dict[int, list[Failure]]]
 
 
-def _check(resolved: _Resolved, batch: pa.RecordBatch) -> _Folded:
+def _check(resolved: CompiledSchema, batch: pa.RecordBatch) -> _Folded:
     """Run pandera lazily; return (failures of every row, failures by row index)."""
     from pandera.config import ValidationDepth, config_context
     from pandera.errors import SchemaErrors

@@ -33,7 +33,8 @@ class SchemaVersion:
     Attributes:
         ref: ``name@N``.
         source: the module's exact source (executed to get ``SCHEMA``).
-        schema: the pandera schema object (``DataFrameModel`` classes are converted).
+        schema: the compiled pandera schema (:class:`~batchinfer.rows.validation.CompiledSchema`;
+            ``DataFrameModel`` classes are converted), what ``validate_batch`` takes.
         columns: the columns the schema declares, in declaration order.
         features: ``FEATURES`` if the module defines it, else None (the job decides).
     """
@@ -84,7 +85,7 @@ def resolve_schema(root: str | Path, ref: str) -> SchemaVersion:
         UsageError: the module fails to import or defines no usable ``SCHEMA``.
         ContractError: a published version was edited after it was locked.
     """
-    from ..rows.validation import import_pandera, schema_columns  # heavy: only pay for it here
+    from ..rows.validation import compile_schema, import_pandera  # heavy: only pay for it here
 
     import_pandera()
 
@@ -108,9 +109,8 @@ def resolve_schema(root: str | Path, ref: str) -> SchemaVersion:
     schema = getattr(module, "SCHEMA", None)
     if schema is None:
         raise UsageError(f"schema {ref} ({path}) defines no SCHEMA")
-    if isinstance(schema, type) and hasattr(schema, "to_schema"):
-        schema = schema.to_schema()
-    columns = tuple(schema_columns(schema))
+    compiled = compile_schema(schema)   # the one compilation of this version in this process
+    columns = compiled.columns
     features = getattr(module, "FEATURES", None)
     if features is not None:
         if isinstance(features, (str, bytes)) or not all(isinstance(f, str) for f in features):
@@ -123,7 +123,8 @@ def resolve_schema(root: str | Path, ref: str) -> SchemaVersion:
         unknown = [f for f in features if f not in columns]
         if unknown:
             raise UsageError(f"schema {ref}: FEATURES names columns the schema lacks: {unknown}")
-    return SchemaVersion(ref=ref, source=source, schema=schema, columns=columns, features=features)
+    return SchemaVersion(ref=ref, source=source, schema=compiled, columns=columns,
+                         features=features)
 
 
 def read_lock(root: str | Path) -> dict[str, str]:
