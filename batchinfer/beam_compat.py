@@ -40,4 +40,4 @@ def size_estimating_coder_impl(encode: Callable[[Any], bytes], decode: Callable[
 
 def in_global_window(value: Any) -> WindowedValue:
     """``value`` as an element of the global window (what ``finish_bundle`` must yield)."""
-    return WindowedValue(value, MIN_TIMESTAMP, [GlobalWindow()])
+    return WindowedValue(value, MIN_TIMESTAMP, (GlobalWindow(),))

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import logging
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -171,7 +171,7 @@ def cmd_run(args) -> int:
     outcome = run_job(job, overwrite=args.overwrite, dry_run=args.dry_run, progress=print,
                       tracking=tracking)
     print(outcome.message)
-    if outcome.status == "committed":
+    if outcome.status == "committed" and outcome.manifest is not None:
         _print_totals(outcome.manifest)
         print(f"tracking: {outcome.tracking}")
         print(f"wall time: {outcome.timings['wall_s']:.1f} s")

@@ -31,9 +31,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from . import backends, redaction
-from .rows.columns import check_output_columns
 from .errors import SpecError
 from .io.reach import ANY_DATE, reach_conflict
+from .rows.columns import check_output_columns
 
 DATE_FORMAT = re.compile(r"^\d{4}-\d{2}-\d{2}$")  # a partition date, YYYY-MM-DD
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.metadata
 import json
 import os
 import platform
@@ -428,7 +427,7 @@ def summarise(runs: list[dict], sizes: list[int], slope_pair: tuple[int, int] | 
                 if inner:
                     entry["median_run_job_wall_s"] = statistics.median(inner)
         table.setdefault(str(rows), {})[prog] = entry
-    for rows, progs in table.items():
+    for progs in table.values():
         floor = progs.get("floor", {}).get("median_wall_s")
         floor_min = progs.get("floor", {}).get("min_wall_s")
         for entry in progs.values():
@@ -626,7 +625,8 @@ def main(argv=None) -> int:
                    "startup_rows": STARTUP_ROWS if args.startup else None},
         "machine": machine(), "versions": vers,
         "batchinfer_code": {"before": code_before, "after": code_after,
-                            "changed_during_run": code_after != code_before}, "ray": "installed" if ray_ok else "not installed",
+                            "changed_during_run": code_after != code_before},
+        "ray": "installed" if ray_ok else "not installed",
         "data_generation_s": {str(k): v for k, v in gen_s.items()},
         "summary": summary, "runs": runs,
     }

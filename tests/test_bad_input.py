@@ -19,8 +19,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from factories import no_tracking  # noqa: F401  (a fixture)
-from factories import DS, check_partition, make_mlp_onnx, mlp_reference, write_job, write_schema
+from factories import (
+    DS,
+    check_partition,
+    make_mlp_onnx,
+    mlp_reference,
+    no_tracking,  # noqa: F401  (a fixture)
+    write_job,
+    write_schema,
+)
 
 FEATURES = ["f0", "f1", "f2", "f3"]
 N = 40

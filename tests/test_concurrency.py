@@ -18,9 +18,16 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from factories import NoTracking
-from factories import (DS, make_mlp_onnx, make_shards, partition_files, read_partition,
-                       write_job, write_schema)
+from factories import (
+    DS,
+    NoTracking,
+    make_mlp_onnx,
+    make_shards,
+    partition_files,
+    read_partition,
+    write_job,
+    write_schema,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -166,7 +173,7 @@ def test_two_runs_at_once_shared_mlflow_store(races):
 
 def test_two_runs_at_once_new_mlflow_store(races, capsys):
     """A store neither run has seen: the partition still commits exactly once. What tracking
-    did is printed (see the report); the store's first use is locked, so the winner tracks.""" 
+    did is printed (see the report); the store's first use is locked, so the winner tracks."""
     folder, shards, results = races["fresh"]
     ref, _ = races["ref"]
     out = folder / "out" / f"dt={DS}"
@@ -241,8 +248,8 @@ def test_winner_cleans_up_while_loser_is_still_writing(tmp_path, monkeypatch, ov
     ``overwrite`` both runs replace a partition committed under another triple."""
     import threading
 
-    import batchinfer.faults as faults
     import batchinfer.commands.run as job_mod
+    import batchinfer.faults as faults
     from batchinfer.commands.stamp import stamp
     from batchinfer.spec import load_job
 

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from batchinfer.errors import ContractError, ModelError, PreprocessError
 from batchinfer.triple.contract import (
     PARTS,
     Triple,
@@ -27,9 +28,7 @@ from batchinfer.triple.contract import (
     triple_tags,
     write_sidecar,
 )
-from batchinfer.errors import ContractError, ModelError, PreprocessError
 from batchinfer.triple.preprocess import Preprocessor, load_preprocessor, stack_float32
-
 from factories import make_mlp_onnx, point_external_data
 
 _names = itertools.count()

@@ -31,8 +31,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from factories import (DS, check_partition, make_mlp_onnx, make_shards, partition_files,
-                       read_partition, write_job, write_schema)
+from factories import (
+    DS,
+    check_partition,
+    make_mlp_onnx,
+    make_shards,
+    partition_files,
+    read_partition,
+    write_job,
+    write_schema,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from batchinfer.demo import DEMO_DS, write_demo
-from batchinfer.demo import train
+from batchinfer.demo import DEMO_DS, train, write_demo
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE_FILES = REPO / "batchinfer" / "demo" / "files"

@@ -20,8 +20,18 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from factories import (DS, all_input_rows, make_mlp_onnx, make_shards, mlp_reference,
-                       numeric_project, one_line_error, read_partition, run_cli, write_schema)
+from factories import (
+    DS,
+    all_input_rows,
+    make_mlp_onnx,
+    make_shards,
+    mlp_reference,
+    numeric_project,
+    one_line_error,
+    read_partition,
+    run_cli,
+    write_schema,
+)
 
 pytestmark = pytest.mark.slow
 

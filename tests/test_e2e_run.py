@@ -18,9 +18,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from factories import (DS, all_input_rows, make_shards, mlp_reference, numeric_project,
-                       one_line_error, read_partition, run_cli, save_onnx, write_job,
-                       write_schema)
+from factories import (
+    DS,
+    all_input_rows,
+    make_shards,
+    mlp_reference,
+    numeric_project,
+    one_line_error,
+    read_partition,
+    run_cli,
+    save_onnx,
+    write_job,
+    write_schema,
+)
 
 pytestmark = pytest.mark.slow
 

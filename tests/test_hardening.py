@@ -18,10 +18,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
-from factories import (DS, NoTracking, check_partition, make_mlp_onnx, make_shards,
-                       one_line_error, read_partition, run_cli, save_onnx)
+from factories import (
+    DS,
+    NoTracking,
+    check_partition,
+    make_mlp_onnx,
+    make_shards,
+    one_line_error,
+    read_partition,
+    run_cli,
+    save_onnx,
+)
 from servers import *  # noqa: F401,F403  (fixtures)
 
 pytestmark = pytest.mark.slow

@@ -22,7 +22,6 @@ from batchinfer.io.manifest import (
     read_manifest,
     remove_attempt,
 )
-from batchinfer.io.records import FileRecord, Manifest, ModelStats, ShardRecord, Totals
 from batchinfer.io.outputs import (
     MANIFEST,
     Layout,
@@ -31,10 +30,10 @@ from batchinfer.io.outputs import (
     write_file,
     write_json,
 )
+from batchinfer.io.records import FileRecord, Manifest, ModelStats, ShardRecord, Totals
 from batchinfer.io.shards import Shard, ShardReader, Unreadable, list_shards
 from batchinfer.pipeline.records import BatchRecord, ShardInfo, fold_shard
 from batchinfer.pipeline.transforms import prediction_array
-
 from factories import make_shards
 
 

@@ -19,9 +19,17 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from factories import no_tracking  # noqa: F401  (fixture)
-from factories import (DS, _weights, check_partition, make_shards, mlp_reference, save_onnx,
-                       write_job, write_schema)
+from factories import (
+    DS,
+    _weights,
+    check_partition,
+    make_shards,
+    mlp_reference,
+    no_tracking,  # noqa: F401  (fixture)
+    save_onnx,
+    write_job,
+    write_schema,
+)
 
 ROWS, BATCH = 300, 100
 BAD = {0: [5, 150, 151], 1: [299]}     # shard → rows that make the model misbehave

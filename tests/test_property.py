@@ -25,8 +25,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from factories import NoTracking
-from factories import DS, make_mlp_onnx, read_partition, write_job, write_schema
+from factories import DS, NoTracking, make_mlp_onnx, read_partition, write_job, write_schema
 
 COLUMNS = ["id", "f0", "f1", "f2", "f3"]
 BAD_VALUES = [None, math.nan, math.inf, -math.inf, 10.5, -11.0, 1e30]

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from factories import (DS, make_mlp_onnx, make_shards, point_external_data, write_job,
-                       write_schema)
+from factories import DS, make_mlp_onnx, make_shards, point_external_data, write_job, write_schema
 
 pytestmark = pytest.mark.slow
 
@@ -192,8 +191,8 @@ def test_pickle_model_refused(cases, name):
 
 @pytest.mark.parametrize("suffix", [".pickle", ".pt", ".pth", ".joblib", ".ckpt"])
 def test_other_pickle_formats_refused_in_process(tmp_path, suffix):
-    from batchinfer.errors import ContractError
     from batchinfer.commands.run import run_job
+    from batchinfer.errors import ContractError
     from batchinfer.spec import load_job
 
     job = project(tmp_path, f"models/model{suffix}")

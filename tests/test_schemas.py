@@ -18,7 +18,6 @@ from batchinfer.triple.schemas import (
     resolve_schema,
     verify_lock,
 )
-
 from factories import REPO, write_schema
 
 

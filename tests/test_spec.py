@@ -8,7 +8,6 @@ import yaml
 
 from batchinfer.errors import SpecError
 from batchinfer.spec import Job, apply_override, load_job
-
 from factories import DS, write_job
 
 SECRET = "s3cr3t-t0ken-value"

@@ -18,13 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from factories import DS, make_mlp_onnx, numeric_project, read_partition, run_cli
-
+from batchinfer.backends import check_options
 from batchinfer.errors import SpecError
 from batchinfer.handlers.base import Prepared
-from batchinfer.backends import check_options
 from batchinfer.handlers.onnx import CPU_CHUNK_ROWS, OnnxModelHandler
 from batchinfer.imports import without
+from factories import DS, make_mlp_onnx, numeric_project, read_partition, run_cli
 
 
 def counting_handler(path: Path, **options) -> tuple[OnnxModelHandler, list[int]]:

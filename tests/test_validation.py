@@ -1,9 +1,8 @@
 """Tests for batchinfer.rows.validation and batchinfer.rows.quarantine (SPEC §4 quarantine, §5.1 accounting)."""
 from __future__ import annotations
 
-import pickle
-
 import json
+import pickle
 import warnings
 from datetime import date, datetime, timezone
 from decimal import Decimal
@@ -30,9 +29,9 @@ from batchinfer.rows.quarantine import (
 from batchinfer.rows.validation import (
     MAX_MESSAGE_CHARS,
     ValidationResult,
+    compile_schema,
     quarantine_all,
     schema_columns,
-    compile_schema,
     schema_kind,
     to_pandas_frame,
     validate_batch,

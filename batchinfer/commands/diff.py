@@ -115,7 +115,7 @@ def _compare_shard(a: _Side, b: _Side, shard_a: ShardRecord, shard_b: ShardRecor
     rows["scored_only_a"] += int(rows_a.size - common.size)
     rows["scored_only_b"] += int(rows_b.size - common.size)
     rows["quarantined_both"] += int(np.intersect1d(quar_a, quar_b, assume_unique=True).size)
-    if not common.size:
+    if not common.size or pred_a is None or pred_b is None:
         return
     names = [n for n in pred_a.column_names if n in pred_b.column_names and n not in EXEMPT]
     for name in names:

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..errors import ModelError, SpecError
+from ..errors import ModelError, SpecError, one_line
 
 ONNX_TOLERANCE = 1e-5
 SAMPLE_ROWS = 1024
@@ -108,7 +108,7 @@ def _to_onnx(torch, program, arrays: list[np.ndarray], where: str, out: Path) ->
                 raise ModelError(f"parity check failed: output {meta.name} has shape {have.shape} "
                                  f"in ONNX, {want.shape} in torch; nothing written")
             diffs[meta.name] = float(np.max(np.abs(want.astype(np.float64) - have))) if want.size else 0.0
-        worst = max(diffs, key=diffs.get) if diffs else None
+        worst = max(diffs, key=lambda name: diffs[name]) if diffs else None
         if worst is not None and not diffs[worst] <= ONNX_TOLERANCE:
             raise ModelError(f"parity check failed: output {worst} differs by up to "
                              f"{diffs[worst]:.3g} (> {ONNX_TOLERANCE:g}) on {where}; nothing written")

@@ -22,8 +22,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..backends import handler_class
-from ..errors import (BatchInferError, ContractError, DataQualityError, ModelError,
-                      RuntimeFailure, SpecError)
+from ..errors import BatchInferError, ContractError, DataQualityError, ModelError, RuntimeFailure, SpecError
 from ..io.commit import Attempt, PartitionCommit
 from ..io.outputs import METRICS, write_json
 from ..io.records import Manifest, ModelStats, ShardResult, Totals
@@ -82,7 +81,7 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
     if tracking is None and not dry_run:
         from ..io.tracking import TrackingRun
 
-        tracking = TrackingRun(spec.tracking.uri, spec.tracking.experiment)
+        tracking = TrackingRun(spec.tracking.uri, spec.tracking.experiment or spec.name)
     try:
         # 1. resolve and check the contract
         resolved = resolve(job)

@@ -10,8 +10,8 @@ from . import DEMO_DS, write_demo
 def run_demo(folder: Path, *, rows: int = 120_000) -> int:
     from ..commands.run import run_job
     from ..commands.stamp import stamp
-    from ..triple.schemas import lock_schemas
     from ..spec import load_job
+    from ..triple.schemas import lock_schemas
 
     t0 = time.perf_counter()
     folder = folder.resolve()
@@ -24,6 +24,7 @@ def run_demo(folder: Path, *, rows: int = 120_000) -> int:
     outcome = run_job(job, progress=print)
     print(outcome.message)
     manifest = outcome.manifest
+    assert manifest is not None  # a new demo folder is always scored and committed
     totals = manifest.totals
     out = Path(outcome.output)
     quarantine_files = [f.path for s in manifest.shards for f in s.files

@@ -24,8 +24,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import (Any, Callable, ClassVar, Hashable, Iterable, Mapping, Optional, Sequence,
-                    TypeVar)
+from typing import Any, Callable, ClassVar, Hashable, Iterable, Mapping, Optional, Sequence, TypeVar
 
 import numpy as np
 

@@ -7,15 +7,12 @@ declares (a typo is an error, not a silent default); their values are checked he
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from ..errors import ModelError, PreprocessError, SpecError, one_line
 from .base import BatchModelHandler
-
-if TYPE_CHECKING:
-    import onnxruntime as ort
 
 # Rows per session.run on the CPU provider. A whole 65,536-row batch makes every intermediate
 # activation of a 256-wide MLP 64 MB, which goes out to memory and back between layers; in
@@ -55,8 +52,9 @@ def providers_for(device: str, options: dict[str, Any]) -> tuple[list[str], str]
 GRAPH_LEVELS = ("disable", "basic", "extended", "all")
 
 
-class OnnxModelHandler(BatchModelHandler["ort.InferenceSession"]):
-    """Runs an ONNX model (a local ``.onnx`` file, external data beside it) with ONNX Runtime."""
+class OnnxModelHandler(BatchModelHandler[Any]):
+    """Runs an ONNX model (a local ``.onnx`` file, external data beside it) with ONNX Runtime;
+    the loaded model is an ``onnxruntime.InferenceSession``."""
 
     backend = "onnxruntime"
 

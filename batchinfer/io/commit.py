@@ -126,8 +126,9 @@ class Attempt:
         layout = self.layout
         # Replace only the manifest this run set out to replace: if another --overwrite run
         # committed meanwhile (and its cleanup removed this attempt's files), this run lost.
-        current = self.partition.committed() if self.replacing is not None else None
-        replace = current is not None and current.attempt == self.replacing.attempt
+        replacing = self.replacing
+        current = self.partition.committed() if replacing is not None else None
+        replace = current is not None and replacing is not None and current.attempt == replacing.attempt
         if not create_manifest(layout, manifest, replace=replace):
             winner = self.partition.committed()
             self.abort()

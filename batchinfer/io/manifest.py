@@ -18,6 +18,7 @@ from .outputs import ATTEMPT, MANIFEST, PREDICTIONS, QUARANTINE, TMP, Layout, wr
 from .records import Manifest
 from .storage import is_local, join
 
+
 def read_manifest(fs: Any, root: str) -> Manifest | None:
     """The committed manifest under ``root``, or None if the partition is not committed."""
     path = join(root, MANIFEST)

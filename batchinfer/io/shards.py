@@ -203,18 +203,22 @@ class ShardReader:
         raise StorageError(f"cannot read shard {self.url}: {error}") from None
 
     def _digest_rest(self) -> str | None:
+        stream = self._stream
+        assert stream is not None
         try:
-            return self._stream.finish()
+            return stream.finish()
         except (OSError, Unreadable):
             return None
         finally:
-            self._stream.close()
+            stream.close()
 
     def _finish_stream(self) -> None:
         """Hash what Arrow did not read (magic bytes, unused pages), then make sure the file is
         still the one that was opened; otherwise its rows and its digest may disagree."""
+        stream = self._stream
+        assert stream is not None
         try:
-            digest = self._stream.finish()
+            digest = stream.finish()
             self._fs.invalidate_cache(self._path)
             same = _identity(_regular_file_info(self._fs, self._path)) == self._identity
         except Unreadable:
@@ -225,7 +229,7 @@ class ShardReader:
             else:
                 raise StorageError(f"cannot read shard {self.url}: {exc}") from None
         finally:
-            self._stream.close()
+            stream.close()
         if not same:
             raise Unreadable(CHANGED)
         self._sha256 = digest

@@ -68,6 +68,7 @@ class TrackingRun:
         self.run_id: str | None = None
         self.error: str | None = None
         self._opened = False
+        self._child: subprocess.Popen[str] | None
         try:
             self._child = subprocess.Popen(
                 [sys.executable, "-m", "batchinfer.io.tracking"], stdin=subprocess.PIPE,
@@ -104,15 +105,22 @@ class TrackingRun:
         """Stop the helper without creating or finishing a run."""
         self._close()
 
+    def _pipes(self) -> tuple[Any, Any]:
+        """The helper's stdin and stdout (only called while the helper runs)."""
+        assert self._child is not None
+        return self._child.stdin, self._child.stdout
+
     def _send(self, message: dict) -> None:
-        self._child.stdin.write(json.dumps(message) + "\n")
-        self._child.stdin.flush()
+        stdin, _ = self._pipes()
+        stdin.write(json.dumps(message) + "\n")
+        stdin.flush()
 
     def _receive(self, timeout: float) -> dict:
-        ready, _, _ = select.select([self._child.stdout], [], [], timeout)
+        _, stdout = self._pipes()
+        ready, _, _ = select.select([stdout], [], [], timeout)
         if not ready:
             raise TimeoutError(f"MLflow at {self.uri} did not answer within {timeout:.0f} s")
-        line = self._child.stdout.readline()
+        line = stdout.readline()
         if not line:
             raise ConnectionError("the MLflow helper process ended unexpectedly")
         return json.loads(line)
@@ -153,8 +161,9 @@ class TrackingRun:
         shutdown (SQLAlchemy, MLflow) takes most of a second and holds nothing of ours."""
         if self._child is None:
             return
+        stdin, _ = self._pipes()
         try:
-            self._child.stdin.close()
+            stdin.close()
         except OSError:
             self._child.kill()
         self._child = None
@@ -162,7 +171,8 @@ class TrackingRun:
 
 def _serve() -> None:
     """The helper process: open a run on request, then log what ``finish`` sends."""
-    client = run_id = None
+    client: Any = None
+    run_id: Any = None
     # Only replies go to the pipe: MLflow prints to sys.stdout ("View run … at: URL" after
     # set_terminated against a server), which would corrupt the JSON protocol.
     replies, sys.stdout = sys.stdout, sys.stderr

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence, Union
 
-from ..io.records import FileRecord, ModelStats, ShardRecord, ShardResult
+from ..io.records import FileRecord, ModelStats, ShardRecord, ShardResult, ShardStatus
 
 
 @dataclass(frozen=True)
@@ -62,15 +62,18 @@ def fold_shard(name: str, records: Sequence[Record]) -> ShardResult:
     if seen != rows_in or scored + quarantined != rows_in:
         raise RuntimeError(f"accounting failed for shard {name}: {rows_in} rows in the footer, "
                            f"{seen} read, {scored} scored + {quarantined} quarantined")
+    status: ShardStatus
+    reason: str | None = None
     if rows_in == 0:
-        status, reason = "empty", None
+        status = "empty"
     elif scored == 0:
         status = "quarantined"
         reason = next((b.first_reason for b in batches if b.first_reason), None)
     else:
-        status, reason = "scored", None
+        status = "scored"
     seconds: dict[str, float] = {}
-    for part in [*infos, *batches]:
+    parts: list[Record] = [*infos, *batches]
+    for part in parts:
         for stage, value in part.seconds.items():
             seconds[stage] = seconds.get(stage, 0.0) + value
     model = sum((b.model for b in batches), ModelStats())

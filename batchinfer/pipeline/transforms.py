@@ -13,29 +13,28 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import pickle
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, cast
 
 import numpy as np
 import pyarrow as pa
 
 from .. import faults
-from ..triple.contract import Triple
-from ..handlers.base import BatchModelHandler, Prepared, PredictionResult
 from ..beam_compat import PredictionResult, RunInference, beam, in_global_window
-from ..rows.hashing import row_hashes
+from ..handlers.base import BatchModelHandler, Inference, Prepared
 from ..io.outputs import PREDICTIONS, QUARANTINE, Layout, parquet_bytes, write_file, write_json
 from ..io.records import FileRecord, ModelStats
+from ..io.shards import ShardReader, Unreadable
+from ..rows.hashing import row_hashes
+from ..rows.isolation import run_isolating
+from ..rows.quarantine import Failure, build_quarantine
+from ..rows.validation import validate_batch
+from ..triple.contract import Triple
+from ..triple.preprocess import Preprocessor
+from ..triple.schemas import SchemaVersion
 from .coders import register_coders
 from .records import BatchRecord, ShardInfo, fold_shard
-from ..io.shards import ShardReader, Unreadable
-from ..rows.isolation import run_isolating
-from ..triple.preprocess import Preprocessor
-from ..rows.quarantine import Failure, build_quarantine
-from ..triple.schemas import SchemaVersion
-from ..rows.validation import validate_batch
 
 SHARD_INFO = "shard_info"
 # Prediction files: dictionary-encode only the columns that repeat one value per batch, keep
@@ -244,11 +243,11 @@ class WriteBatch(beam.DoFn):
         if writer is not None:
             writer.shutdown(wait=True, cancel_futures=True)
 
-    def _complete(self, result: PredictionResult) -> tuple[int, dict]:
+    def _complete(self, result: PredictionResult) -> tuple[int, BatchRecord]:
         plan = self.plan
         t0 = time.perf_counter()
-        item: Prepared = result.example
-        inference = result.inference
+        item = cast(Prepared, result.example)
+        inference = cast(Inference, result.inference)
         payload: Payload = item.payload
         index, number = item.key
         name = plan.shard_names[index]

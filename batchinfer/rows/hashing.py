@@ -422,6 +422,7 @@ def _unpack_bits(buffer: pa.Buffer | None, offset: int, count: int) -> np.ndarra
     if count == 0:
         return np.empty(0, dtype=np.uint8)
     first_byte = offset // 8
+    assert buffer is not None  # Arrow always allocates the bitmap of a non-empty bool array
     packed = np.frombuffer(
         buffer, dtype=np.uint8, count=(offset + count + 7) // 8 - first_byte, offset=first_byte
     )
@@ -471,8 +472,8 @@ def _make_column(name: str, column: pa.Array | pa.ChunkedArray) -> _Column:
     masks = [_invalid_mask(chunk) for chunk in chunks]
     if all(mask is None for mask in masks):
         return _Column(key, kind, values, None)
-    masks = [np.zeros(len(c), dtype=bool) if m is None else m for c, m in zip(chunks, masks)]
-    return _Column(key, kind, values, _concatenate(masks, bool))
+    filled = [np.zeros(len(c), dtype=bool) if m is None else m for c, m in zip(chunks, masks)]
+    return _Column(key, kind, values, _concatenate(filled, bool))
 
 
 def _concatenate(arrays: list[np.ndarray], dtype) -> np.ndarray:
@@ -684,10 +685,10 @@ def _combine(columns: Sequence[_Column], count: int) -> np.ndarray:
         keys = np.array([columns[j].key for j in order], dtype=np.uint64)[:, None]
         weights = _position_weights(np.array(order))[:, None]
         float_rows = sum(column.kind == "f" for column in columns)
-        nullable = [
-            (row, columns[j].invalid)
+        nullable: list[tuple[int, np.ndarray]] = [
+            (row, invalid)
             for row, j in enumerate(order)
-            if columns[j].invalid is not None
+            if (invalid := columns[j].invalid) is not None
         ]
         block_rows = min(count, _BLOCK_ROWS)
         block = np.empty((width, block_rows), dtype=np.uint64)

@@ -144,7 +144,8 @@ class Precheck:
     would pass in full."""
 
     def __init__(self, schema: Any):
-        self._columns: list[tuple[str, bool, list[_Evaluator]]] = []
+        # name, nullable, evaluators (element-wise _Evaluator, or a bound judged on (min, max))
+        self._columns: list[tuple[str, bool, list[Callable[..., Any]]]] = []
         self._structures: set[tuple] = set()
         self._lock = threading.Lock()
         self.enabled = self._compile(schema)
@@ -157,7 +158,7 @@ class Precheck:
             if (getattr(column, "unique", False) or getattr(column, "coerce", False)
                     or getattr(column, "regex", False) or getattr(column, "parsers", None)):
                 return False
-            evaluators = []
+            evaluators: list[Callable[..., Any]] = []
             for check in column.checks or []:
                 evaluator = _evaluator(check)
                 if evaluator is None:
@@ -189,7 +190,7 @@ class Precheck:
                 if extremes is False:
                     return False  # NaN: the backends disagree on it, so pandera judges
                 for evaluate in evaluators:
-                    if getattr(evaluate, "is_bound", False) and extremes is not None:
+                    if getattr(evaluate, "is_bound", False) and isinstance(extremes, tuple):
                         if not evaluate(*extremes, f32=arr.type == pa.float32()):
                             return False
                     elif getattr(evaluate, "is_bound", False):

@@ -43,7 +43,6 @@ from batchinfer.rows.precheck import Precheck
 from batchinfer.rows.quarantine import Failure, build_quarantine, empty_quarantine
 
 
-
 def import_pandera() -> None:
     """Import pandera without hypothesis. Schema modules import pandera, and pandera's data
     synthesis imports hypothesis (~0.2 s) whenever it is installed; a validator never needs
@@ -97,14 +96,16 @@ class CompiledSchema:
         UsageError: not a pandera polars/pandas DataFrameSchema or DataFrameModel.
     """
 
-    def __init__(self, schema: object):
+    def __init__(self, schema: Any):
         self.kind = schema_kind(schema)
         # The public modules register pandera's validation backends for their kind.
         if self.kind == "polars":
             import pandera.polars  # noqa: F401
         else:
             import pandera.pandas  # noqa: F401
-        self.schema: Any = schema.to_schema() if isinstance(schema, type) else schema
+        # A DataFrameModel class becomes its DataFrameSchema.
+        to_schema = getattr(schema, "to_schema", None) if isinstance(schema, type) else None
+        self.schema: Any = to_schema() if to_schema is not None else schema
         self.columns: tuple[str, ...] = tuple(self.schema.columns)
         self.precheck = Precheck(self.schema)   # proves clean batches clean without pandera
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import backends
-from .contract import (Triple, declaration_from_tags, read_sidecar, triple_tags, write_sidecar)
 from ..errors import ModelError, StorageError, one_line
+from .contract import Triple, declaration_from_tags, read_sidecar, triple_tags, write_sidecar
 
 _REGISTRY_URI = re.compile(r"^models:/(?P<name>[^/]+)/(?P<version>[0-9]+)$")
 

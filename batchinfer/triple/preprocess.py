@@ -14,10 +14,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from .contract import default_preprocess_hash, preprocess_hash
 from ..errors import PreprocessError
+from .contract import default_preprocess_hash, preprocess_hash
 from .sources import ModuleSource, find_module_file
-
 
 
 @dataclass(frozen=True)
@@ -46,7 +45,7 @@ class Preprocessor:
         """
         if self.source is None:
             return stack_float32(batch, self.features)
-        function = getattr(self.source.load(), self.ref.split(":")[1])
+        function = getattr(self.source.load(), str(self.ref).split(":")[1])
         features = function(batch)
         check_features(features, batch.num_rows, self.ref)
         return features

@@ -115,7 +115,7 @@ def find_module_file(name: str, search_path: tuple[str, ...]) -> Path | None:
     # Search the job's folders themselves first: find_spec answers from sys.modules, which may
     # hold a same-named module that another job loaded from another folder.
     spec, locations = None, list(search_path)
-    for depth, part in enumerate(name.split(".")):
+    for depth in range(len(name.split("."))):
         spec = importlib.machinery.PathFinder.find_spec(
             ".".join(name.split(".")[:depth + 1]), locations) if locations else None
         if spec is None:
