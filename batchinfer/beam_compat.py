@@ -1,7 +1,7 @@
 """Apache Beam, as batchinfer imports it, and the parts of it that batchinfer uses beyond its
 documented surface, in one place. Modules of batchinfer import ``beam`` from here.
 
-``tests/test_beam_compat.py`` exercises each of them against the installed Beam, so an upgrade
+``tests/unit/test_beam_compat.py`` exercises each of them against the installed Beam, so an upgrade
 that moves or changes one fails there, with its name, rather than somewhere inside a run.
 
 - Beam imports torch for a RunInference model manager batchinfer does not use (1–6 s here when

@@ -144,7 +144,8 @@ def _configure_logging(debug: bool) -> None:
     # Libraries (Beam especially) log warnings that say nothing to a user of a job; --debug shows all.
     handler = logging.StreamHandler()
     handler.setFormatter(_RedactingFormatter("%(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=logging.INFO if debug else logging.ERROR, handlers=[handler])
+    # force: a library imported earlier (Beam warns on import) may have configured the root logger.
+    logging.basicConfig(level=logging.INFO if debug else logging.ERROR, handlers=[handler], force=True)
     logging.getLogger("batchinfer").setLevel(logging.DEBUG if debug else logging.WARNING)
     # Beam logs a failing DoFn at ERROR with its traceback before re-raising; batchinfer reports
     # that failure itself in one line (SPEC §2), so Beam's copy is only shown with --debug.

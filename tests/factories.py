@@ -150,12 +150,25 @@ def mlp_reference(x: np.ndarray, n_features: int = 4, hidden: int = 8, seed: int
     return 1 / (1 + np.exp(-(h @ w2 + b2)))[:, 0]
 
 
-def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300
-            ) -> subprocess.CompletedProcess:
-    """``python -m batchinfer ARGS`` in a subprocess, as a user runs it."""
+def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300,
+            track: bool = False, fresh: bool = False) -> subprocess.CompletedProcess:
+    """``batchinfer ARGS`` in a process of its own, as a user runs it: a child forked from the
+    session's fork server (``cli.main`` with everything imported once, see forkserver.py), or
+    with ``fresh=True`` a plain ``python -m batchinfer`` (the entry point, start-up imports).
+
+    Tracking is a stub (:class:`NoTracking`) unless ``track=True`` or ``fresh=True``: MLflow's
+    helper process costs ~1.7 s a run, and tracking has tests of its own (test_tracking.py,
+    test_secrets.py, test_concurrency.py, test_interrupt.py) that run it for real."""
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "batchinfer", *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    command = [sys.executable, "-m", "batchinfer", *args]
+    if fresh:
+        return subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True,
+                              timeout=timeout)
+    import forkserver
+
+    run = forkserver.shared().run(*args, cwd=Path(cwd), env=full_env, track=track,
+                                  timeout=timeout)
+    return subprocess.CompletedProcess(command, run.returncode, run.stdout, run.stderr)
 
 
 def one_line_error(result: subprocess.CompletedProcess, command: str = "run") -> str:

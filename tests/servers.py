@@ -6,7 +6,8 @@ fixture around it. Servers are subprocesses on 127.0.0.1, so job subprocesses re
 HTTP exactly as a user's jobs reach real ones, and they are always torn down: the process group
 is terminated, then killed, in a ``finally``.
 
-Test modules register the fixtures with ``from servers import *``.
+``conftest.py`` registers the fixtures (``pytest_plugins``); test modules import the helpers
+they use by name.
 """
 from __future__ import annotations
 

@@ -4,5 +4,5 @@ with ``precheck`` for provably clean batches), quarantine rows and their JSON va
 (``isolation``), and the names of the columns batchinfer writes (``columns``).
 
 No I/O: may import only the core (``errors``, ``imports``); never Beam, never fsspec
-(``tests/test_layers.py`` checks both).
+(``tests/unit/test_layers.py`` checks both).
 """

@@ -18,7 +18,7 @@ Soundness rules:
   Arrow schema reuses that verdict.
 - Range checks are judged on each column's (min, max). For float32 columns they must pass both
   against the bound as written (float64) and against the bound rounded to float32, as the
-  backends compare; a property test (tests/test_precheck.py) holds "clean ⇒ pandera passes".
+  backends compare; a property test (tests/unit/test_precheck.py) holds "clean ⇒ pandera passes".
 """
 from __future__ import annotations
 

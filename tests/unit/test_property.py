@@ -9,7 +9,7 @@ zero-byte and truncated files — checked at two levels:
   MLflow is replaced by a stub there: tracking is not what is tested, and its helper process
   would cost seconds per example.
 
-Rerun with ``.venv/bin/pytest tests/test_property.py -q``.
+Rerun with ``.venv/bin/pytest tests/unit/test_property.py -q``.
 """
 from __future__ import annotations
 

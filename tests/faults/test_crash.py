@@ -14,7 +14,7 @@ Faults injected (``BATCHINFER_FAULT``): read, mid_write, write:2, shard_done, be
 during_commit, after_commit; during_commit and after_commit again on an ``--overwrite`` run;
 and an external ``kill -9`` at a moment chosen by polling (8 shards x 50k rows).
 
-Rerun them with ``.venv/bin/pytest tests/test_crash.py -q``.
+Rerun them with ``.venv/bin/pytest tests/faults/test_crash.py -q``.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -44,131 +45,10 @@ from factories import (
 
 pytestmark = pytest.mark.slow
 
-# -- the fork server ---------------------------------------------------------------------------
-
-_SERVER = r'''
-import importlib, json, os, sys, time
-import batchinfer.cli, batchinfer.commands.run, batchinfer.pipeline.transforms, batchinfer.faults, batchinfer.io.tracking
-import batchinfer.handlers.onnx, batchinfer.io.manifest
-import apache_beam
-from apache_beam.runners.direct.direct_runner import DirectRunner
-from apache_beam.runners.portability.fn_api_runner import fn_runner
-import onnx, onnxruntime, pandera.polars, polars, mlflow.tracking
-from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-import threading
-assert threading.active_count() == 1, "the fork server must not run threads"
-out = os.fdopen(os.dup(1), "w")
-print("ready", file=out, flush=True)
-for line in sys.stdin:
-    req = json.loads(line)
-    if req["op"] == "start":
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.chdir(req["cwd"])
-                os.environ.clear()
-                os.environ.update(req["env"])
-                null = os.open(os.devnull, os.O_RDONLY)
-                os.dup2(null, 0)
-                os.dup2(os.open(req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
-                os.dup2(os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
-                importlib.reload(batchinfer.faults)   # reads BATCHINFER_FAULT, as at import
-                if req["stub_tracking"]:
-                    class _NoTracking:
-                        error, run_id = "tracking stubbed by the test", None
-                        def __init__(self, *a, **k): pass
-                        def wait(self, *a, **k): return None
-                        def finish(self, *a, **k): return False
-                        def __getattr__(self, name): return lambda *a, **k: None
-                    batchinfer.io.tracking.TrackingRun = _NoTracking
-                rc = batchinfer.cli.main(req["argv"])
-            except BaseException as exc:
-                rc = 99
-                print(f"fork server child: {exc!r}", file=sys.stderr)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(rc)
-        print(json.dumps({"pid": pid}), file=out, flush=True)
-    elif req["op"] == "wait":
-        deadline = time.monotonic() + req["timeout"]
-        while True:
-            done, status = os.waitpid(req["pid"], os.WNOHANG)
-            if done:
-                rc = os.waitstatus_to_exitcode(status)
-                break
-            if time.monotonic() > deadline:
-                os.kill(req["pid"], 9)
-                os.waitpid(req["pid"], 0)
-                rc = "timeout"
-                break
-            time.sleep(0.02)
-        print(json.dumps({"rc": rc}), file=out, flush=True)
-'''
-
-
-class Run:
-    def __init__(self, server: "ForkServer", pid: int, stdout: Path, stderr: Path):
-        self.server, self.pid, self._out, self._err = server, pid, stdout, stderr
-        self.returncode = None
-
-    def wait(self, timeout: float = 240) -> "Run":
-        if self.returncode is None:
-            self.returncode = self.server._call({"op": "wait", "pid": self.pid, "timeout": timeout})["rc"]
-            assert self.returncode != "timeout", f"run {self.pid} timed out: {self.stderr}"
-        return self
-
-    @property
-    def stdout(self) -> str:
-        return self._out.read_text()
-
-    @property
-    def stderr(self) -> str:
-        return self._err.read_text()
-
-
-class ForkServer:
-    """Starts ``batchinfer`` runs as forked processes of a pre-imported interpreter."""
-
-    def __init__(self, logs: Path):
-        self.logs = logs
-        self.count = 0
-        self.proc = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True,
-                                     env={k: v for k, v in os.environ.items() if k != "BATCHINFER_FAULT"})
-        line = self.proc.stdout.readline()
-        assert line.strip() == "ready", f"fork server failed to start: {line!r}"
-
-    def _call(self, req: dict) -> dict:
-        self.proc.stdin.write(json.dumps(req) + "\n")
-        self.proc.stdin.flush()
-        return json.loads(self.proc.stdout.readline())
-
-    def start(self, *argv: str, cwd: Path, fault: str | None = None, track: bool = True) -> Run:
-        """Start ``batchinfer ARGV``; ``track=False`` replaces MLflow tracking by a stub (its
-        helper process imports MLflow, about 2 s of CPU a run, and it is not under test)."""
-        self.count += 1
-        out, err = self.logs / f"{self.count}.out", self.logs / f"{self.count}.err"
-        env = {k: v for k, v in os.environ.items() if k != "BATCHINFER_FAULT"}
-        if fault:
-            env["BATCHINFER_FAULT"] = fault
-        pid = self._call({"op": "start", "argv": list(argv), "cwd": str(cwd), "env": env,
-                          "stdout": str(out), "stderr": str(err), "stub_tracking": not track})["pid"]
-        return Run(self, pid, out, err)
-
-    def run(self, *argv: str, cwd: Path, fault: str | None = None, track: bool = True,
-            timeout: float = 240) -> Run:
-        return self.start(*argv, cwd=cwd, fault=fault, track=track).wait(timeout)
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
-
-
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = ForkServer(tmp_path_factory.mktemp("forklogs"))
-    yield srv
-    srv.close()
+def server():
+    """The session's fork server (see forkserver.py)."""
+    return forkserver.shared()
 
 
 # -- checks shared by the crash tests ----------------------------------------------------------
@@ -206,8 +86,9 @@ def assert_same_result(out: Path, reference: Path, shard_paths: list[Path]) -> d
     assert canonical(quar).equals(canonical(ref_quar))
     assert manifest["triple"] == ref_manifest["triple"]
     assert manifest["totals"] == ref_manifest["totals"]
-    strip = lambda m: sorted((s["path"], s["sha256"], s["rows_in"], s["rows_scored"],
-                              s["rows_quarantined"], s["status"]) for s in m["shards"])
+    def strip(m):
+        return sorted((s["path"], s["sha256"], s["rows_in"], s["rows_scored"],
+                                  s["rows_quarantined"], s["status"]) for s in m["shards"])
     assert strip(manifest) == strip(ref_manifest)
     return manifest
 
@@ -258,7 +139,7 @@ FAULTS = ["read", "mid_write", "write:2", "shard_done", "before_commit", "during
 OVERWRITE_FAULTS = ["during_commit", "after_commit"]
 
 
-def _snapshot(run: Run, out: Path) -> dict:
+def _snapshot(run: forkserver.Run, out: Path) -> dict:
     return {
         "rc": run.returncode, "stderr": run.stderr,
         "manifest": (out / "_manifest.json").read_bytes() if (out / "_manifest.json").exists() else None,

@@ -4,7 +4,8 @@ invariant everywhere, and the job goes on within the thresholds.
 
 The jobs run in-process (``load_job`` + ``run_job`` on the DirectRunner): one partition holds
 every bad shard at once, with ``max_bad_fraction: 1.0`` and ``max_bad_shards`` = the number of
-unreadable shards. MLflow tracking is replaced by a stub (not under test here). Rerun with ``.venv/bin/pytest tests/test_bad_input.py -q``.
+unreadable shards. MLflow tracking is replaced by a stub (not under test here). Rerun with
+``.venv/bin/pytest tests/unit/test_bad_input.py -q``.
 """
 from __future__ import annotations
 

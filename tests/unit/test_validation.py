@@ -497,7 +497,8 @@ def test_model_converted_once(monkeypatch):
 
 def test_quarantine_all():
     batch = make_batch([1, 2, 3], [1.0, 2.0, 3.0], ["a", "b", "c"])
-    failures = [Failure("x", "dtype('Float64')", "x: dtype('Float64') failed: found float"), Failure(None, "shard", "bad")]
+    failures = [Failure("x", "dtype('Float64')", "x: dtype('Float64') failed: found float"),
+                Failure(None, "shard", "bad")]
     table = quarantine_all(batch, failures, source_shard=SHARD, first_row=100)
     assert table.schema == QUARANTINE_SCHEMA
     assert table.column("_source_row").to_pylist() == [100, 101, 102]
@@ -682,7 +683,8 @@ def test_property_accounting(rows, frame_mutation, backend, first_row):
     if frame_mutation in ("drop_cat", "extra_strict", "x_as_float64"):
         expected_bad = set(range(len(rows)))
     make = polars_schema if backend == "polars" else pandas_schema
-    result = validate_batch(batch, make(strict=frame_mutation == "extra_strict"), source_shard=SHARD, first_row=first_row)
+    result = validate_batch(batch, make(strict=frame_mutation == "extra_strict"), source_shard=SHARD,
+                            first_row=first_row)
     assert check_accounting(result, batch, first_row=first_row) == expected_bad
     for row in result.quarantine.to_pylist():
         values = strict_loads(row["_values"])

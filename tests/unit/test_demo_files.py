@@ -14,7 +14,7 @@ import yaml
 
 from batchinfer.demo import DEMO_DS, train, write_demo
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE_FILES = REPO / "batchinfer" / "demo" / "files"
 
 

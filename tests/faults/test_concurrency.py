@@ -3,15 +3,17 @@ the other exits 0 saying "already committed by attempt …" and removes its own 
 output is never mixed. With a shared, existing sqlite MLflow store, and on a new one (DESIGN.md:
 sqlite's first use is not safe for two processes at once).
 
-Rerun with ``.venv/bin/pytest tests/test_concurrency.py -q``.
+Rerun with ``.venv/bin/pytest tests/faults/test_concurrency.py -q``.
 """
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +34,30 @@ from factories import (
 pytestmark = pytest.mark.slow
 
 OTHER_DS = "2026-01-14"
-SHARDS, ROWS = 6, 30_000    # enough work that both runs are past their manifest check at once
+SHARDS, ROWS = 3, 4_000
+# The interleaving is forced, not hoped for: with BARRIER set, each process's preprocessing
+# (which runs only after the run's manifest check) says it is there, then waits until the test
+# lets all of them go. Every racer is then past its manifest check when any of them commits.
+BARRIER_PREP = "barrier_prep"
+BARRIER_SOURCE = '''\
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+COLUMNS = ("f0", "f1", "f2", "f3")
+
+
+def transform(batch):
+    folder = os.environ.get("BARRIER")
+    if folder:
+        Path(folder, f"ready-{os.getpid()}").touch()
+        while not Path(folder, "go").exists():
+            time.sleep(0.01)
+    return np.stack([batch.column(n).to_numpy(zero_copy_only=False) for n in COLUMNS],
+                    axis=1).astype(np.float32)
+'''
 
 
 def make_project(folder: Path) -> tuple[Path, list[Path]]:
@@ -40,13 +65,27 @@ def make_project(folder: Path) -> tuple[Path, list[Path]]:
     shards = make_shards(folder / "data" / f"dt={DS}", shards=SHARDS, rows=ROWS, seed=11)
     make_shards(folder / "data" / f"dt={OTHER_DS}", shards=1, rows=100, seed=12)
     make_mlp_onnx(folder / "models" / "model.onnx")
-    write_job(folder, batch={"rows": 8192})
+    (folder / f"{BARRIER_PREP}.py").write_text(BARRIER_SOURCE)
+    (folder / "barrier").mkdir()
+    write_job(folder, batch={"rows": 1000}, preprocess=f"{BARRIER_PREP}:transform")
     return folder, shards
 
 
 def start(folder: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "batchinfer", "run", "job.yaml", *args],
-                            cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "BARRIER": str(folder / "barrier")})
+
+
+def release(procs: list[subprocess.Popen], folder: Path) -> None:
+    """Wait until every process of ``folder`` is at the barrier, then let them all go."""
+    barrier = folder / "barrier"
+    deadline = time.monotonic() + 240
+    while len(list(barrier.glob("ready-*"))) < len(procs):
+        assert time.monotonic() < deadline, "not every run reached the barrier"
+        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs if p.poll() is not None]
+        time.sleep(0.02)
+    (barrier / "go").touch()
 
 
 def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
@@ -74,7 +113,7 @@ def canonical_predictions(out: Path, project: Path) -> pa.Table:
 
 def check_race(out: Path, ref: Path, shards: list[Path], results: list[tuple[int, str, str]]) -> dict:
     """Both exit 0, one commit, the loser says so and leaves nothing; output = reference."""
-    for rc, stdout, stderr in results:
+    for rc, _stdout, stderr in results:
         assert rc == 0, stderr
     manifest = json.loads((out / "_manifest.json").read_text())
     attempts = [attempt_of(stdout) for _, stdout, _ in results]
@@ -148,7 +187,14 @@ def races(tmp_path_factory):
     procs = [start(shared, "--ds", DS), start(shared, "--ds", DS),
              start(fresh, "--ds", DS), start(fresh, "--ds", DS),
              start(shared, "--ds", DS, "--set", "output.path=ref")]
-    results = [finish(p) for p in procs]
+    try:
+        release(procs[0:2] + procs[4:5], shared)
+        release(procs[2:4], fresh)
+        results = [finish(p) for p in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
     return {"shared": (shared, shards, results[0:2]), "fresh": (fresh, fresh_shards, results[2:4]),
             "ref": (shared / "ref", results[4])}
 
@@ -189,7 +235,7 @@ def test_two_runs_at_once_new_mlflow_store(races, capsys):
              f"HALF-MIGRATED (alembic {version}, head {shared_version}, leftover tables {leftovers})")
     with capsys.disabled():
         print(f"\n[new sqlite store, two runs at once] winner tracking line: "
-              f"{[l for l in winner_stdout.splitlines() if l.startswith('tracking:')]}; "
+              f"{[line for line in winner_stdout.splitlines() if line.startswith('tracking:')]}; "
               f"_metrics.json uploaded={metrics['uploaded']} error={metrics['error']}; "
               f"runs in store: {sorted(runs.values())}; store afterwards: {state}")
     assert len(tracking_lines) == 1   # only the winner reports tracking
@@ -210,7 +256,7 @@ def test_loser_whose_files_the_winner_cleaned_still_exits_as_lost_race(tmp_path,
     from batchinfer.spec import load_job
 
     no_tracking(monkeypatch)
-    folder, shards = tmp_path, make_shards(tmp_path / "data" / f"dt={DS}", shards=2, rows=200)
+    folder, _shards = tmp_path, make_shards(tmp_path / "data" / f"dt={DS}", shards=2, rows=200)
     write_schema(folder / "schemas")
     make_mlp_onnx(folder / "models" / "model.onnx")
     write_job(folder)
@@ -221,7 +267,7 @@ def test_loser_whose_files_the_winner_cleaned_still_exits_as_lost_race(tmp_path,
     state = {"inside": False, "winner": None}
 
     def racing(resolved, handler, attempt):
-        results = real(resolved, handler, attempt)
+        real(resolved, handler, attempt)
         if not state["inside"]:       # B's pipeline is done; now A runs start to finish
             state["inside"] = True
             state["winner"] = job_mod.run_job(load_job(folder / "job.yaml", ds=DS))

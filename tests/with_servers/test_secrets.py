@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from factories import DS, run_cli
-from servers import *  # noqa: F401,F403  (fixtures)
+from servers import closed_port, copy_project, env_for
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -68,7 +68,7 @@ def test_secrets_stay_out_of_outputs_logs_and_mlflow(tmp_path, s3_server, new_bu
         runner={"name": "direct", "options": {"job_name": "nightly-${BI_TOKEN}"}})
     assert token.encode() not in job.read_bytes()  # the job file names the variable only
     env = secret_env(s3_server.endpoint, token, aws_secret)
-    result = run_cli("run", str(job), "--ds", DS, cwd=tmp_path, env=env)
+    result = run_cli("run", str(job), "--ds", DS, cwd=tmp_path, env=env, track=True)
     assert result.returncode == 0, result.stderr
     assert "tracking: MLflow run" in result.stdout  # the secret-bearing URI really was used
     output = f"{new_bucket}/out-{token}/dt={DS}"
@@ -99,20 +99,20 @@ def test_secrets_stay_out_of_error_lines_and_offline_metrics(tmp_path, s3_server
         tracking={"uri": "http://batchinfer:${BI_TOKEN}@127.0.0.1:${BI_MLFLOW_PORT}",
                   "experiment": f"secrets-{uuid.uuid4().hex[:8]}"})
     env["BI_MLFLOW_PORT"] = str(closed_port())
-    missing = run_cli("run", str(job), "--ds", DS, cwd=tmp_path, env=env)
+    missing = run_cli("run", str(job), "--ds", DS, cwd=tmp_path, env=env, track=True)
     assert missing.returncode == 2, missing.stderr
     assert "${BI_TOKEN}" in missing.stderr  # the path is named, with the variable in its place
     # 2. MLflow unreachable at a URI holding the secret: the run commits and explains why in
     #    stdout and _metrics.json, without the secret.
     local = run_cli("run", str(job), "--ds", DS, "--set", "input.path=data/dt={ds}/*.parquet",
-                    cwd=tmp_path, env=env)
+                    cwd=tmp_path, env=env, track=True)
     assert local.returncode == 0, local.stderr
     assert "MLflow unavailable" in local.stdout
     metrics = (tmp_path / "out" / f"dt={DS}" / "_metrics.json").read_text()
     assert '"uploaded": false' in metrics and "${BI_TOKEN}" in metrics
     # 3. Later, with MLflow reachable (the variable now names the live server's port).
     env["BI_MLFLOW_PORT"] = str(mlflow_live.port)
-    track = run_cli("track", str(tmp_path / "out" / f"dt={DS}"), cwd=tmp_path, env=env)
+    track = run_cli("track", str(tmp_path / "out" / f"dt={DS}"), cwd=tmp_path, env=env, track=True)
     assert track.returncode == 0, track.stderr
     run_id = json.loads((tmp_path / "out" / f"dt={DS}" / "_metrics.json").read_text())["mlflow_run_id"]
     assert mlflow_live.client().get_run(run_id).data.metrics["rows_in"] == 3000

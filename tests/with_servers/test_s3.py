@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from factories import DS, mlp_reference, read_partition, run_cli
-from servers import *  # noqa: F401,F403  (fixtures)
+from servers import copy_project, env_for, finish_all, start_cli
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -104,7 +104,7 @@ def test_two_concurrent_runs_commit_exactly_once(tmp_path, s3_server, s3_proxy, 
     env = env_for(s3_proxy.url)
     procs = [start_cli("run", str(job), "--ds", DS, cwd=tmp_path, env=env) for _ in range(2)]
     results = finish_all(procs)
-    for rc, out, err in results:
+    for rc, _out, err in results:
         assert rc == 0, err
     committed = [out for _, out, _ in results if re.search(r"^committed s3://", out, re.M)]
     others = [out for _, out, _ in results if "already committed" in out]
@@ -114,7 +114,7 @@ def test_two_concurrent_runs_commit_exactly_once(tmp_path, s3_server, s3_proxy, 
     # Exactly one conditional PUT of the manifest succeeded; any other was refused (412).
     puts = [status for _, _, status in s3_proxy.requests("PUT", "/_manifest.json")]
     assert puts.count(200) == 1, puts
-    print(f"manifest PUTs {puts}; loser: {[l for l in others[0].splitlines() if 'already' in l]}")
+    print(f"manifest PUTs {puts}; loser: {[line for line in others[0].splitlines() if 'already' in line]}")
     assert all(status in (200, 412) for status in puts), puts
     # The loser removed its own attempt: only the committed attempt's files remain.
     attempts = {k.split("/")[1] for k in keys_under(fs, out_root(new_bucket))

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from factories import DS, run_cli
-from servers import *  # noqa: F401,F403  (fixtures)
+from servers import copy_project
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -44,7 +44,7 @@ def test_stamp_run_and_contract_through_the_registry(tmp_path, mlflow_live, stam
                        tracking={"uri": mlflow_live.uri, "experiment": f"run-{name}"})
     (tmp_path / "mlflow.db").unlink()  # the job tracks to the server: no local store may appear
 
-    stamp = run_cli("stamp", uri, "--job", str(job), "--model-version", f"{name}:1", cwd=tmp_path)
+    stamp = run_cli("stamp", uri, "--job", str(job), "--model-version", f"{name}:1", cwd=tmp_path, track=True)
     assert stamp.returncode == 0, stamp.stderr
     sidecar = json.loads((stamped_template / "models" / "model.onnx.batchinfer.json").read_text())
     tags = client.get_model_version(name, "1").tags
@@ -53,7 +53,7 @@ def test_stamp_run_and_contract_through_the_registry(tmp_path, mlflow_live, stam
         "batchinfer.schema_version": "feats@1",
         "batchinfer.preprocess_hash": sidecar["preprocess_hash"]}
 
-    run = run_cli("run", str(job), "--ds", DS, cwd=tmp_path)
+    run = run_cli("run", str(job), "--ds", DS, cwd=tmp_path, track=True)
     assert run.returncode == 0, run.stderr
     manifest = json.loads((tmp_path / "out" / f"dt={DS}" / "_manifest.json").read_text())
     assert manifest["triple"]["model_version"] == f"{name}:1"
@@ -65,7 +65,7 @@ def test_stamp_run_and_contract_through_the_registry(tmp_path, mlflow_live, stam
 
     # A declaration with a part missing is a contract failure (exit 3), checked before any work.
     client.delete_model_version_tag(name, "1", "batchinfer.preprocess_hash")
-    broken = run_cli("run", str(job), "--ds", DS, "--set", "output.path=out2/dt={ds}", cwd=tmp_path)
+    broken = run_cli("run", str(job), "--ds", DS, "--set", "output.path=out2/dt={ds}", cwd=tmp_path, track=True)
     assert broken.returncode == 3, (broken.stdout, broken.stderr)
     lines = broken.stderr.strip().splitlines()
     assert len(lines) == 1 and "preprocess_hash" in lines[0], broken.stderr
@@ -73,7 +73,7 @@ def test_stamp_run_and_contract_through_the_registry(tmp_path, mlflow_live, stam
 
     # A version that does not exist: exit 5, one line naming it.
     missing = run_cli("run", str(job), "--ds", DS, "--set", f"model.uri=models:/{name}/7",
-                      cwd=tmp_path)
+                      cwd=tmp_path, track=True)
     assert missing.returncode == 5, (missing.stdout, missing.stderr)
     lines = missing.stderr.strip().splitlines()
     assert len(lines) == 1 and f"models:/{name}/7" in lines[0], missing.stderr

@@ -4,8 +4,9 @@ output has another number of rows than it was given breaks the batch contract: e
 committed, never isolated row by row.
 
 Real ONNX models that misbehave only on some rows, run in-process (``run_job`` on the
-DirectRunner; MLflow tracking replaced by a stub), plus unit tests of ``BatchModelHandler.infer`` with a Python fake model.
-Rerun with ``.venv/bin/pytest tests/test_model_failures.py -q``.
+DirectRunner; MLflow tracking replaced by a stub), plus unit tests of
+``BatchModelHandler.infer`` with a Python fake model.
+Rerun with ``.venv/bin/pytest tests/unit/test_model_failures.py -q``.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Each case is driven as a user meets it — through the CLI, on a copy of a stamp
 checks the exit code, the one-line message and what was (not) written. Where a case cannot be
 reached from the CLI in reasonable time (a shard over the 256 MB in-memory limit replaced while
 it is read), the run is in-process with the limit lowered. Rerun with
-``.venv/bin/pytest tests/test_hardening.py -q``.
+``.venv/bin/pytest tests/e2e/test_hardening.py -q``.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from factories import (
     run_cli,
     save_onnx,
 )
-from servers import *  # noqa: F401,F403  (fixtures)
+from servers import copy_project
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,7 @@ output is written; ONNX external-data paths may not leave the model's folder (``
 symlink), for ``stamp`` and ``run`` alike.
 
 Every CLI case is a real ``python -m batchinfer`` process; they are started together to save
-time. Rerun with ``.venv/bin/pytest tests/test_safe_loading.py -q``.
+time. Rerun with ``.venv/bin/pytest tests/unit/test_safe_loading.py -q``.
 """
 from __future__ import annotations
 

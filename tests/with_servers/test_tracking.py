@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from factories import DS, run_cli
-from servers import *  # noqa: F401,F403  (fixtures)
+from servers import closed_port, copy_project, finish_all, start_cli
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,7 @@ def test_one_run_per_job_with_triple_counts_and_manifest(tmp_path, mlflow_live, 
     experiment = f"tracking-{uuid.uuid4().hex[:8]}"
     job = copy_project(stamped_template, tmp_path,
                        tracking={"uri": mlflow_live.uri, "experiment": experiment})
-    result = run_cli("run", str(job), "--ds", DS, cwd=tmp_path)
+    result = run_cli("run", str(job), "--ds", DS, cwd=tmp_path, track=True)
     assert result.returncode == 0, result.stderr
     out = output_dir(tmp_path)
     manifest = read_json(out / "_manifest.json")
@@ -60,7 +60,7 @@ def test_outage_commits_then_track_uploads(tmp_path, mlflow_live, stamped_templa
     experiment = f"outage-{uuid.uuid4().hex[:8]}"
     job = copy_project(stamped_template, tmp_path,
                        tracking={"uri": f"http://127.0.0.1:{closed_port()}", "experiment": experiment})
-    result = run_cli("run", str(job), "--ds", DS, cwd=tmp_path)
+    result = run_cli("run", str(job), "--ds", DS, cwd=tmp_path, track=True)
     assert result.returncode == 0, result.stderr
     out = output_dir(tmp_path)
     manifest = read_json(out / "_manifest.json")  # committed despite the outage
@@ -73,7 +73,7 @@ def test_outage_commits_then_track_uploads(tmp_path, mlflow_live, stamped_templa
     assert record["uploaded"] is False and record["error"]
     assert record["metrics"]["rows_in"] == ROWS_IN
 
-    track = run_cli("track", str(out), "--tracking-uri", mlflow_live.uri, cwd=tmp_path)
+    track = run_cli("track", str(out), "--tracking-uri", mlflow_live.uri, cwd=tmp_path, track=True)
     assert track.returncode == 0, track.stderr
     record = read_json(out / "_metrics.json")
     assert record["uploaded"] is True and record["error"] is None
@@ -85,7 +85,7 @@ def test_outage_commits_then_track_uploads(tmp_path, mlflow_live, stamped_templa
     exp = mlflow_live.client().get_experiment_by_name(experiment)
     assert run.info.experiment_id == exp.experiment_id
     # Uploading again is a no-op: still one run.
-    again = run_cli("track", str(out), "--tracking-uri", mlflow_live.uri, cwd=tmp_path)
+    again = run_cli("track", str(out), "--tracking-uri", mlflow_live.uri, cwd=tmp_path, track=True)
     assert again.returncode == 0 and run_id in again.stdout
     assert len(mlflow_live.client().search_runs([exp.experiment_id])) == 1
 
@@ -126,7 +126,7 @@ def test_six_concurrent_runs_on_an_existing_sqlite_store(tmp_path, stamped_templ
     job = partitions_project(stamped_template, tmp_path, dates, store=True)
     results = run_concurrently(job, dates, tmp_path)
     runs = sqlite_runs(tmp_path / "mlflow.db")
-    for ds, (rc, out, err) in results.items():
+    for ds, (rc, _out, err) in results.items():
         assert rc == 0, (ds, err)
         manifest = read_json(output_dir(tmp_path, ds) / "_manifest.json")
         assert manifest["totals"]["rows_scored"] == 1000
@@ -160,7 +160,7 @@ def test_two_runs_racing_on_a_new_sqlite_store_still_commit(tmp_path, stamped_te
             assert manifest["mlflow_run_id"] in sqlite_runs(tmp_path / "mlflow.db")
         else:
             assert sum("MLflow unavailable" in line for line in out.splitlines()) == 1, out
-            track = run_cli("track", str(out_dir), cwd=tmp_path)
+            track = run_cli("track", str(out_dir), cwd=tmp_path, track=True)
             assert track.returncode == 0, track.stderr
             assert read_json(out_dir / "_metrics.json")["uploaded"] is True
     print(f"new-store race: {outcome}")  # reported by the test run (-s / -rA)

@@ -45,7 +45,14 @@ def test_ctrl_c_commits_nothing_and_marks_the_run_killed(tmp_path):
     try:
         first = child.stdout.readline()
         assert first.startswith("scoring 3 shards"), first
-        time.sleep(1.5)  # a few batches in: some prediction files exist
+        # Interrupt once some batches are written (not after a guessed delay): the attempt then
+        # has files that the interrupted run must remove.
+        predictions = tmp_path / "out" / f"dt={DS}" / "predictions"
+        deadline = time.monotonic() + 120
+        while not list(predictions.glob("*/*.parquet")):
+            assert time.monotonic() < deadline, "no prediction file within 120 s"
+            assert child.poll() is None, child.communicate()
+            time.sleep(0.02)
         child.send_signal(signal.SIGINT)
         stdout, stderr = child.communicate(timeout=120)
     finally:
@@ -58,7 +65,7 @@ def test_ctrl_c_commits_nothing_and_marks_the_run_killed(tmp_path):
     assert not (output / "_manifest.json").exists()
     assert run_statuses(tmp_path / "mlflow.db") == ["KILLED"]
 
-    rerun = run_cli("run", "job.yaml", "--ds", DS, cwd=tmp_path)
+    rerun = run_cli("run", "job.yaml", "--ds", DS, cwd=tmp_path, track=True)
     assert rerun.returncode == 0, rerun.stderr
     predictions, quarantine, manifest = read_partition(output)
     assert manifest["totals"]["rows_in"] == 3000

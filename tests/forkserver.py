@@ -1,0 +1,153 @@
+"""A fork server for the CLI: ``batchinfer`` runs as forked children of an interpreter that has
+already imported Beam, ONNX Runtime, pandera, polars and MLflow (about 3-5 s of imports per plain
+``python -m batchinfer``), so each run in the test suite costs only its own work.
+
+A child is a real process: its own cwd, environment, stdin/stdout/stderr, exit code, and
+``BATCHINFER_FAULT`` kills it with SIGKILL like any ``python -m`` process. It runs
+``batchinfer.cli.main(argv)``, which is what ``python -m batchinfer`` runs. Started once per test
+session (:func:`shared`), on first use. Tests of the entry point itself, of start-up imports or
+of signals use a plain ``python -m batchinfer`` (``factories.run_cli(..., fresh=True)``).
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+_SERVER = r'''
+import importlib, json, os, sys, time
+import batchinfer.cli, batchinfer.commands.run, batchinfer.pipeline.transforms, batchinfer.faults
+import batchinfer.io.tracking, batchinfer.handlers.onnx, batchinfer.io.manifest
+import apache_beam
+from apache_beam.runners.direct.direct_runner import DirectRunner
+from apache_beam.runners.portability.fn_api_runner import fn_runner
+import onnx, onnxruntime, pandera.polars, polars, mlflow.tracking
+from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+import threading
+assert threading.active_count() == 1, "the fork server must not run threads"
+out = os.fdopen(os.dup(1), "w")
+print("ready", file=out, flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    if req["op"] == "start":
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.chdir(req["cwd"])
+                os.environ.clear()
+                os.environ.update(req["env"])
+                null = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(null, 0)
+                os.dup2(os.open(req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
+                os.dup2(os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+                importlib.reload(batchinfer.faults)   # reads BATCHINFER_FAULT, as at import
+                if req["stub_tracking"]:
+                    class _NoTracking:
+                        error, run_id = "tracking stubbed by the test", None
+                        def __init__(self, *a, **k): pass
+                        def wait(self, *a, **k): return None
+                        def finish(self, *a, **k): return False
+                        def __getattr__(self, name): return lambda *a, **k: None
+                    batchinfer.io.tracking.TrackingRun = _NoTracking
+                rc = batchinfer.cli.main(req["argv"])
+            except SystemExit as exc:  # argparse: --help, --version, usage errors
+                rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            except BaseException as exc:
+                rc = 99
+                print(f"fork server child: {exc!r}", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(rc)
+        print(json.dumps({"pid": pid}), file=out, flush=True)
+    elif req["op"] == "wait":
+        deadline = time.monotonic() + req["timeout"]
+        while True:
+            done, status = os.waitpid(req["pid"], os.WNOHANG)
+            if done:
+                rc = os.waitstatus_to_exitcode(status)
+                break
+            if time.monotonic() > deadline:
+                os.kill(req["pid"], 9)
+                os.waitpid(req["pid"], 0)
+                rc = "timeout"
+                break
+            time.sleep(0.02)
+        print(json.dumps({"rc": rc}), file=out, flush=True)
+'''
+
+
+class Run:
+    def __init__(self, server: "ForkServer", pid: int, stdout: Path, stderr: Path):
+        self.server, self.pid, self._out, self._err = server, pid, stdout, stderr
+        self.returncode = None
+
+    def wait(self, timeout: float = 240) -> "Run":
+        if self.returncode is None:
+            self.returncode = self.server._call({"op": "wait", "pid": self.pid, "timeout": timeout})["rc"]
+            assert self.returncode != "timeout", f"run {self.pid} timed out: {self.stderr}"
+        return self
+
+    @property
+    def stdout(self) -> str:
+        return self._out.read_text()
+
+    @property
+    def stderr(self) -> str:
+        return self._err.read_text()
+
+
+class ForkServer:
+    """Starts ``batchinfer`` runs as forked processes of a pre-imported interpreter."""
+
+    def __init__(self, logs: Path):
+        self.logs = logs
+        self.count = 0
+        self.proc = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True,
+                                     env={k: v for k, v in os.environ.items() if k != "BATCHINFER_FAULT"})
+        line = self.proc.stdout.readline()
+        assert line.strip() == "ready", f"fork server failed to start: {line!r}"
+
+    def _call(self, req: dict) -> dict:
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def start(self, *argv: str, cwd: Path, fault: str | None = None, track: bool = True,
+              env: dict[str, str] | None = None) -> Run:
+        """Start ``batchinfer ARGV`` in ``cwd`` with ``env`` (default: this process's, without
+        ``BATCHINFER_FAULT``); ``fault`` sets ``BATCHINFER_FAULT``; ``track=False`` replaces
+        MLflow tracking by a stub (its helper process imports MLflow, about 2 s of CPU a run)."""
+        self.count += 1
+        out, err = self.logs / f"{self.count}.out", self.logs / f"{self.count}.err"
+        if env is None:
+            env = {k: v for k, v in os.environ.items() if k != "BATCHINFER_FAULT"}
+        env = dict(env)
+        if fault:
+            env["BATCHINFER_FAULT"] = fault
+        pid = self._call({"op": "start", "argv": list(argv), "cwd": str(cwd), "env": env,
+                          "stdout": str(out), "stderr": str(err), "stub_tracking": not track})["pid"]
+        return Run(self, pid, out, err)
+
+    def run(self, *argv: str, cwd: Path, fault: str | None = None, track: bool = True,
+            env: dict[str, str] | None = None, timeout: float = 240) -> Run:
+        return self.start(*argv, cwd=cwd, fault=fault, track=track, env=env).wait(timeout)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+_shared: list[ForkServer] = []
+
+
+def shared() -> ForkServer:
+    """The session's fork server, started on first use and stopped when the session ends."""
+    if not _shared or _shared[0].proc.poll() is not None:
+        _shared[:] = [ForkServer(Path(tempfile.mkdtemp(prefix="batchinfer-forkserver-")))]
+        atexit.register(_shared[0].close)
+    return _shared[0]
