@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from fsspec import AbstractFileSystem
+
 from .. import faults
 from ..errors import RuntimeFailure
 from .manifest import clean_after_commit, create_manifest, read_manifest, remove_attempt
@@ -48,7 +50,7 @@ class PartitionCommit:
     def __init__(self, url: str):
         self.url = url
 
-    def _fs_root(self):
+    def _fs_root(self) -> "tuple[AbstractFileSystem, str]":
         return url_to_fs(self.url)
 
     def is_file(self) -> bool:

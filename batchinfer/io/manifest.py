@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+
+from fsspec import AbstractFileSystem
 
 from .. import faults
 from ..errors import StorageError
@@ -19,7 +20,7 @@ from .records import Manifest
 from .storage import is_local, join
 
 
-def read_manifest(fs: Any, root: str) -> Manifest | None:
+def read_manifest(fs: AbstractFileSystem, root: str) -> Manifest | None:
     """The committed manifest under ``root``, or None if the partition is not committed."""
     path = join(root, MANIFEST)
     try:
@@ -84,7 +85,7 @@ def remove_attempt(layout: Layout, attempt: str) -> None:
     _remove_if_empty(fs, join(layout.root, TMP))
 
 
-def _remove_if_empty(fs: Any, path: str) -> None:
+def _remove_if_empty(fs: AbstractFileSystem, path: str) -> None:
     """Remove a folder that holds nothing (on object stores folders are not kept anyway). The
     last run out leaves no empty `_tmp/`; a run still writing there keeps it (not empty)."""
     if not is_local(fs):

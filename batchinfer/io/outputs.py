@@ -18,6 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from fsspec import AbstractFileSystem
 
 from ..errors import StorageError
 from .storage import join, url_to_fs
@@ -36,7 +37,7 @@ ATTEMPT = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
 class Layout:
     """Paths of one attempt's files under an output root (fsspec path, no protocol)."""
 
-    fs: Any
+    fs: AbstractFileSystem
     root: str
     attempt: str
 
@@ -77,7 +78,7 @@ def parquet_bytes(table: pa.Table, *, dictionary: list[str] | None = None,
     return sink.getvalue().to_pybytes()
 
 
-def write_file(fs: Any, path: str, data: bytes) -> str:
+def write_file(fs: AbstractFileSystem, path: str, data: bytes) -> str:
     """Write ``data`` to ``path``; return its sha256."""
     try:
         parent = path.rsplit("/", 1)[0]
@@ -88,9 +89,9 @@ def write_file(fs: Any, path: str, data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def write_json(fs: Any, path: str, obj: Any) -> None:
+def write_json(fs: AbstractFileSystem, path: str, obj: Any) -> None:
     write_file(fs, path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
 
 
-def read_json(fs: Any, path: str) -> Any:
+def read_json(fs: AbstractFileSystem, path: str) -> Any:
     return json.loads(fs.cat_file(path))

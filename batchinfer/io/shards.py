@@ -30,6 +30,7 @@ from typing import Any, Iterator, Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from fsspec import AbstractFileSystem
 
 from ..errors import NoShardsError, StorageError, one_line
 from .storage import full_url, is_local, url_to_fs
@@ -352,7 +353,7 @@ class HashingFile:
             self._drain()
 
 
-def _regular_file_info(fs: Any, path: str) -> dict:
+def _regular_file_info(fs: AbstractFileSystem, path: str) -> dict:
     """``{"size", ...identity fields}`` of a regular file; Unreadable for anything else."""
     if is_local(fs):
         try:

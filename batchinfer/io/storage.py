@@ -2,21 +2,21 @@
 from __future__ import annotations
 
 import posixpath
-from typing import Any
 
 import fsspec
+from fsspec import AbstractFileSystem
 
 
-def url_to_fs(url: str) -> tuple[Any, str]:
+def url_to_fs(url: str) -> tuple[AbstractFileSystem, str]:
     fs, path = fsspec.core.url_to_fs(url)
     return fs, path.rstrip("/") or "/"
 
 
-def is_local(fs: Any) -> bool:
+def is_local(fs: AbstractFileSystem) -> bool:
     return "file" in _protocols(fs)
 
 
-def full_url(fs: Any, path: str) -> str:
+def full_url(fs: AbstractFileSystem, path: str) -> str:
     """The URL a user would write for ``path`` on ``fs`` (local paths stay plain paths)."""
     if is_local(fs):
         return path
@@ -27,6 +27,6 @@ def join(*parts: str) -> str:
     return posixpath.join(*parts)
 
 
-def _protocols(fs: Any) -> tuple[str, ...]:
+def _protocols(fs: AbstractFileSystem) -> tuple[str, ...]:
     proto = fs.protocol
     return (proto,) if isinstance(proto, str) else tuple(proto)
