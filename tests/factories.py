@@ -171,6 +171,14 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300
     return subprocess.CompletedProcess(command, run.returncode, run.stdout, run.stderr)
 
 
+def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    """relative path → (size, mtime_ns) of every file under ``folder`` (to show nothing changed)."""
+    if not folder.exists():
+        return {}
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 def one_line_error(result: subprocess.CompletedProcess, command: str = "run") -> str:
     """The single stderr line of a failed command (SPEC §2: no bare traceback)."""
     assert "Traceback" not in result.stderr, result.stderr

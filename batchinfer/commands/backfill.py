@@ -54,14 +54,13 @@ def backfill(job_path: str | Path, dates: Sequence[str], *, overrides: Sequence[
     load_job(job_path, ds=dates[0], overrides=overrides)  # raises SpecError: nothing to attempt
     results = []
     for ds in dates:
-        job = None
         try:
             job = load_job(job_path, ds=ds, overrides=overrides)
             outcome = run_job(job, overwrite=overwrite, dry_run=dry_run, progress=progress)
             result = PartitionResult(ds, outcome.status, outcome.message, 0, outcome.manifest)
         except BatchInferError as exc:
-            message = job.display(exc.message) if job is not None else exc.message
-            result = PartitionResult(ds, "failed", message, exc.exit_code)
+            # Messages are masked when made (batchinfer.redaction): no ${NAME} value in them.
+            result = PartitionResult(ds, "failed", exc.message, exc.exit_code)
         results.append(result)
         done(result)
         if result.status == "failed" and not keep_going:

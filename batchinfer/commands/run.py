@@ -19,7 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ..backends import handler_class
 from ..errors import BatchInferError, ContractError, DataQualityError, ModelError, RuntimeFailure, SpecError
@@ -307,28 +307,26 @@ def _lost(winner: Manifest | None, shown: str) -> Outcome:
                                 f"run's files were removed", winner, shown)
 
 
-def _our_error(exc: BaseException) -> BatchInferError | None:
-    """The first BatchInferError a transform raised, from the chain Beam wraps it in (Beam
-    re-raises the same type with "[while running 'Stage']" appended, the original as cause)."""
-    found, seen = None, set()
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from, outermost first."""
+    seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, BatchInferError):
-            found = current
+        yield current
         current = current.__cause__ or current.__context__
-    return found
+
+
+def _our_error(exc: BaseException) -> BatchInferError | None:
+    """The BatchInferError a transform raised, from the chain Beam wraps it in (Beam re-raises
+    the same type with "[while running 'Stage']" appended, the original as cause): the
+    innermost one, whose message is the transform's own."""
+    ours = [e for e in _chain(exc) if isinstance(e, BatchInferError)]
+    return ours[-1] if ours else None
 
 
 def _interrupted(exc: BaseException) -> bool:
-    seen = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, KeyboardInterrupt):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+    return any(isinstance(e, KeyboardInterrupt) for e in _chain(exc))
 
 
 def _metrics(totals: Totals, pipeline_s: float, wall_s: float,

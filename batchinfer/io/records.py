@@ -67,10 +67,6 @@ class Totals:
                    rows_quarantined=sum(s.rows_quarantined for s in shards),
                    shards_unreadable=sum(s.status == "unreadable" for s in shards))
 
-    @property
-    def bad_fraction(self) -> float:
-        return self.rows_quarantined / self.rows_in if self.rows_in else 0.0
-
     def to_dict(self) -> dict:
         return asdict(self)
 

@@ -6,7 +6,9 @@
 
 Elements are Arrow RecordBatches of ``batch.rows`` rows, never single rows. Nothing here raises
 for bad data: bad rows become quarantine rows and unreadable shards become shard records, so the
-outcome travels as data (exceptions crossing Beam workers lose their type). The driver
+outcome travels as data (exceptions crossing Beam workers may lose their type). Only a step that
+breaks its contract — a model or preprocessing function that returns another number of rows, say
+— raises a BatchInferError, which the driver reports with its own message and exit code. The driver
 (:mod:`batchinfer.commands.run`) reads the per-shard records, applies the thresholds and commits.
 """
 from __future__ import annotations

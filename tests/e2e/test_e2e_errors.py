@@ -30,6 +30,7 @@ from factories import (
     one_line_error,
     read_partition,
     run_cli,
+    snapshot,
     write_schema,
 )
 
@@ -63,13 +64,6 @@ WRONG_TYPE_ROWS = 3
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
-    if not folder.exists():
-        return {}
-    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
-
 
 def nothing_committed(out: Path) -> None:
     """No manifest, no data file, no attempt folder left under an output path."""

@@ -28,6 +28,7 @@ from factories import (
     read_partition,
     run_cli,
     save_onnx,
+    snapshot,
     write_job,
     write_schema,
 )
@@ -54,14 +55,6 @@ RFC3339_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|\+00:0
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
-    """relative path → (size, mtime_ns) of every file under ``folder``."""
-    if not folder.exists():
-        return {}
-    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
-
 
 def sha256_file(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
