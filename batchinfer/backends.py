@@ -32,6 +32,9 @@ class Backend:
         handler: ``"package.module:Class"`` of its :class:`~batchinfer.handlers.base.BatchModelHandler`;
             None for a backend the contract names but this version does not ship.
         install: what to install (or do) when its library is missing.
+        declared: options that change predictions, with their defaults: ``stamp`` records their
+            values in the model's declaration and a run with other values is a contract
+            mismatch (exit 3), as for the triple.
     """
 
     name: str
@@ -39,6 +42,7 @@ class Backend:
     options: Mapping[str, type] = field(default_factory=dict)
     handler: str | None = None
     install: str = ""
+    declared: Mapping[str, str] = field(default_factory=dict)
 
 
 _REGISTRY: dict[str, Backend] = {}
@@ -82,6 +86,11 @@ def check_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     return dict(options)
 
 
+def declared_options(name: str, options: Mapping[str, Any]) -> dict[str, str]:
+    """The values of backend ``name``'s declared options in ``options`` (defaults filled in)."""
+    return {key: str(options.get(key, default)) for key, default in get(name).declared.items()}
+
+
 def handler_class(name: str) -> type:
     """The handler class of backend ``name`` (imports the backend's module and library).
 
@@ -111,10 +120,25 @@ register(Backend(
         "allow_spinning": bool,           # intra-op threads busy-wait for work (default: false)
         "chunk_rows": int,                # rows per session.run call (default: 4,096 on CPU)
         "providers": list,                # explicit provider list, overrides `device`
+        "tensorrt": bool,                 # on CUDA: TensorRT provider first (engine cache beside the model)
+        "io_binding": bool,               # bind inputs/outputs (default: on CUDA only)
     },
     handler="batchinfer.handlers.onnx:OnnxModelHandler",
     install="pip install onnxruntime (CPU) or onnxruntime-gpu (CUDA/TensorRT), e.g. "
             "pip install 'batchinfer[cpu]'"))
-# Named by the contract (SPEC §3); their handlers come with the GPU backends.
-register(Backend("tensorrt", (".engine", ".plan", ".trt"), install="not in this version"))
-register(Backend("torch", (".pt2",), install="not in this version"))
+register(Backend(
+    "torch", (".pt2",),
+    options={
+        "precision": str,                 # fp32 | fp16 | bf16 (autocast); declared
+        "chunk_rows": int,                # rows per model call (default: 4,096 on CPU, all on CUDA)
+        "intra_op_num_threads": int,      # torch.set_num_threads (0 = torch's default)
+    },
+    handler="batchinfer.handlers.pytorch:TorchModelHandler",
+    install="pip install 'batchinfer[torch]' (CPU), or a CUDA build of torch 2.13 for GPUs",
+    declared={"precision": "fp32"}))
+register(Backend(
+    "tensorrt", (".engine", ".plan"),
+    options={"chunk_rows": int},          # default: the engine profile's max batch
+    handler="batchinfer.handlers.tensorrt:TensorRTModelHandler",
+    install="pip install 'batchinfer[gpu]' on a machine with an NVIDIA GPU (TensorRT >= 10 and a "
+            "CUDA build of torch)"))

@@ -11,6 +11,9 @@ Points, in the order a run meets them:
     before_commit the pipeline finished, thresholds passed, manifest not yet written
     during_commit the manifest's bytes are in scratch, not yet linked into place
     after_commit  the manifest exists, other attempts not yet cleaned up
+
+One point is not a crash: ``oom:<n>`` makes the torch backend raise CUDA's out-of-memory error
+for every model call of more than n rows (the handler halves its chunk and retries the rows).
 """
 from __future__ import annotations
 
@@ -45,3 +48,8 @@ def point(name: str) -> None:
 def armed(name: str) -> bool:
     """True if ``name`` is the configured point (for faults that need to act before dying)."""
     return name == (_state or _configured())["point"]
+
+
+def number() -> int:
+    """The ``<n>`` of the configured point (for ``oom``: the most rows a model call may take)."""
+    return (_state or _configured())["target"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..backends import declared_options
 from ..errors import SpecError
 from ..io.shards import Shard, list_input
 from ..spec import Job
@@ -60,7 +61,8 @@ def resolve(job: Job, *, list_input_files: bool = True, check: bool = True) -> R
     declared_version = (model.declaration or {}).get("model_version") or spec.model.version or ""
     triple = Triple(declared_version, digest, schema.ref, preprocessor.hash)
     if check:
-        check_contract(job.display(spec.model.uri), model.declaration, triple, spec.model.version)
+        check_contract(job.display(spec.model.uri), model.declaration, triple, spec.model.version,
+                       declared_options(spec.model.backend, spec.model.options))
     listing = list_input(spec.input.path) if list_input_files else None
     return Resolved(job, schema, preprocessor, features, model, triple,
                     listing.shards if listing else [], listing.ignored if listing else [])

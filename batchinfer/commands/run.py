@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from ..backends import handler_class
+from ..backends import declared_options, handler_class
 from ..errors import BatchInferError, ContractError, DataQualityError, ModelError, RuntimeFailure, SpecError
 from ..io.commit import Attempt, PartitionCommit
 from ..io.outputs import METRICS, write_json
@@ -139,6 +139,7 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
         manifest = Manifest(
             job=spec.name, ds=job.ds, attempt=attempt.attempt, triple=resolved.triple.as_dict(),
             job_spec_sha256=job.spec_sha256, runner=spec.runner.name, device=device,
+            backend=spec.model.backend, model_options=_declared(job),
             started_at=rfc3339(started), finished_at=rfc3339(clock()),
             mlflow_run_id=tracking.wait(), totals=totals,
             shards=tuple(r.record for r in results))
@@ -195,7 +196,17 @@ def _look_at(partition: PartitionCommit, job: Job, resolved: Resolved, shown: st
             f"to score the partition as it is now")
     if existing.triple != resolved.triple.as_dict():
         raise ContractError(_triple_conflict(shown, existing.triple, resolved.triple.as_dict()))
+    declared = _declared(job)
+    if existing.model_options != declared:
+        raise ContractError(
+            f"{shown} was committed with model.options {existing.model_options or '{}'}, which "
+            f"change predictions; this run has {declared}: pass --overwrite to replace it")
     return existing
+
+
+def _declared(job: Job) -> dict[str, str]:
+    """The job's values of its backend's declared options (they change predictions)."""
+    return declared_options(job.spec.model.backend, job.spec.model.options)
 
 
 def load_handler(resolved: Resolved) -> "tuple[BatchModelHandler, str]":
@@ -208,6 +219,14 @@ def load_handler(resolved: Resolved) -> "tuple[BatchModelHandler, str]":
     options = {k: v for k, v in spec.options.items() if k != "allow_pickle"}
     handler = cls(str(resolved.model.path), digest=resolved.triple.model_digest,
                   device=spec.device, options=options)
+    declared = resolved.model.declaration or {}
+    for key, here in handler.runtime_facts().items():
+        # e.g. a TensorRT engine runs only under the TensorRT version and on the GPU
+        # architecture it was built for; loading it elsewhere fails, or worse, does not.
+        if key in declared and declared[key] != here:
+            raise ModelError(f"{resolved.job.display(spec.uri)} was built for {key} "
+                             f"{declared[key]} but this machine has {here}: rebuild the model "
+                             f"here (batchinfer export) and stamp it, or run where it was built")
     model = handler.load_model()
     outputs = handler.output_names(model)
     output_spec = resolved.job.spec.output
@@ -338,6 +357,10 @@ def _metrics(totals: Totals, pipeline_s: float, wall_s: float,
         for stage, value in result.seconds.items():
             key = f"stage_seconds_{stage}"
             metrics[key] = metrics.get(key, 0.0) + value
+    model = sum((r.model for r in results), ModelStats())
+    metrics["model_oom_backoffs"] = float(model.oom_backoffs)
+    if model.chunk_rows:
+        metrics["model_chunk_rows"] = float(model.chunk_rows)
     if wall_s:
         metrics["wall_seconds"] = wall_s
         metrics["rows_per_second"] = totals.rows_in / wall_s

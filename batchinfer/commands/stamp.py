@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from ..backends import declared_options, handler_class
 from ..errors import SpecError
 from ..spec import Job, resolve_path
 from ..triple.contract import Triple
@@ -27,7 +28,10 @@ def stamp(job: Job, model_uri: str | None, model_version: str | None) -> tuple[T
                             "model.version in the job")
     triple = Triple(version, resolved.triple.model_digest, resolved.triple.schema_version,
                     resolved.triple.preprocess_hash)
-    where = declare(resolved.model, triple, job.spec.tracking.uri)
+    model = job.spec.model
+    extra = declared_options(model.backend, model.options)
+    extra.update(handler_class(model.backend).build_facts(str(resolved.model.path)))
+    where = declare(resolved.model, triple, job.spec.tracking.uri, extra)
     return triple, where
 
 

@@ -21,6 +21,7 @@ many rows (never one row), so Beam's ``BatchElements`` is told to pass them one 
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,8 +31,10 @@ import numpy as np
 
 from .. import backends
 from ..beam_compat import ModelHandler, PredictionResult
-from ..errors import ModelError, PreprocessError
+from ..errors import ModelError, PreprocessError, one_line
 from ..rows.isolation import run_isolating
+
+log = logging.getLogger("batchinfer")
 
 ModelT = TypeVar("ModelT")
 
@@ -78,12 +81,26 @@ class Inference:
         outputs: output name → array over ``ok_rows`` (axis 0 aligned with it).
         failed: ``(row index, error)`` for rows the model rejected.
         compute_ms: model time for this batch, in milliseconds.
+        oom_backoffs: times a model call ran out of device memory and its rows were retried in
+            chunks half the size.
+        chunk_rows: rows per model call the batch ended with.
     """
 
     ok_rows: np.ndarray
     outputs: dict[str, np.ndarray]
     failed: list[tuple[int, str]] = field(default_factory=list)
     compute_ms: float = 0.0
+    oom_backoffs: int = 0
+    chunk_rows: int = 0
+
+
+@dataclass
+class _Tally:
+    """Accumulated over one batch's model calls."""
+
+    seconds: float = 0.0
+    oom_backoffs: int = 0
+    chunk_rows: int = 0   # rows per model call in effect at the end
 
 
 def slice_features(features: Any, start: int, stop: int) -> Any:
@@ -106,6 +123,7 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
     """
 
     backend: ClassVar[str] = ""   # the name in batchinfer.backends ("" for test doubles)
+    warm_up: ClassVar[bool] = True  # one untimed call on the first chunk, see _run_chunked
 
     def __init__(self, model_path: str, *, digest: str, device: str = "auto",
                  options: Optional[Mapping[str, Any]] = None):
@@ -120,6 +138,8 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
         self.chunk_rows: Optional[int] = options.get("chunk_rows")
         # Each output's shape past the rows and its dtype, from the first call (see _check_outputs).
         self._signature: dict[str, tuple] = {}
+        self._warm = False                      # the untimed first call was made
+        self._oom_limit: Optional[int] = None   # rows per call after an out-of-memory back-off
 
     # -- what a backend implements -----------------------------------------------------------
     def open_model(self) -> ModelT:
@@ -146,6 +166,31 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
     def default_chunk_rows(self, model: ModelT) -> Optional[int]:
         """Rows per ``predict`` call when the job does not say; None = the whole batch."""
         return None
+
+    def is_out_of_memory(self, exc: BaseException) -> bool:
+        """True if ``exc``, raised by ``predict``, means the device ran out of memory: the rows
+        are retried in smaller chunks instead of being blamed (see :meth:`_run_chunked`)."""
+        return False
+
+    @classmethod
+    def build_facts(cls, model_path: str) -> dict[str, str]:
+        """What the model file was built for that the runtime must match (a TensorRT engine: the
+        TensorRT version and GPU architecture); ``stamp`` adds them to the declaration."""
+        return {}
+
+    def runtime_facts(self) -> dict[str, str]:
+        """The same facts of this machine, compared with the declaration before the model loads."""
+        return {}
+
+    def require(self, module: str) -> Any:
+        """Import the backend's library, or exit 5 saying what to install."""
+        import importlib
+
+        try:
+            return importlib.import_module(module)
+        except ImportError:
+            raise ModelError(f"backend {self.backend!r} needs {module}, which is not installed: "
+                             f"{backends.get(self.backend).install}") from None
 
     def model_key(self) -> Hashable:
         """Identity of the loaded model for the per-process cache."""
@@ -176,10 +221,10 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
         if item.rows == 0:
             return Inference(np.zeros(0, np.int64), {}, [], 0.0)
         inputs = self._as_inputs(model, item.features)
-        elapsed = [0.0]
+        tally = _Tally()
 
         def run(start: int, stop: int) -> dict[str, np.ndarray]:
-            return self._run_chunked(model, inputs, start, stop, elapsed)
+            return self._run_chunked(model, inputs, start, stop, tally)
 
         done, failed = run_isolating(item.rows, run)
         if not failed:
@@ -189,7 +234,8 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
             outputs = _concat([r for _, _, r in done]) if done else {}
             ok_rows = (np.concatenate([np.arange(s, e, dtype=np.int64) for s, e, _ in done])
                        if done else np.zeros(0, np.int64))
-        return Inference(ok_rows, outputs, failed, elapsed[0] * 1000.0)
+        return Inference(ok_rows, outputs, failed, tally.seconds * 1000.0, tally.oom_backoffs,
+                         tally.chunk_rows)
 
     def _as_inputs(self, model: Any, features: Any) -> dict[str, np.ndarray]:
         names = self.input_names(model)
@@ -205,17 +251,49 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
                                   f"committed")
         return {names[0]: features}
 
-    def _run_chunked(self, model, inputs, start, stop, elapsed) -> dict[str, np.ndarray]:
+    def _run_chunked(self, model: Any, inputs: dict[str, np.ndarray], start: int, stop: int,
+                     tally: "_Tally") -> dict[str, np.ndarray]:
+        """``predict`` over rows ``[start, stop)`` in chunks, halving the chunk and retrying the
+        same rows when the device runs out of memory (the smaller chunk is kept for the rest of
+        the process's batches: the next batch would run out of memory just the same)."""
         step = self.chunk_rows or self.default_chunk_rows(model) or (stop - start)
+        if self._oom_limit is not None:
+            step = min(step, self._oom_limit)
         parts = []
-        for lo in range(start, stop, step):
+        lo = start
+        while lo < stop:
             hi = min(lo + step, stop)
             chunk = {k: v[lo:hi] for k, v in inputs.items()}
+            if self.warm_up and not self._warm:
+                # The first call pays for set-up (allocations, kernel selection, a CUDA context),
+                # which is not the model's work: do it once, untimed, so _compute_ms is honest.
+                self._warm = True
+                try:
+                    self.predict(model, chunk)
+                except Exception as exc:
+                    if not self.is_out_of_memory(exc):
+                        raise
             t0 = time.perf_counter()
-            out = self.predict(model, chunk)
-            elapsed[0] += time.perf_counter() - t0
+            try:
+                out = self.predict(model, chunk)
+            except Exception as exc:
+                if not self.is_out_of_memory(exc):
+                    raise
+                if hi - lo == 1:
+                    raise ModelError(f"the model runs out of device memory on a single row "
+                                     f"({one_line(exc)}); nothing committed") from None
+                step = (hi - lo) // 2
+                self._oom_limit = step
+                tally.oom_backoffs += 1
+                log.warning("out of device memory at %d rows per model call; retrying the same "
+                            "rows at %d", hi - lo, step)
+                continue
+            finally:
+                tally.seconds += time.perf_counter() - t0
             self._check_outputs(out, hi - lo)
             parts.append(out)
+            lo = hi
+        tally.chunk_rows = step
         return parts[0] if len(parts) == 1 else _concat(parts)
 
     def _check_outputs(self, out: Mapping[str, Any], rows: int) -> None:
@@ -241,6 +319,27 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
                     f"the model breaks the batch contract: output {name!r} was "
                     f"{_describe(first)} per row and is now {_describe(signature)}; every call "
                     f"must give the same shape and type; nothing committed")
+
+
+def cast_input(name: str, value: np.ndarray, want: Any) -> np.ndarray:
+    """``value`` as dtype ``want`` for model input ``name``, if the cast stays within a kind.
+
+    float64 → float32 is what users mean; float → int64 would truncate token ids or counts
+    without a word, so only casts within a kind are made.
+
+    Raises:
+        PreprocessError: a cast that could change values (the preprocessing must return the
+            model's dtype).
+    """
+    want = np.dtype(want)
+    if value.dtype == want:
+        return value
+    if not np.can_cast(value.dtype, want, casting="same_kind"):
+        raise PreprocessError(
+            f"preprocessing returned {value.dtype} for model input {name!r}, which takes "
+            f"{want.name}: return {want.name} (a cast from {value.dtype} could change values); "
+            f"nothing committed")
+    return value.astype(want)
 
 
 def _describe(signature: tuple) -> str:

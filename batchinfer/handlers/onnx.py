@@ -11,8 +11,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..errors import ModelError, PreprocessError, SpecError, one_line
-from .base import BatchModelHandler
+from ..errors import ModelError, SpecError, one_line
+from .base import BatchModelHandler, cast_input
 
 # Rows per session.run on the CPU provider. A whole 65,536-row batch makes every intermediate
 # activation of a 256-wide MLP 64 MB, which goes out to memory and back between layers; in
@@ -27,8 +27,13 @@ _ORT_TYPES = {
 }
 
 
-def providers_for(device: str, options: dict[str, Any]) -> tuple[list[str], str]:
-    """The execution providers to ask for, and the device they give ("cpu", "cuda:0")."""
+def providers_for(device: str, options: dict[str, Any], model_path: str = "") -> tuple[list, str]:
+    """The execution providers to ask for, and the device they give ("cpu", "cuda:0").
+
+    With ``tensorrt: true`` (CUDA only) the TensorRT provider comes first; it builds an engine
+    per input shape on first use, so its engines are cached in ``<model>.trt_cache/`` beside the
+    model and reused by the next run (the model's digest does not cover the cache: the cache is
+    keyed by the model's bytes inside ONNX Runtime)."""
     import onnxruntime as ort
 
     available = ort.get_available_providers()
@@ -41,11 +46,25 @@ def providers_for(device: str, options: dict[str, Any]) -> tuple[list[str], str]
         gpu = any(p in ("CUDAExecutionProvider", "TensorrtExecutionProvider") for p in wanted)
         return wanted, "cuda:0" if gpu else "cpu"
     has_cuda = "CUDAExecutionProvider" in available
-    if device == "cuda" and not has_cuda:
-        raise ModelError("model.device is cuda but ONNX Runtime has no CUDA provider here: install "
-                         "onnxruntime-gpu (not beside onnxruntime) or set model.device: cpu")
+    if (device == "cuda" or options.get("tensorrt")) and not has_cuda:
+        what = "model.options.tensorrt is true" if options.get("tensorrt") else "model.device is cuda"
+        raise ModelError(f"{what} but ONNX Runtime has no CUDA provider here: install "
+                         f"onnxruntime-gpu (not beside onnxruntime) on a GPU machine, or set "
+                         f"model.device: cpu")
+    if device == "cpu" and options.get("tensorrt"):
+        raise SpecError("model.options.tensorrt needs model.device cuda or auto, not cpu")
     if device in ("cuda", "auto") and has_cuda:
-        return ["CUDAExecutionProvider", "CPUExecutionProvider"], "cuda:0"
+        providers: list = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        if options.get("tensorrt"):
+            if "TensorrtExecutionProvider" not in available:
+                raise ModelError("model.options.tensorrt is true but this ONNX Runtime has no "
+                                 "TensorRT provider (it needs onnxruntime-gpu and TensorRT's "
+                                 "libraries): pip install 'batchinfer[gpu]'")
+            cache = f"{model_path}.trt_cache"
+            providers.insert(0, ("TensorrtExecutionProvider", {
+                "trt_engine_cache_enable": True, "trt_engine_cache_path": cache,
+                "trt_timing_cache_enable": True, "trt_timing_cache_path": cache}))
+        return providers, "cuda:0"
     return ["CPUExecutionProvider"], "cpu"
 
 
@@ -91,7 +110,7 @@ class OnnxModelHandler(BatchModelHandler[Any]):
             "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
         }[level]
-        providers, _ = providers_for(self.device, self.options)
+        providers, _ = providers_for(self.device, self.options, self.model_path)
         try:
             return ort.InferenceSession(self.model_path, sess_options=so, providers=providers)
         except Exception as exc:
@@ -115,15 +134,23 @@ class OnnxModelHandler(BatchModelHandler[Any]):
         for meta in model.get_inputs():
             value = inputs[meta.name]
             want = _ORT_TYPES.get(meta.type)
-            if want is not None and want is not np.object_ and value.dtype != want:
-                # float64 → float32 is what users mean; float → int64 would truncate token ids
-                # or counts without a word, so only casts within a kind are made.
-                if not np.can_cast(value.dtype, want, casting="same_kind"):
-                    raise PreprocessError(
-                        f"preprocessing returned {value.dtype} for model input {meta.name!r}, "
-                        f"which takes {np.dtype(want).name}: return {np.dtype(want).name} (a "
-                        f"cast from {value.dtype} could change values); nothing committed")
-                value = value.astype(want)
+            if want is not None and want is not np.object_:
+                value = cast_input(meta.name, value, want)
             feed[meta.name] = value
         names = self.output_names(model)
-        return dict(zip(names, model.run(names, feed)))
+        if not self._io_binding(model):
+            return dict(zip(names, model.run(names, feed)))
+        # IO binding: inputs are copied to the device once, outputs are allocated by ONNX
+        # Runtime on the provider's device and copied back once, instead of going through
+        # run()'s per-call host staging.
+        binding = model.io_binding()
+        for name, value in feed.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        for name in names:
+            binding.bind_output(name)
+        model.run_with_iobinding(binding)
+        return dict(zip(names, binding.copy_outputs_to_cpu()))
+
+    def _io_binding(self, model: Any) -> bool:
+        wanted = self.options.get("io_binding")
+        return self.device_used(model) != "cpu" if wanted is None else bool(wanted)

@@ -88,6 +88,8 @@ class Manifest:
     totals: Totals
     shards: tuple[ShardRecord, ...]
     manifest_version: int = MANIFEST_VERSION
+    backend: str = ""
+    model_options: dict[str, str] = field(default_factory=dict)   # the declared ones (precision)
 
     def files(self) -> set[str]:
         """Every data file the partition consists of (relative paths)."""
@@ -97,7 +99,8 @@ class Manifest:
         return {"manifest_version": self.manifest_version, "job": self.job, "ds": self.ds,
                 "attempt": self.attempt, "triple": dict(self.triple),
                 "job_spec_sha256": self.job_spec_sha256, "runner": self.runner,
-                "device": self.device, "started_at": self.started_at,
+                "device": self.device, "backend": self.backend,
+                "model_options": dict(self.model_options), "started_at": self.started_at,
                 "finished_at": self.finished_at, "mlflow_run_id": self.mlflow_run_id,
                 "totals": self.totals.to_dict(), "shards": [s.to_dict() for s in self.shards]}
 
@@ -112,20 +115,28 @@ class Manifest:
                    started_at=data.get("started_at", ""), finished_at=data.get("finished_at", ""),
                    mlflow_run_id=data.get("mlflow_run_id"),
                    totals=Totals(**totals) if totals else Totals.of(shards), shards=shards,
-                   manifest_version=data.get("manifest_version", MANIFEST_VERSION))
+                   manifest_version=data.get("manifest_version", MANIFEST_VERSION),
+                   backend=data.get("backend", ""),
+                   model_options=dict(data.get("model_options") or {}))
 
 
 @dataclass(frozen=True)
 class ModelStats:
-    """What the model did with a shard's rows: rows given, rows it raised on, its first error."""
+    """What the model did with a shard's rows: rows given, rows it raised on, its first error,
+    out-of-memory back-offs (each halved the rows per model call) and the rows per call it ended
+    with (0: not recorded)."""
 
     rows: int = 0
     raised: int = 0
     error: str | None = None
+    oom_backoffs: int = 0
+    chunk_rows: int = 0
 
     def __add__(self, other: "ModelStats") -> "ModelStats":
+        chunks = [c for c in (self.chunk_rows, other.chunk_rows) if c]
         return ModelStats(self.rows + other.rows, self.raised + other.raised,
-                          self.error or other.error)
+                          self.error or other.error, self.oom_backoffs + other.oom_backoffs,
+                          min(chunks) if chunks else 0)
 
 
 @dataclass(frozen=True)

@@ -295,7 +295,8 @@ class WriteBatch(beam.DoFn):
         seconds = dict(payload.seconds, infer=inference.compute_ms / 1000.0, hash=hash_s,
                        write=time.perf_counter() - t0 - hash_s)
         model = ModelStats(item.rows, len(inference.failed),
-                           inference.failed[0][1] if inference.failed else None)
+                           inference.failed[0][1] if inference.failed else None,
+                           inference.oom_backoffs, inference.chunk_rows)
         return (index, BatchRecord(number, payload.rows_in, int(ok.size), quarantined,
                                    tuple(files), first_reason, seconds, model))
 

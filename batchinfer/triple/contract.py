@@ -150,6 +150,8 @@ def sidecar_path(model_path: str | Path) -> Path:
 
 
 def read_sidecar(model_path: str | Path) -> dict[str, str] | None:
+    """The declaration in the model's sidecar: the triple's parts and whatever else the backend
+    declares (``precision``, ``tensorrt_version``, …), all as strings."""
     path = sidecar_path(model_path)
     if not path.is_file():
         return None
@@ -157,30 +159,32 @@ def read_sidecar(model_path: str | Path) -> dict[str, str] | None:
         data = json.loads(path.read_text())
     except ValueError:
         raise ContractError(f"{path} is not valid JSON: re-run batchinfer stamp") from None
-    return {k: str(data[k]) for k in PARTS if k in data}
+    if not isinstance(data, dict):
+        raise ContractError(f"{path} is not a declaration (a JSON object): re-run batchinfer stamp")
+    return {str(k): str(v) for k, v in data.items() if isinstance(v, (str, int, float))}
 
 
-def write_sidecar(model_path: str | Path, triple: Triple) -> Path:
+def write_sidecar(model_path: str | Path, triple: Triple, extra: Mapping[str, str] | None = None) -> Path:
     path = sidecar_path(model_path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(triple.as_dict(), indent=2) + "\n")
+    tmp.write_text(json.dumps({**triple.as_dict(), **(extra or {})}, indent=2) + "\n")
     os.replace(tmp, path)  # a reader never sees half a declaration
     return path
 
 
 def declaration_from_tags(tags: Mapping[str, str]) -> dict[str, str] | None:
-    found = {k: tags[TAG_PREFIX + k] for k in PARTS if TAG_PREFIX + k in tags}
-    return found or None
+    found = {k[len(TAG_PREFIX):]: v for k, v in tags.items() if k.startswith(TAG_PREFIX)}
+    return found if any(k in found for k in PARTS) else None
 
 
-def triple_tags(triple: Triple) -> dict[str, str]:
-    return {TAG_PREFIX + k: v for k, v in triple.as_dict().items()}
+def declaration_tags(triple: Triple, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    return {TAG_PREFIX + k: v for k, v in {**triple.as_dict(), **(extra or {})}.items()}
 
 
 # -- the check ---------------------------------------------------------------------------------
 
 def check_contract(model: str, declared: Mapping[str, str] | None, found: Triple,
-                   spec_version: str | None = None) -> None:
+                   spec_version: str | None = None, options: Mapping[str, str] | None = None) -> None:
     """Raise ContractError unless ``declared`` matches what the job would run.
 
     Args:
@@ -189,6 +193,8 @@ def check_contract(model: str, declared: Mapping[str, str] | None, found: Triple
         found: the triple computed from the model bytes, the job's schema and preprocessing;
             its ``model_version`` is the declared one (the bytes cannot say their version).
         spec_version: ``model.version`` from the job spec, if set.
+        options: the job's values of the backend's declared options (``precision``), which must
+            equal the declared ones.
     """
     if declared is None:
         raise ContractError(
@@ -202,6 +208,13 @@ def check_contract(model: str, declared: Mapping[str, str] | None, found: Triple
     if spec_version is not None:
         actual["model_version"] = spec_version
     bad = [k for k in PARTS if expected[k] != actual[k]]
+    for key, value in (options or {}).items():
+        if declared.get(key) != value:
+            raise ContractError(
+                f"contract mismatch for {model}: model.options.{key} is {value} but the model was "
+                f"stamped for {declared.get(key, '(not declared)')} ({key} changes predictions: "
+                f"run with the declared {key}, or re-stamp the model with `batchinfer stamp` "
+                f"for this one)")
     if not bad:
         return
     parts = []

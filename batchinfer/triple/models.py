@@ -6,10 +6,11 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 from .. import backends
 from ..errors import ModelError, StorageError, one_line
-from .contract import Triple, declaration_from_tags, read_sidecar, triple_tags, write_sidecar
+from .contract import Triple, declaration_from_tags, declaration_tags, read_sidecar, write_sidecar
 
 _REGISTRY_URI = re.compile(r"^models:/(?P<name>[^/]+)/(?P<version>[0-9]+)$")
 
@@ -21,7 +22,7 @@ class ResolvedModel:
     Attributes:
         uri: as the job spec gives it.
         path: the local file to load (downloaded for registry models).
-        declaration: the declared triple parts, or None.
+        declaration: the declared triple parts (and the backend's declared values), or None.
         registry: ``(name, version)`` for ``models:/`` URIs.
     """
 
@@ -75,14 +76,16 @@ def resolve_model(uri: str, backend: str, tracking_uri: str) -> ResolvedModel:
     return ResolvedModel(uri, path, declaration_from_tags(model_version.tags or {}), ref)
 
 
-def declare(model: ResolvedModel, triple: Triple, tracking_uri: str) -> str:
-    """Write the declaration (sidecar, or registry tags); return where it went."""
+def declare(model: ResolvedModel, triple: Triple, tracking_uri: str,
+            extra: Mapping[str, str] | None = None) -> str:
+    """Write the declaration — the triple and the backend's ``extra`` declared values —
+    (sidecar, or registry tags); return where it went."""
     if model.registry is None:
-        return str(write_sidecar(model.path, triple))
+        return str(write_sidecar(model.path, triple, extra))
     client = _client(tracking_uri)
     name, version = model.registry
     try:
-        for key, value in triple_tags(triple).items():
+        for key, value in declaration_tags(triple, extra).items():
             client.set_model_version_tag(name, version, key, value)
     except Exception as exc:
         raise _registry_error(exc, f"tags of {model.uri}", tracking_uri) from None

@@ -25,7 +25,7 @@ from batchinfer.triple.contract import (
     read_sidecar,
     refuse_pickle,
     sidecar_path,
-    triple_tags,
+    declaration_tags,
     write_sidecar,
 )
 from batchinfer.triple.preprocess import Preprocessor, load_preprocessor, stack_float32
@@ -259,7 +259,7 @@ def test_sidecar_ignores_extra_keys(tmp_path):
 
 
 def test_tags_roundtrip():
-    tags = triple_tags(TRIPLE)
+    tags = declaration_tags(TRIPLE)
     assert tags == {f"batchinfer.{k}": v for k, v in TRIPLE.as_dict().items()}
     assert declaration_from_tags({**tags, "other": "x"}) == TRIPLE.as_dict()
     assert declaration_from_tags({"other": "x"}) is None

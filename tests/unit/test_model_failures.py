@@ -223,6 +223,8 @@ def fake_handler(mode: str, chunk_rows: int | None = None):
     from batchinfer.handlers.base import BatchModelHandler
 
     class Fake(BatchModelHandler):
+        warm_up = False   # every call counted below is a scoring call
+
         def __init__(self):
             super().__init__("fake.model", digest="fake",
                              options={"chunk_rows": chunk_rows} if chunk_rows else {})

@@ -50,7 +50,8 @@ def test_onnx_cpu_scores_in_chunks_with_identical_results(tmp_path):
         results[label] = inference.outputs["y"]
         expected = {"default": [CPU_CHUNK_ROWS, CPU_CHUNK_ROWS, 10_000 - 2 * CPU_CHUNK_ROWS],
                     "whole": [10_000], "odd": [7] * (10_000 // 7) + [10_000 % 7]}[label]
-        assert calls == expected, label
+        # the first chunk once more, untimed, first: the warm-up (its set-up is not model time)
+        assert calls == [expected[0], *expected], label
         np.testing.assert_array_equal(inference.ok_rows, np.arange(10_000))
     assert results["default"].shape == (10_000, 1)
     # bit for bit, not approximately

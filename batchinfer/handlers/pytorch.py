@@ -1,0 +1,206 @@
+"""PyTorch backend: ``torch.export`` programs (``.pt2``) on CPU or CUDA.
+
+A ``.pt2`` file is a serialized ``ExportedProgram`` (``torch.export.save``): a graph of ATen
+operators and its weights, loaded with ``torch.export.load`` — no pickled Python objects and no
+model class to import, which is why it is the PyTorch format batchinfer accepts (pickle-based
+``.pt``/``.pth`` stay refused, contract §5.6).
+
+Inputs are the program's positional inputs by name (``graph_signature.user_inputs``); outputs
+are named as PyTorch's ONNX exporter names them (``graph_signature.user_outputs``, e.g.
+``sigmoid``), so a program and its ``batchinfer export --to onnx`` twin give the same prediction
+columns and a job moves between backends by changing ``model.uri`` and ``model.backend`` only.
+
+``model.options.precision`` (``fp32`` | ``fp16`` | ``bf16``) runs the program under
+``torch.autocast``. Precision changes predictions, so it is declared: ``stamp`` records it and a
+run with another precision is a contract mismatch (exit 3). Reduced-precision outputs come back
+as float32, so a column's type does not depend on the precision.
+
+On CUDA each chunk's inputs are copied into pinned host buffers that are allocated once and
+reused, sent to the device with non-blocking copies on the handler's own stream, and the outputs
+copied back on the same stream before it is synchronised. (Overlapping the next chunk's copy
+with the current chunk's compute is left out until it is measured on a GPU: at the bench model's
+sizes a chunk's copy is a small part of its time.)
+
+``torch`` is imported only here, when a job with ``backend: torch`` loads its model.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+
+from ..errors import ModelError, SpecError, one_line
+from .base import BatchModelHandler, cast_input
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+# Rows per call on CPU, as for ONNX Runtime: intermediate activations stay in cache. Measured on
+# the bench MLP (bench/README.md): 4,096-row calls beat whole 65,536-row batches.
+CPU_CHUNK_ROWS = 4096
+
+
+@dataclass
+class TorchModel:
+    """A loaded program: the callable module, where it runs, and its I/O."""
+
+    module: Any
+    device: Any                      # torch.device
+    inputs: list[str]
+    outputs: list[str]
+    input_dtypes: dict[str, Any]     # numpy dtype each input takes (None: unknown, passed as is)
+    autocast: Any                    # torch dtype, or None for fp32
+    stream: Any = None               # torch.cuda.Stream on CUDA
+    pinned: dict[str, Any] = field(default_factory=dict)   # input name → reusable pinned buffer
+
+
+class TorchModelHandler(BatchModelHandler[TorchModel]):
+    """Runs a ``torch.export`` program; see the module docstring."""
+
+    backend = "torch"
+
+    def __init__(self, model_path: str, *, digest: str, device: str = "auto",
+                 options: Optional[dict[str, Any]] = None):
+        super().__init__(model_path, digest=digest, device=device, options=options)
+        precision = self.options.get("precision", "fp32")
+        if precision not in PRECISIONS:
+            raise SpecError(f"model.options.precision: {precision!r} is not one of "
+                            f"{', '.join(PRECISIONS)}")
+        self.precision = precision
+
+    def open_model(self) -> TorchModel:
+        torch = self.require("torch")
+        device = _device(torch, self.device)
+        if "intra_op_num_threads" in self.options and self.options["intra_op_num_threads"] > 0:
+            torch.set_num_threads(self.options["intra_op_num_threads"])
+        if self.precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise ModelError(f"model.options.precision is bf16 but {torch.cuda.get_device_name(device)} "
+                             f"does not support bfloat16: use fp16 or fp32")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                program = torch.export.load(self.model_path)
+                if device.type != "cpu":
+                    from torch.export.passes import move_to_device_pass
+
+                    program = move_to_device_pass(program, device)
+                module = program.module()
+        except Exception as exc:
+            raise ModelError(f"torch cannot load {self.model_path} as a torch.export program: "
+                             f"{one_line(exc)}") from None
+        signature = program.graph_signature
+        inputs = list(signature.user_inputs)
+        outputs = list(signature.user_outputs)
+        dtypes = {}
+        for node in program.graph.nodes:
+            if node.op == "placeholder" and node.name in inputs:
+                value = node.meta.get("val")
+                dtypes[node.name] = _numpy_dtype(torch, value.dtype) if value is not None else None
+        autocast = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[self.precision]
+        stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        return TorchModel(module, device, inputs, outputs, dtypes, autocast, stream)
+
+    def input_names(self, model: TorchModel) -> list[str]:
+        return model.inputs
+
+    def output_names(self, model: TorchModel) -> list[str]:
+        return model.outputs
+
+    def device_used(self, model: TorchModel) -> str:
+        device = model.device
+        return f"cuda:{device.index or 0}" if device.type == "cuda" else "cpu"
+
+    def default_chunk_rows(self, model: TorchModel) -> Optional[int]:
+        return CPU_CHUNK_ROWS if model.device.type == "cpu" else None
+
+    def is_out_of_memory(self, exc: BaseException) -> bool:
+        import torch
+
+        if isinstance(exc, torch.OutOfMemoryError):
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # what the failed call held goes back before the retry
+            return True
+        return False
+
+    def predict(self, model: TorchModel, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import torch
+
+        from .. import faults
+
+        rows = len(next(iter(inputs.values())))
+        if faults.armed("oom") and rows > faults.number():
+            # Tests: what CUDA raises when a chunk does not fit (see faults.py).
+            raise torch.OutOfMemoryError(f"CUDA out of memory (injected above {faults.number()} rows)")
+        args = [self._tensor(torch, model, name, inputs[name]) for name in model.inputs]
+        with torch.inference_mode():
+            if model.stream is None:
+                return self._outputs(torch, model, self._call(torch, model, args))
+            with torch.cuda.stream(model.stream):
+                results = self._call(torch, model, args)
+                host = [r.to("cpu", non_blocking=True) for r in results]
+            model.stream.synchronize()
+            return self._outputs(torch, model, host)
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _call(self, torch, model: TorchModel, args: list) -> list:
+        if model.autocast is None:
+            out = model.module(*args)
+        else:
+            with torch.autocast(device_type=model.device.type, dtype=model.autocast):
+                out = model.module(*args)
+        flat, _ = torch.utils._pytree.tree_flatten(out)
+        if len(flat) != len(model.outputs):
+            raise ModelError(f"the program returned {len(flat)} tensors but declares outputs "
+                             f"{model.outputs}; nothing committed")
+        return flat
+
+    def _outputs(self, torch, model: TorchModel, tensors: list) -> dict[str, np.ndarray]:
+        result = {}
+        for name, tensor in zip(model.outputs, tensors):
+            if tensor.dtype in (torch.float16, torch.bfloat16):
+                tensor = tensor.float()
+            result[name] = tensor.detach().cpu().numpy()
+        return result
+
+    def _tensor(self, torch, model: TorchModel, name: str, value: np.ndarray):
+        want = model.input_dtypes.get(name)
+        if want is not None:
+            value = cast_input(name, value, want)
+        value = np.ascontiguousarray(value)
+        with warnings.catch_warnings():
+            # Arrow hands out read-only arrays; torch warns that writing through them would be
+            # undefined. Nothing writes to an input.
+            warnings.simplefilter("ignore", UserWarning)
+            host = torch.from_numpy(value)
+        if model.stream is None:
+            return host
+        buffer = model.pinned.get(name)
+        if buffer is None or buffer.shape[0] < host.shape[0] or buffer.shape[1:] != host.shape[1:] \
+                or buffer.dtype != host.dtype:
+            buffer = torch.empty(host.shape, dtype=host.dtype, pin_memory=True)
+            model.pinned[name] = buffer
+        staged = buffer[: host.shape[0]]
+        staged.copy_(host)
+        with torch.cuda.stream(model.stream):
+            return staged.to(model.device, non_blocking=True)
+
+
+def _device(torch, wanted: str):
+    """The torch device for ``model.device`` (``auto``: CUDA when torch sees one)."""
+    if wanted == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    if wanted == "cuda":
+        why = ("this torch was built without CUDA" if torch.version.cuda is None
+               else "torch sees no CUDA device")
+        raise ModelError(f"model.device is cuda but {why} (torch {torch.__version__}): run on a GPU "
+                         f"machine with a CUDA build of torch, or set model.device: cpu")
+    return torch.device("cpu")
+
+
+def _numpy_dtype(torch, dtype) -> Any:
+    try:
+        return torch.empty((), dtype=dtype).numpy().dtype
+    except TypeError:   # bfloat16 and friends have no numpy type: pass the array as it is
+        return None
