@@ -120,6 +120,9 @@ def cases(tmp_path_factory):
     job.write_text(text)
     (f / "models").mkdir()
     (f / "models" / "model.engine").write_bytes(os.urandom(4096))
+    # what `export --to tensorrt` writes beside an engine; stamp declares it (no GPU needed)
+    (f / "models" / "model.engine.build.json").write_text(
+        json.dumps({"tensorrt_version": "10.13.0", "compute_capability": "9.0"}))
     stamp_in_process(job)
     flip_byte(f / "models" / "model.engine")
     procs["digest_engine"] = (f, cli(f, *RUN))
