@@ -79,8 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("output_b")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    p = sub.add_parser("export", help="convert a model (.pt2 to ONNX) and check parity")
-    p.add_argument("model", help="a torch.export program (.pt2)")
+    p = sub.add_parser("export", help="convert a model (.pt2 to ONNX, ONNX to TensorRT) and check parity")
+    p.add_argument("model", help="a torch.export program (.pt2), or an ONNX model for --to tensorrt")
     p.add_argument("--to", required=True, metavar="onnx|tensorrt")
     p.add_argument("--out", required=True, help="the file to write")
     p.add_argument("--fp16", action="store_true", help="TensorRT: build an FP16 engine")
@@ -270,7 +270,13 @@ def cmd_export(args) -> int:
     print(f"exported {args.model} → {report.out}")
     print(f"  inputs   {', '.join(f'{n} {list(s)}' for n, s in report.inputs.items())}")
     print(f"  outputs  {', '.join(f'{n} {list(s)}' for n, s in report.outputs.items())}")
-    print(f"  parity   max |torch - onnx| {worst:.3g} on {report.sample} ({report.rows} rows)")
+    if report.kl is not None:
+        kl = max(report.kl.values(), default=0.0)
+        print(f"  parity   KL(FP32 ‖ FP16) {kl:.3g} (≤ 0.01), max |FP32 - FP16| {worst:.3g} on "
+              f"{report.sample} ({report.rows} rows)")
+    else:
+        print(f"  parity   max |{report.reference} - {args.to}| {worst:.3g} on {report.sample} "
+              f"({report.rows} rows)")
     print(f"  next     batchinfer stamp {report.out} --job JOB.yaml --model-version NAME:V")
     return 0
 

@@ -7,10 +7,18 @@ runs both on sample inputs — rows of a job's input prepared exactly as a run p
 only when every output agrees within ``ONNX_TOLERANCE``. The model is written to a scratch name
 beside ``--out`` and renamed into place, so a failed export leaves nothing behind.
 
-``--to tensorrt`` needs TensorRT and a CUDA device; where they are missing it exits 5 saying so.
+``--to tensorrt`` builds a TensorRT engine from an ``.onnx`` model with one optimisation profile
+whose batch axis runs from 1 to the sample job's ``batch.rows`` (so a run's batches fit), runs
+it on the job's sample rows through the tensorrt backend and compares it with ONNX Runtime FP32
+on CPU: an FP32 engine (TF32 off) must agree within ``GPU_TOLERANCE``; an ``--fp16`` engine
+passes when every output's KL divergence is ≤ ``parity.KL_LIMIT`` (batchinfer/parity.py), its
+max abs diff reported. The engine and ``<engine>.build.json`` (TensorRT version, GPU compute
+capability: what ``stamp`` declares) are written only when parity holds. It needs TensorRT and
+a CUDA device; where they are missing it exits 5 saying so.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import tempfile
@@ -24,6 +32,7 @@ import numpy as np
 from ..errors import ModelError, SpecError, one_line
 
 ONNX_TOLERANCE = 1e-5
+GPU_TOLERANCE = 1e-4
 SAMPLE_ROWS = 1024
 
 
@@ -35,6 +44,8 @@ class ExportReport:
     sample: str                    # where the sample inputs came from
     rows: int
     max_abs_diff: dict[str, float]
+    kl: dict[str, float] | None = None   # --fp16: each output's KL divergence from FP32
+    reference: str = "torch"             # what the export was compared with
 
 
 def export_model(model: str | Path, to: str, out: str | Path, *, fp16: bool = False,
@@ -51,8 +62,7 @@ def export_model(model: str | Path, to: str, out: str | Path, *, fp16: bool = Fa
     """
     model, out = Path(model), Path(out)
     if to == "tensorrt":
-        _require_tensorrt()
-        raise ModelError("export --to tensorrt is not implemented in this version")  # pragma: no cover
+        return _to_tensorrt(model, out, fp16, sample_job)
     if to != "onnx":
         raise SpecError(f"export --to {to!r}: choose onnx or tensorrt")
     if fp16:
@@ -173,9 +183,97 @@ def _require(module: str) -> Any:
         raise ModelError(f"export needs {module}: pip install 'batchinfer[torch]'") from None
 
 
-def _require_tensorrt() -> None:
+def _require_tensorrt() -> Any:
     try:
-        import tensorrt  # noqa: F401
+        import tensorrt
+        import torch
     except ImportError:
         raise ModelError("export --to tensorrt needs TensorRT and a CUDA GPU: install "
                          "'batchinfer[gpu]' on a machine with one") from None
+    if not torch.cuda.is_available():
+        raise ModelError("export --to tensorrt needs a CUDA GPU and this machine has none")
+    return tensorrt
+
+
+def _to_tensorrt(model: Path, out: Path, fp16: bool, sample_job) -> ExportReport:
+    if model.suffix.lower() != ".onnx":
+        raise SpecError(f"export --to tensorrt takes an ONNX model (.onnx), not {model.name}")
+    if not model.is_file():
+        raise SpecError(f"no model file {model}")
+    if sample_job is None:
+        raise SpecError("export --to tensorrt needs --sample JOB.yaml: its batch.rows sizes the "
+                        "engine's profile and its rows check parity")
+    trt = _require_tensorrt()
+    import onnxruntime as ort
+
+    from ..handlers.base import Prepared
+    from ..handlers.tensorrt import BUILD_SUFFIX, TensorRTModelHandler, _here
+
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    arrays = _job_sample(sample_job, names)
+    feed = {n: np.asarray(a, dtype=np.float32) if np.asarray(a).dtype == np.float64 else a
+            for n, a in zip(names, arrays)}
+    rows = int(sample_job.spec.batch.rows)
+    engine = _build_engine(trt, model, feed, rows, fp16)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    handle, scratch = tempfile.mkstemp(prefix=f".{out.name}.", suffix=out.suffix or ".engine", dir=out.parent)
+    os.close(handle)
+    try:
+        Path(scratch).write_bytes(engine)
+        handler = TensorRTModelHandler(scratch, digest=f"export-{os.getpid()}", device="cuda")
+        loaded = handler.load_model()
+        n = len(next(iter(feed.values())))
+        got = handler.infer(loaded, Prepared(key=(0, 0), rows=n, features=dict(feed)))
+        want = dict(zip([o.name for o in session.get_outputs()], session.run(None, feed)))
+        from .. import parity
+
+        compared = parity.compare(want, got.outputs)
+        diffs = {k: d for k, (_, d) in compared.items()}
+        kls = {k: kl for k, (kl, _) in compared.items()}
+        where = f"rows of {sample_job.spec.name}'s input"
+        if fp16:
+            worst = max(kls, key=lambda k: kls[k])
+            if not kls[worst] <= parity.KL_LIMIT:
+                raise ModelError(f"parity check failed: FP16 output {worst} has KL divergence "
+                                 f"{kls[worst]:.3g} from FP32 (> {parity.KL_LIMIT:g}; max abs diff "
+                                 f"{diffs[worst]:.3g}) on {where}; nothing written")
+        else:
+            worst = max(diffs, key=lambda k: diffs[k])
+            if not diffs[worst] <= GPU_TOLERANCE:
+                raise ModelError(f"parity check failed: output {worst} differs by up to "
+                                 f"{diffs[worst]:.3g} (> {GPU_TOLERANCE:g}) on {where}; nothing written")
+        facts = _here()
+        Path(str(out) + BUILD_SUFFIX).write_text(
+            json.dumps({**facts, "fp16": fp16, "max_batch": rows, "source": model.name}, indent=2) + "\n")
+        os.replace(scratch, out)
+        shapes = {n: tuple(v.shape) for n, v in feed.items()}
+        return ExportReport(out, shapes, {k: tuple(v.shape) for k, v in got.outputs.items()}, where,
+                            n, diffs, kls if fp16 else None, reference="ONNX Runtime FP32")
+    finally:
+        if os.path.exists(scratch):
+            os.unlink(scratch)
+
+
+def _build_engine(trt, model: Path, feed: Mapping[str, np.ndarray], max_rows: int, fp16: bool) -> bytes:
+    """A serialized engine whose one profile takes 1..max_rows rows (optimised for max_rows)."""
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse(model.read_bytes()):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise ModelError(f"TensorRT cannot parse {model.name}: {errors[:300]}")
+    config = builder.create_builder_config()
+    config.clear_flag(trt.BuilderFlag.TF32)   # FP32 means FP32: TF32 would miss 1e-4 parity
+    if fp16:
+        config.set_flag(trt.BuilderFlag.FP16)
+    profile = builder.create_optimization_profile()
+    for name, value in feed.items():
+        rest = tuple(value.shape[1:])
+        profile.set_shape(name, (1, *rest), (max_rows, *rest), (max_rows, *rest))
+    config.add_optimization_profile(profile)
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise ModelError(f"TensorRT could not build an engine from {model.name} (see its log above)")
+    return bytes(serialized)

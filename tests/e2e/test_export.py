@@ -114,10 +114,17 @@ def test_export_to_tensorrt_without_a_gpu_says_so(program, tmp_path):
         pytest.skip("TensorRT is installed here")
     except ImportError:
         pass
-    result = run_cli("export", str(program), "--to", "tensorrt", "--out", "x.engine", cwd=tmp_path)
+    numeric_project(tmp_path, shards=1, rows=50)
+    result = run_cli("export", "models/model.onnx", "--to", "tensorrt", "--out", "x.engine",
+                     "--sample", "job.yaml", "--ds", DS, cwd=tmp_path)
     assert result.returncode == 5
     assert "needs TensorRT and a CUDA GPU" in result.stderr
-    assert not (tmp_path / "x.engine").exists()
+    assert not (tmp_path / "x.engine").exists() and not (tmp_path / "x.engine.build.json").exists()
+    # what is wrong with the command comes first: an engine is built from ONNX, for a job
+    result = run_cli("export", str(program), "--to", "tensorrt", "--out", "x.engine", cwd=tmp_path)
+    assert result.returncode == 2 and "takes an ONNX model (.onnx), not net.pt2" in result.stderr
+    result = run_cli("export", "models/model.onnx", "--to", "tensorrt", "--out", "x.engine", cwd=tmp_path)
+    assert result.returncode == 2 and "needs --sample JOB.yaml" in result.stderr
 
 
 def test_export_that_disagrees_writes_nothing(tmp_path):
