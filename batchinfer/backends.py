@@ -91,7 +91,7 @@ def declared_options(name: str, options: Mapping[str, Any]) -> dict[str, str]:
     return {key: str(options.get(key, default)) for key, default in get(name).declared.items()}
 
 
-def handler_class(name: str) -> type:
+def handler_class(name: str) -> Any:
     """The handler class of backend ``name`` (imports the backend's module and library).
 
     Raises:

@@ -50,7 +50,7 @@ FEATURES = 32
 STARTUP_ROWS = 1
 PAGE = os.sysconf("SC_PAGE_SIZE")
 PSS_EVERY_S = 1.0  # multi-process trees: PSS at most this often (it is costly to read)
-PROGRAMS = ("floor", "batchinfer", "ray", "stock_beam")
+PROGRAMS = ("floor", "batchinfer", "batchinfer_torch", "ray", "stock_beam")
 
 SCHEMA_SOURCE = '''\
 """bench_features, version 1: what make_data.py writes (id + 32 standard-normal float32s)."""
@@ -73,8 +73,8 @@ name: bench_{rows}
 input: {{path: "{data}/*.parquet"}}
 schema: bench_features@1
 schemas: {{root: schemas}}
-model: {{uri: models/model.onnx, backend: onnxruntime, device: cpu, version: "bench_mlp:1"}}
-output: {{path: "out/dt={{ds}}", id_columns: [id], predictions: {{y: score}}}}
+model: {{uri: models/{model}, backend: {backend}, device: cpu, version: "bench_mlp:1"}}
+output: {{path: "out/dt={{ds}}", id_columns: [id], predictions: {{{output}: score}}}}
 tracking: {{uri: "{tracking}", experiment: batchinfer_bench}}
 """
 
@@ -265,17 +265,24 @@ def make_data(python: str, folder: Path, rows: int, shards: int, regen: bool) ->
     return time.perf_counter() - t0
 
 
-def make_job(python: str, folder: Path, data: Path, rows: int, tracking: str) -> Path:
+def make_job(python: str, folder: Path, data: Path, rows: int, tracking: str,
+             backend: str = "onnxruntime") -> Path:
+    """A stamped job over ``data``; for the torch backend, the same MLP as a .pt2 program."""
     schema = folder / "schemas" / "bench_features" / "v1.py"
     schema.parent.mkdir(parents=True, exist_ok=True)
     schema.write_text(SCHEMA_SOURCE)
-    model = folder / "models" / "model.onnx"
+    model = folder / "models" / ("model.pt2" if backend == "torch" else "model.onnx")
     model.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(data / "model.onnx", model)
+    if backend == "torch":
+        subprocess.run([python, str(HERE / "onnx_to_pt2.py"), str(data / "model.onnx"), str(model)],
+                       check=True, stdout=subprocess.DEVNULL)
+    else:
+        shutil.copyfile(data / "model.onnx", model)
     job = folder / "job.yaml"
-    job.write_text(JOB_TEMPLATE.format(rows=rows, data=data / "data", tracking=tracking))
+    job.write_text(JOB_TEMPLATE.format(rows=rows, data=data / "data", tracking=tracking, model=model.name,
+                                       backend=backend, output="sigmoid" if backend == "torch" else "y"))
     shutil.rmtree(folder / "out", ignore_errors=True)
-    subprocess.run([python, "-m", "batchinfer", "stamp", "models/model.onnx", "--job", "job.yaml"],
+    subprocess.run([python, "-m", "batchinfer", "stamp", f"models/{model.name}", "--job", "job.yaml"],
                    cwd=folder, check=True, stdout=subprocess.DEVNULL)
     return job
 
@@ -362,7 +369,7 @@ def plan_programs(args, sizes: list[int], ray_ok: bool) -> dict[int, list[str]]:
 def command(program: str, python: str, data: Path, job: Path | None, out: Path, ds: str):
     glob = str(data / "data" / "*.parquet")
     model = str(data / "model.onnx")
-    if program == "batchinfer":
+    if program in ("batchinfer", "batchinfer_torch"):
         return [python, "-m", "batchinfer", "run", job.name, "--ds", ds], job.parent
     script = {"floor": "peer_floor.py", "stock_beam": "peer_stock_beam.py", "ray": "peer_ray.py"}[program]
     return [python, str(PEERS / script), glob, model, str(out)], out.parent
@@ -370,7 +377,7 @@ def command(program: str, python: str, data: Path, job: Path | None, out: Path, 
 
 def run_one(program, rows, rnd, args, python, work, data, job, env) -> dict:
     ds = f"2026-01-{rnd + 1:02d}"
-    if program == "batchinfer":
+    if program in ("batchinfer", "batchinfer_torch"):
         out = job.parent / "out" / f"dt={ds}"
     else:
         out = work / "runs" / f"{program}-{rows}-r{rnd}"
@@ -384,7 +391,7 @@ def run_one(program, rows, rnd, args, python, work, data, job, env) -> dict:
     res.update({"program": program, "rows": rows, "round": rnd, "cmd": shlex.join(cmd),
                 "cwd": str(cwd)})
     try:
-        if program == "batchinfer":
+        if program in ("batchinfer", "batchinfer_torch"):
             res.update(batchinfer_result(out))
         elif out.exists():
             res["rows_out"] = parquet_rows(out, "*.parquet" if program != "stock_beam" else "part-*")
@@ -399,7 +406,7 @@ def run_one(program, rows, rnd, args, python, work, data, job, env) -> dict:
         for line in tail:
             print(f"       {line}", flush=True)
     shutil.rmtree(out, ignore_errors=True)
-    if program == "batchinfer":
+    if program in ("batchinfer", "batchinfer_torch"):
         shutil.rmtree(out.parent, ignore_errors=True)
     return res
 
@@ -434,6 +441,11 @@ def summarise(runs: list[dict], sizes: list[int], slope_pair: tuple[int, int] | 
             if floor and "median_wall_s" in entry:
                 entry["x_floor"] = entry["median_wall_s"] / floor
                 entry["x_floor_best"] = entry["min_wall_s"] / floor_min
+        # the torch backend against ONNX Runtime, both through batchinfer (issue: within 1.3x)
+        onnx_wall = progs.get("batchinfer", {}).get("median_wall_s")
+        torch_entry = progs.get("batchinfer_torch", {})
+        if onnx_wall and "median_wall_s" in torch_entry:
+            torch_entry["x_onnxruntime"] = torch_entry["median_wall_s"] / onnx_wall
     summary = {"table": table}
 
     def med(rows, prog):
@@ -571,7 +583,7 @@ def main(argv=None) -> int:
     # data and jobs, once per size
     tracking = f"sqlite:///{work / 'mlflow.db'}"
     create_tracking_store(python, tracking)
-    data_dirs, jobs, gen_s = {}, {}, {}
+    data_dirs, jobs, torch_jobs, gen_s = {}, {}, {}, {}
     all_sizes = ([STARTUP_ROWS] if args.startup else []) + sizes
     for rows in all_sizes:
         shards = 1 if rows == STARTUP_ROWS else rows // args.shard_rows
@@ -581,6 +593,9 @@ def main(argv=None) -> int:
               f"{'generated in %.1f s' % gen_s[rows] if gen_s[rows] else 'reused'}", flush=True)
         if "batchinfer" in args.programs:
             jobs[rows] = make_job(python, work / "jobs" / f"rows-{rows}", data_dirs[rows], rows, tracking)
+        if "batchinfer_torch" in args.programs and rows != STARTUP_ROWS:
+            torch_jobs[rows] = make_job(python, work / "jobs" / f"torch-{rows}", data_dirs[rows], rows,
+                                        tracking, backend="torch")
 
     plan = plan_programs(args, sizes, ray_ok)
     order = ([STARTUP_ROWS] if args.startup else []) + sizes
@@ -593,7 +608,8 @@ def main(argv=None) -> int:
             k = rnd % len(progs)
             rotated = progs[k:] + progs[:k]  # each round starts with the next program
             for prog in rotated:
-                res = run_one(prog, rows, rnd, args, python, work, data_dirs[rows], jobs.get(rows), env)
+                job = torch_jobs.get(rows) if prog == "batchinfer_torch" else jobs.get(rows)
+                res = run_one(prog, rows, rnd, args, python, work, data_dirs[rows], job, env)
                 runs.append(res)
                 print(f"  round {rnd + 1}/{args.rounds}  {rows:>10,} rows  {prog:<11} "
                       f"{res['wall_s']:7.2f} s  {res.get('max_rss_mb', 0):6.0f} MB  "
@@ -611,6 +627,10 @@ def main(argv=None) -> int:
     print(f"batchinfer bench {started:%Y-%m-%d %H:%M} UTC, {machine()['cpus']} CPUs, "
           f"medians of {args.rounds} rounds (wall = whole process)")
     print_table(summary, sizes)
+    for rows in sizes:
+        entry = summary["table"].get(str(rows), {}).get("batchinfer_torch", {})
+        if "x_onnxruntime" in entry:
+            print(f"torch backend / onnxruntime backend at {rows:,} rows: {entry['x_onnxruntime']:.2f}x whole-job wall")
     if not ray_ok and "ray" in args.programs:
         print("ray: not installed")
     print(f"batchinfer code {code_before.get('sha256', '?')[:12]}"

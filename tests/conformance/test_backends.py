@@ -98,7 +98,8 @@ def _numpy(model: torch.nn.Module, arrays: list[np.ndarray]) -> list[np.ndarray]
         h = np.maximum(x @ p["hidden.weight"].T + p["hidden.bias"], 0)
         return [sig(h @ p["out.weight"].T + p["out.bias"])]
     z = arrays[1].astype(np.float64)
-    logits = (np.maximum(x @ p["a.weight"].T + p["a.bias"], 0) + z.sum(1, keepdims=True)) @ p["b.weight"].T + p["b.bias"]
+    hidden = np.maximum(x @ p["a.weight"].T + p["a.bias"], 0) + z.sum(1, keepdims=True)
+    logits = hidden @ p["b.weight"].T + p["b.bias"]
     return [sig(logits[:, 0]), logits]
 
 

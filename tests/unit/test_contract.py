@@ -18,6 +18,7 @@ from batchinfer.triple.contract import (
     Triple,
     check_contract,
     declaration_from_tags,
+    declaration_tags,
     default_preprocess_hash,
     model_digest,
     model_files,
@@ -25,7 +26,6 @@ from batchinfer.triple.contract import (
     read_sidecar,
     refuse_pickle,
     sidecar_path,
-    declaration_tags,
     write_sidecar,
 )
 from batchinfer.triple.preprocess import Preprocessor, load_preprocessor, stack_float32
