@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The GPU check, as one prepared command (issue: GPU scoring). On the GPU machine, whose python3
+# has PyTorch with CUDA but not Beam, pandera, polars or MLflow, carry .whl (made here by
+# bench/gpu_wheels.sh) and run:
+#
+#   bench/gpu_check.sh                  # conformance GPU cases for torch, then bench/gpu_check.py
+#   bench/gpu_check.sh --device cpu     # the same on the CPU (what the test suite runs, --quick)
+#
+# Environment: PYTHON (default python3); OUT, when set, receives results.json and the logs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+device=cuda
+extra=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --device) device=$2; shift 2 ;;
+    --quick) extra+=(--quick); shift ;;
+    *) echo "gpu_check.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
+if ! "$PY" -c "import apache_beam, pandera.polars, polars, pydantic" 2>/dev/null && [ -f .whl/site.tar.xz ]; then
+  mkdir -p /tmp/site && tar -xJf .whl/site.tar.xz -C /tmp/site   # the carried packages
+  export PYTHONPATH="/tmp/site:$PYTHONPATH"
+fi
+"$PY" -c "import apache_beam, pandera.polars, polars, pydantic, torch" || {
+  echo "gpu_check.sh: packages missing: run bench/gpu_wheels.sh on the build machine and carry .whl" >&2
+  exit 2
+}
+"$PY" -c "import torch, sys; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'devices', torch.cuda.device_count())"
+if [ "$device" = cuda ]; then
+  selection=(-m gpu -k torch)        # the GPU cases of the conformance suite, torch backend
+else
+  selection=(-m "not gpu and not slow" -k "torch-cpu")
+fi
+echo "== conformance suite (${selection[*]})"
+"$PY" -m pytest tests/conformance/test_backends.py "${selection[@]}" -q -p no:cacheprovider \
+  ${OUT:+--junitxml "$OUT/conformance.xml"}
+echo "== model alone vs batchinfer run ($device)"
+"$PY" bench/gpu_check.py --device "$device" "${extra[@]}" ${OUT:+--out "$OUT"}
