@@ -174,6 +174,18 @@ def _job_sample(job, input_names: list[str]) -> list[np.ndarray]:
     raise SpecError(f"no valid rows in {job.display(job.spec.input.path)} to sample")
 
 
+def _onnx_fp16(onnx_bytes: bytes) -> bytes:
+    """The model with FP16 weights and activations, FP32 inputs and outputs."""
+    try:
+        import onnx
+        from onnxconverter_common import float16
+    except ImportError:
+        raise ModelError("export --to tensorrt --fp16 with TensorRT 11 needs onnxconverter-common: "
+                         "pip install 'batchinfer[gpu]'") from None
+    converted = float16.convert_float_to_float16(onnx.load_from_string(onnx_bytes), keep_io_types=True)
+    return converted.SerializeToString()
+
+
 def _require(module: str) -> Any:
     import importlib
 
@@ -261,12 +273,20 @@ def _build_engine(trt, model: Path, feed: Mapping[str, np.ndarray], max_rows: in
     builder = trt.Builder(logger)
     network = builder.create_network(0)
     parser = trt.OnnxParser(network, logger)
-    if not parser.parse(model.read_bytes()):
+    onnx_bytes = model.read_bytes()
+    # TensorRT 10 lowers precision with a builder flag; TensorRT 11 builds every network strongly
+    # typed (the flag is gone), so there the model itself is converted to FP16 first, its inputs
+    # and outputs kept FP32 so that a run feeds and reads the same arrays.
+    weakly_typed_fp16 = hasattr(trt.BuilderFlag, "FP16")
+    if fp16 and not weakly_typed_fp16:
+        onnx_bytes = _onnx_fp16(onnx_bytes)
+    if not parser.parse(onnx_bytes):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise ModelError(f"TensorRT cannot parse {model.name}: {errors[:300]}")
     config = builder.create_builder_config()
-    config.clear_flag(trt.BuilderFlag.TF32)   # FP32 means FP32: TF32 would miss 1e-4 parity
-    if fp16:
+    if hasattr(trt.BuilderFlag, "TF32"):
+        config.clear_flag(trt.BuilderFlag.TF32)   # FP32 means FP32: TF32 would miss 1e-4 parity
+    if fp16 and weakly_typed_fp16:
         config.set_flag(trt.BuilderFlag.FP16)
     profile = builder.create_optimization_profile()
     for name, value in feed.items():
