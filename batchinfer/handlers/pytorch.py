@@ -25,6 +25,8 @@ sizes a chunk's copy is a small part of its time.)
 """
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -36,7 +38,8 @@ from .base import BatchModelHandler, cast_input
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 # Rows per call on CPU, as for ONNX Runtime: intermediate activations stay in cache. Measured on
-# the bench MLP (bench/README.md): 4,096-row calls beat whole 65,536-row batches.
+# the bench MLP (32-256-256-1), one 65,536-row batch in calls of 1,024 / 4,096 / 16,384 / 65,536
+# rows: 302 / 196 / 251 / 383 ms.
 CPU_CHUNK_ROWS = 4096
 
 
@@ -69,6 +72,13 @@ class TorchModelHandler(BatchModelHandler[TorchModel]):
         self.precision = precision
 
     def open_model(self) -> TorchModel:
+        if "torch" not in sys.modules:
+            # torch's OpenMP threads busy-wait between calls by default; beside the pipeline's
+            # own threads (Arrow, the writer) that starves them. Measured on 2 cores with the
+            # machine busy: the bench MLP's 4,096-row call took 37-40 ms spinning, 9-11 ms
+            # passive (ONNX Runtime: 8 ms, its spinning off too). Read when torch loads OpenMP,
+            # so it is set before the import; a user's own OMP_WAIT_POLICY wins.
+            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         torch = self.require("torch")
         device = _device(torch, self.device)
         if "intra_op_num_threads" in self.options and self.options["intra_op_num_threads"] > 0:
