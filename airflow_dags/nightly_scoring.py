@@ -135,7 +135,7 @@ def score_partition(job_file: str, ds: str, *, marker_checked: bool) -> str:
     for line in done.stderr.splitlines():
         log.warning("%s", line)
     if done.returncode == 0:
-        return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "committed"
+        return done.stdout.strip()  # what was committed, or "already committed" (the XCom)
     why = (done.stderr.strip().splitlines() or [f"batchinfer exited {done.returncode}"])[-1]
     if done.returncode in NO_RETRY:
         raise AirflowFailException(f"{NO_RETRY[done.returncode]} failure (exit {done.returncode}), "
