@@ -173,9 +173,10 @@ def build_dag(job_folder: Path) -> DAG:
         if marker is None:
             score()
         else:
+            # reschedule: between pokes the sensor gives its worker slot back (waits are hours).
             @task.sensor(task_id="wait_for_marker", mode="reschedule",
-                         poke_interval=timedelta(minutes=config["marker_poke_minutes"]),
-                         timeout=timedelta(hours=config["marker_timeout_hours"]))
+                         poke_interval=config["marker_poke_minutes"] * 60,
+                         timeout=config["marker_timeout_hours"] * 3600)
             def wait_for_marker(ds: str | None = None) -> bool:
                 assert ds is not None
                 return marker_present(job_file, ds, marker)
