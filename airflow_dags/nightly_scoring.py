@@ -26,8 +26,10 @@ Why a Python task that runs ``python -m batchinfer run JOB --ds DS`` as a child 
   provider's operators launch a Beam pipeline file with runner flags — batchinfer's run is more
   than a pipeline (contract check, commit, tracking) and picks its runner from the job spec.
 - in a child process Beam, ONNX Runtime and MLflow load there and leave with it: the worker's
-  process stays small, and a crash in native code fails one try instead of the worker. If Airflow
-  stops the task, the child is killed; batchinfer is crash-safe (nothing commits half-written).
+  process stays small, and a crash in native code fails one try instead of the worker. When
+  Airflow stops the task (SIGTERM), the child gets Ctrl-C and stops with nothing committed; even a
+  child that outlived its task is harmless: the commit is exclusive, so a retry racing it either
+  commits or finds the partition committed (exit 0), never both.
 
 Parsing this file imports PyYAML and Airflow's SDK only (never Beam, torch, ONNX Runtime or
 MLflow): tests/e2e/test_airflow.py checks it.
@@ -37,11 +39,14 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 from airflow.sdk import DAG, CronDataIntervalTimetable, task
@@ -129,20 +134,50 @@ def score_partition(job_file: str, ds: str, *, marker_checked: bool) -> str:
     """``batchinfer run JOB --ds DS`` in a child process; its exit code decides retry or not."""
     command = [sys.executable, "-m", "batchinfer", "run", job_file, "--ds", ds]
     log.info("running %s", " ".join(command))
-    done = subprocess.run(command, cwd=Path(job_file).parent, capture_output=True, text=True)
-    for line in done.stdout.splitlines():
+    child = subprocess.Popen(command, cwd=Path(job_file).parent, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    with stop_child_on_sigterm(child):
+        stdout, stderr = child.communicate()
+    for line in stdout.splitlines():
         log.info("%s", line)
-    for line in done.stderr.splitlines():
+    for line in stderr.splitlines():
         log.warning("%s", line)
-    if done.returncode == 0:
-        return done.stdout.strip()  # what was committed, or "already committed" (the XCom)
-    why = (done.stderr.strip().splitlines() or [f"batchinfer exited {done.returncode}"])[-1]
-    if done.returncode in NO_RETRY:
-        raise AirflowFailException(f"{NO_RETRY[done.returncode]} failure (exit {done.returncode}), "
-                                   f"not retried: {why}")
-    if done.returncode == 2 and marker_checked:
+    code = child.returncode
+    if code == 0:
+        return stdout.strip()  # what was committed, or "already committed" (the XCom)
+    why = (stderr.strip().splitlines() or [f"batchinfer exited {code}"])[-1]
+    if code in NO_RETRY:
+        raise AirflowFailException(f"{NO_RETRY[code]} failure (exit {code}), not retried: {why}")
+    if code == 2 and marker_checked:
         raise AirflowFailException(f"usage or spec error (exit 2) with the partition complete, not retried: {why}")
-    raise AirflowException(f"exit {done.returncode}, will retry if tries are left: {why}")
+    raise AirflowException(f"exit {code}, will retry if tries are left: {why}")
+
+
+@contextmanager
+def stop_child_on_sigterm(child: subprocess.Popen) -> Iterator[None]:
+    """While the block runs, SIGTERM to this process is passed on to ``child`` as Ctrl-C.
+
+    Airflow stops a task (timeout, "mark failed", shutdown) with SIGTERM, and its task runner then
+    only calls the operator's on_kill, which a @task has none of: without this, batchinfer would
+    run on as an orphan. On Ctrl-C it stops with nothing committed and its files removed (exit 130).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread; Airflow runs tasks there
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def stop(signum: int, frame: Any) -> None:
+        child.send_signal(signal.SIGINT)
+        if callable(previous):
+            previous(signum, frame)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if child.poll() is None:
+            child.kill()  # leaving on an exception: never leave a run behind
 
 
 def build_dag(job_folder: Path) -> DAG:

@@ -179,6 +179,33 @@ def test_a_bad_nightly_yaml_is_an_import_error_naming_the_key(airflow, tmp_path)
     assert parsed["dags"] == {}
 
 
+STOP = textwrap.dedent("""\
+    import importlib.util, os, signal, subprocess, sys, threading
+
+    spec = importlib.util.spec_from_file_location("nightly_scoring", sys.argv[1])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    child = subprocess.Popen([sys.executable, "-c", sys.argv[2]], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "ready\\n"
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()  # as Airflow stops a task
+    with module.stop_child_on_sigterm(child):
+        child.wait()
+    print("child exit", child.returncode)
+    """)
+# Stands in for batchinfer, whose own answer to Ctrl-C is tested in tests/faults/test_interrupt.py.
+CHILD = ("import sys, time\nprint('ready', flush=True)\ntry:\n    time.sleep(60)\n"
+         "except KeyboardInterrupt:\n    sys.exit(130)\n")
+
+
+def test_sigterm_to_the_task_reaches_batchinfer_as_ctrl_c(airflow):
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", STOP, str(DAGS / "nightly_scoring.py"), CHILD],
+                            env=airflow["env"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr  # SIGTERM did not kill the task's process
+    assert result.stdout.strip().splitlines()[-1] == "child exit 130"
+    assert time.monotonic() - started < 60  # the child was stopped, not waited out
+
+
 # -- runs -----------------------------------------------------------------------------------------
 
 def test_nightly_run_waits_for_the_marker_commits_then_reruns_as_a_no_op(airflow):
