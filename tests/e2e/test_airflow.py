@@ -208,7 +208,7 @@ def test_sigterm_to_the_task_reaches_batchinfer_as_ctrl_c(airflow):
 
 # -- runs -----------------------------------------------------------------------------------------
 
-def test_nightly_run_waits_for_the_marker_commits_then_reruns_as_a_no_op(airflow):
+def test_nightly_run_waits_for_the_marker_commits_reruns_as_a_no_op_and_refuses_a_late_shard(airflow):
     ds = "2026-01-15"
     data = partition(airflow, ds, marker=False)
     out = airflow["job"] / "out" / f"dt={ds}"
@@ -229,6 +229,13 @@ def test_nightly_run_waits_for_the_marker_commits_then_reruns_as_a_no_op(airflow
     again = dags_test(airflow, ds)
     assert tries(airflow, ds) == {"wait_for_marker": ("success", 1), "score": ("success", 1)}, again
     assert "is already committed with this triple" in again
+    assert snapshot(out) == before
+
+    # A shard that arrives after the commit makes another set of shards: exit 3, not retried.
+    shutil.copy(data / "part-00000.parquet", data / "part-00006.parquet")
+    late = dags_test(airflow, ds)
+    assert tries(airflow, ds) == {"wait_for_marker": ("success", 1), "score": ("failed", 1)}, late
+    assert "contract failure (exit 3), not retried: batchinfer run: " in late
     assert snapshot(out) == before
 
 
