@@ -277,3 +277,15 @@ def test_a_marker_that_never_comes_times_out_and_nothing_runs(airflow):
         write_nightly(airflow["job"], NIGHTLY)
     assert tries(airflow, ds) == {"wait_for_marker": ("failed", 1), "score": ("upstream_failed", 0)}, log
     assert not (airflow["job"] / "out" / f"dt={ds}").exists()
+
+
+def test_exit_2_after_the_marker_is_not_retried(airflow):
+    ds = "2026-01-19"
+    folder = airflow["job"] / "data" / f"dt={ds}"
+    folder.mkdir(parents=True)
+    (folder / "_SUCCESS").write_text("")  # complete, and empty: retrying cannot make shards appear
+    log = dags_test(airflow, ds)
+    assert tries(airflow, ds) == {"wait_for_marker": ("success", 1), "score": ("failed", 1)}, log
+    assert "usage or spec error (exit 2) with the partition complete, not retried: " in log
+    assert "no shard matches" in log
+    assert not (airflow["job"] / "out" / f"dt={ds}").exists()
