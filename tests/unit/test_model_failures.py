@@ -321,3 +321,61 @@ def test_infer_empty_batch():
     item, _ = prepared(0, [])
     result = handler.infer(handler.load_model(), item)
     assert handler.calls == [] and result.ok_rows.size == 0 and result.failed == []
+
+
+class _DeviceFull(RuntimeError):
+    pass
+
+
+def oom_handler(limit: int, chunk_rows: int = 1000):
+    """A handler whose "device" holds at most ``limit`` rows a call."""
+    from batchinfer.handlers.base import BatchModelHandler
+
+    class Small(BatchModelHandler):
+        warm_up = False
+
+        def __init__(self):
+            super().__init__("small.model", digest=f"small-{limit}", options={"chunk_rows": chunk_rows})
+            self.calls = []
+
+        def open_model(self):
+            return "model"
+
+        def input_names(self, model):
+            return ["x"]
+
+        def output_names(self, model):
+            return ["y"]
+
+        def is_out_of_memory(self, exc):
+            return isinstance(exc, _DeviceFull)
+
+        def predict(self, model, inputs):
+            x = inputs["x"]
+            self.calls.append(len(x))
+            if len(x) > limit:
+                raise _DeviceFull(f"out of memory at {len(x)} rows")
+            return {"y": x[:, 0] * 2}
+
+    return Small()
+
+
+def test_out_of_memory_halves_the_chunk_and_retries_the_same_rows():
+    handler = oom_handler(limit=300)
+    item, x = prepared(2500, [])
+    result = handler.infer(handler.load_model(), item)
+    assert result.failed == [] and result.ok_rows.tolist() == list(range(2500))
+    assert np.array_equal(result.outputs["y"], x[:, 0] * 2)          # every row once, in order
+    assert result.oom_backoffs == 2 and result.chunk_rows == 250      # 1000 → 500 → 250
+    assert handler.calls[:3] == [1000, 500, 250] and set(handler.calls[3:]) == {250}
+    # the smaller chunk is kept: the next batch does not run out of memory again
+    again = handler.infer(handler.load_model(), prepared(600, [])[0])
+    assert again.oom_backoffs == 0 and again.chunk_rows == 250
+
+
+def test_out_of_memory_on_one_row_is_a_model_error():
+    from batchinfer.errors import ModelError
+
+    handler = oom_handler(limit=0, chunk_rows=4)
+    with pytest.raises(ModelError, match="runs out of device memory on a single row"):
+        handler.infer(handler.load_model(), prepared(10, [])[0])

@@ -116,3 +116,25 @@ def test_a_job_that_fails_preflight_touches_no_mlflow_store(tmp_path):
     assert result.returncode == 3, result.stderr
     assert not (tmp_path / "out").exists()
     assert not (tmp_path / "mlflow.db").exists()  # the helper started, but touched nothing
+
+
+def test_io_binding_is_used_when_asked_and_gives_the_same_bytes(tmp_path):
+    """``model.options.io_binding`` (on by default for GPU providers) goes through ONNX Runtime's
+    IO binding instead of ``run``; the predictions are the same bytes."""
+    model_path = make_mlp_onnx(tmp_path / "m.onnx", n_features=4, hidden=16)
+    x = np.random.default_rng(5).standard_normal((5000, 4)).astype(np.float32)
+    plain = OnnxModelHandler(str(model_path), digest="plain", device="cpu")
+    bound = OnnxModelHandler(str(model_path), digest="bound", device="cpu", options={"io_binding": True})
+    session = bound.load_model()
+    calls = []
+    real = session.run_with_iobinding
+
+    def counted(binding, *args):
+        calls.append(1)
+        return real(binding, *args)
+
+    session.run_with_iobinding = counted
+    session.run = None   # would raise if the bound handler called it
+    got = bound.infer(session, Prepared(key=(0, 0), rows=len(x), features=x)).outputs["y"]
+    want = plain.infer(plain.load_model(), Prepared(key=(0, 0), rows=len(x), features=x)).outputs["y"]
+    assert calls and got.tobytes() == want.tobytes()
