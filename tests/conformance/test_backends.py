@@ -315,8 +315,9 @@ def test_precision_is_declared_and_recorded(models, tmp_path):
 
 
 @pytest.mark.slow
-def test_non_finite_outputs_are_quarantined_not_committed(models, tmp_path):
-    _project(tmp_path, models, "torch", preprocess="conformance_nonfinite:features")
+@pytest.mark.parametrize("backend", ["onnxruntime", "torch"])
+def test_non_finite_outputs_are_quarantined_not_committed(models, tmp_path, backend):
+    _project(tmp_path, models, backend, preprocess="conformance_nonfinite:features")
     (tmp_path / "conformance_nonfinite.py").write_text(NONFINITE)
     _stamp(tmp_path)
     result = run_cli("run", "job.yaml", "--ds", DS, cwd=tmp_path)

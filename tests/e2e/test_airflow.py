@@ -25,7 +25,7 @@ DAGS = REPO / "airflow_dags"
 AIRFLOW = Path(sys.executable).parent / "airflow"
 DAG_ID = "nightly_credit_risk_demo"
 ROWS, SHARDS, BAD_ROWS = 1200, 6, 5       # the demo's data: 5 deliberately bad rows
-HEAVY = ("apache_beam", "torch", "onnxruntime", "mlflow")
+HEAVY = ("apache_beam", "torch", "tensorrt", "onnxruntime", "mlflow")
 # Fast sensor and retries for the tests; the defaults are minutes.
 NIGHTLY = {"marker": "_SUCCESS", "retries": 2, "retry_delay_minutes": 0, "marker_poke_minutes": 0.02,
            "marker_timeout_hours": 0.5}
