@@ -44,8 +44,8 @@ SCHEMA_COLUMNS = ["id", *FEATURES]
 MAIN_BAD = [(7, "f0", 100.0), (512, "f3", float("nan"))]
 
 MANIFEST_KEYS = {"manifest_version", "job", "ds", "attempt", "triple", "job_spec_sha256",
-                 "runner", "device", "started_at", "finished_at", "mlflow_run_id", "totals",
-                 "shards"}
+                 "runner", "device", "backend", "model_options", "started_at", "finished_at",
+                 "mlflow_run_id", "totals", "shards"}
 TRIPLE_KEYS = {"model_version", "model_digest", "schema_version", "preprocess_hash"}
 TOTALS_KEYS = {"shards", "rows_in", "rows_scored", "rows_quarantined", "shards_unreadable"}
 SHARD_KEYS = {"path", "sha256", "rows_in", "rows_scored", "rows_quarantined", "status",
@@ -292,6 +292,7 @@ def test_manifest_keys_and_times(part):
     assert manifest["manifest_version"] == 1
     assert manifest["job"] == "testjob" and manifest["ds"] == DS
     assert manifest["runner"] == "direct" and manifest["device"] == "cpu"
+    assert manifest["backend"] == "onnxruntime" and manifest["model_options"] == {}
     assert set(manifest["triple"]) == TRIPLE_KEYS
     assert set(manifest["totals"]) == TOTALS_KEYS
     for shard in manifest["shards"]:

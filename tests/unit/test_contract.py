@@ -252,10 +252,16 @@ def test_corrupt_sidecar_is_contract_error(tmp_path):
         read_sidecar(model)
 
 
-def test_sidecar_ignores_extra_keys(tmp_path):
-    model = tmp_path / "model.onnx"
-    sidecar_path(model).write_text(json.dumps({**TRIPLE.as_dict(), "note": "x"}))
-    assert read_sidecar(model) == TRIPLE.as_dict()
+def test_sidecar_keeps_what_the_backend_declares_and_extra_keys_change_nothing(tmp_path):
+    model = tmp_path / "model.pt2"
+    sidecar_path(model).write_text(json.dumps({**TRIPLE.as_dict(), "precision": "bf16", "note": "x"}))
+    declared = read_sidecar(model)
+    assert declared == {**TRIPLE.as_dict(), "precision": "bf16", "note": "x"}
+    check_contract("m.pt2", declared, TRIPLE, options={"precision": "bf16"})   # "note" is nobody's
+    with pytest.raises(ContractError, match="model.options.precision is fp32 but the model was stamped for bf16"):
+        check_contract("m.pt2", declared, TRIPLE, options={"precision": "fp32"})
+    with pytest.raises(ContractError, match=r"stamped for \(not declared\)"):
+        check_contract("m.pt2", TRIPLE.as_dict(), TRIPLE, options={"precision": "fp32"})
 
 
 def test_tags_roundtrip():
