@@ -28,7 +28,8 @@ class Backend:
         name: the ``model.backend`` value.
         suffixes: model file suffixes, lower case (a registry model's folder must hold one file
             with one of them).
-        options: ``model.options`` keys this backend accepts, with their types.
+        options: ``model.options`` keys this backend accepts, with their types, or with the
+            tuple of the strings they may be.
         handler: ``"package.module:Class"`` of its :class:`~batchinfer.handlers.base.BatchModelHandler`;
             None for a backend the contract names but this version does not ship.
         install: what to install (or do) when its library is missing.
@@ -39,7 +40,7 @@ class Backend:
 
     name: str
     suffixes: tuple[str, ...]
-    options: Mapping[str, type] = field(default_factory=dict)
+    options: Mapping[str, type | tuple[str, ...]] = field(default_factory=dict)
     handler: str | None = None
     install: str = ""
     declared: Mapping[str, str] = field(default_factory=dict)
@@ -73,7 +74,8 @@ def check_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """``options`` if every key is one the backend (or every backend) accepts, with its type.
 
     Raises:
-        SpecError: an unknown key, or a value of another type (``true`` is not an int).
+        SpecError: an unknown key, a value of another type (``true`` is not an int), or a string
+            that is not one of the key's choices.
     """
     known = {**get(name).options, **COMMON_OPTIONS}
     for key, value in options.items():
@@ -81,6 +83,10 @@ def check_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
         if kind is None:
             raise SpecError(f"unknown key 'model.options.{key}' for backend {name} "
                             f"(known: {', '.join(sorted(known))})")
+        if isinstance(kind, tuple):
+            if value not in kind:
+                raise SpecError(f"model.options.{key}: {value!r} is not one of {', '.join(kind)}")
+            continue
         if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
             raise SpecError(f"model.options.{key}: expected {kind.__name__}, got {value!r}")
     return dict(options)
@@ -115,7 +121,7 @@ register(Backend(
     options={
         "intra_op_num_threads": int,      # 0 = ONNX Runtime's default (one per core)
         "inter_op_num_threads": int,
-        "graph_optimization_level": str,  # disable | basic | extended | all
+        "graph_optimization_level": ("disable", "basic", "extended", "all"),
         "enable_cpu_mem_arena": bool,
         "allow_spinning": bool,           # intra-op threads busy-wait for work (default: false)
         "chunk_rows": int,                # rows per session.run call (default: 4,096 on CPU)
@@ -129,7 +135,7 @@ register(Backend(
 register(Backend(
     "torch", (".pt2",),
     options={
-        "precision": str,                 # fp32 | fp16 | bf16 (autocast); declared
+        "precision": ("fp32", "fp16", "bf16"),   # autocast; declared
         "chunk_rows": int,                # rows per model call (default: 4,096 on CPU, all on CUDA)
         "intra_op_num_threads": int,      # torch.set_num_threads (0 = torch's default)
     },

@@ -68,22 +68,11 @@ def providers_for(device: str, options: dict[str, Any], model_path: str = "") ->
     return ["CPUExecutionProvider"], "cpu"
 
 
-GRAPH_LEVELS = ("disable", "basic", "extended", "all")
-
-
 class OnnxModelHandler(BatchModelHandler[Any]):
     """Runs an ONNX model (a local ``.onnx`` file, external data beside it) with ONNX Runtime;
     the loaded model is an ``onnxruntime.InferenceSession``."""
 
     backend = "onnxruntime"
-
-    def __init__(self, model_path: str, *, digest: str, device: str = "auto",
-                 options: Optional[dict[str, Any]] = None):
-        super().__init__(model_path, digest=digest, device=device, options=options)
-        level = self.options.get("graph_optimization_level", "all")
-        if level not in GRAPH_LEVELS:
-            raise SpecError(f"model.options.graph_optimization_level: {level!r} is not one of "
-                            f"{', '.join(GRAPH_LEVELS)}")
 
     def open_model(self) -> Any:
         import onnxruntime as ort

@@ -33,10 +33,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..errors import ModelError, SpecError, one_line
+from ..errors import ModelError, one_line
 from .base import BatchModelHandler, cast_input
 
-PRECISIONS = ("fp32", "fp16", "bf16")
 # Rows per call on CPU, as for ONNX Runtime: intermediate activations stay in cache. Measured on
 # the bench MLP (32-256-256-1), one 65,536-row batch in calls of 1,024 / 4,096 / 16,384 / 65,536
 # rows: 302 / 196 / 251 / 383 ms.
@@ -62,14 +61,9 @@ class TorchModelHandler(BatchModelHandler[TorchModel]):
 
     backend = "torch"
 
-    def __init__(self, model_path: str, *, digest: str, device: str = "auto",
-                 options: Optional[dict[str, Any]] = None):
-        super().__init__(model_path, digest=digest, device=device, options=options)
-        precision = self.options.get("precision", "fp32")
-        if precision not in PRECISIONS:
-            raise SpecError(f"model.options.precision: {precision!r} is not one of "
-                            f"{', '.join(PRECISIONS)}")
-        self.precision = precision
+    @property
+    def precision(self) -> str:
+        return self.options.get("precision", "fp32")   # the choices are checked by the registry
 
     def open_model(self) -> TorchModel:
         if "torch" not in sys.modules:

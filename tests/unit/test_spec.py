@@ -465,3 +465,16 @@ def test_absolute_sqlite_and_http_tracking_uris_untouched(tmp_path):
 def test_plain_tracking_path_resolved(tmp_path):
     job = load_job(_job_file(tmp_path, tracking={"uri": "mlruns"}), ds=DS)
     assert job.spec.tracking.uri == str(tmp_path.resolve() / "mlruns")
+
+
+@pytest.mark.parametrize("backend, key, value", [
+    ("torch", "precision", "fp8"),
+    ("onnxruntime", "graph_optimization_level", "max"),
+])
+def test_an_option_with_choices_takes_only_those(backend, key, value):
+    from batchinfer.backends import check_options
+    from batchinfer.errors import SpecError
+
+    with pytest.raises(SpecError, match=f"model.options.{key}: '{value}' is not one of"):
+        check_options(backend, {key: value})
+    check_options("torch", {"precision": "bf16"})
