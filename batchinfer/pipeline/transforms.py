@@ -3,13 +3,19 @@
     Create(shards) → Reshuffle → ReadShard ──batches──→ Prepare → RunInference → WriteBatch ─┐
                                    └────shard info────────────────────────────────────────────┴→
                                       GroupByKey(shard) → FinishShard (per-shard JSON in _tmp)
+                                      → GroupByKey(one key) → CommitPartition (pipeline/commit.py)
 
 Elements are Arrow RecordBatches of ``batch.rows`` rows, never single rows. Nothing here raises
 for bad data: bad rows become quarantine rows and unreadable shards become shard records, so the
 outcome travels as data (exceptions crossing Beam workers may lose their type). Only a step that
 breaks its contract — a model or preprocessing function that returns another number of rows, say
-— raises a BatchInferError, which the driver reports with its own message and exit code. The driver
-(:mod:`batchinfer.commands.run`) reads the per-shard records, applies the thresholds and commits.
+— raises a BatchInferError, which the driver reports with its own message and exit code. The last
+step applies the thresholds and commits, inside the pipeline, so that a job commits on a remote
+runner even if the process that launched it is gone (docs/runners.md); the driver
+(:mod:`batchinfer.commands.run`) reads back what it did.
+
+The keyed steps carry KV type hints: runners that translate GroupByKey themselves (Beam's
+DaskRunner) refuse a GroupByKey whose input is not typed as key-value pairs.
 """
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ import collections
 import concurrent.futures
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, cast
+from typing import Any, Iterable, Iterator, Tuple, cast
 
 import numpy as np
 import pyarrow as pa
@@ -36,6 +42,7 @@ from ..triple.contract import Triple
 from ..triple.preprocess import Preprocessor
 from ..triple.schemas import SchemaVersion
 from .coders import register_coders
+from .commit import CommitPlan, add_commit
 from .records import BatchRecord, ShardInfo, fold_shard
 
 SHARD_INFO = "shard_info"
@@ -104,8 +111,9 @@ class Payload:
     seconds: dict[str, float] = field(default_factory=dict)   # time spent per stage
 
 
-def build(pipeline: beam.Pipeline, plan: ScoringPlan, handler: BatchModelHandler):
-    """Add the scoring transforms to ``pipeline``; returns the per-shard result PCollection."""
+def build(pipeline: beam.Pipeline, plan: ScoringPlan, handler: BatchModelHandler, commit: CommitPlan):
+    """Add the scoring transforms and the commit step to ``pipeline``; returns the commit step's
+    output (one status string)."""
     shards = (pipeline
               | "Shards" >> beam.Create(list(enumerate(plan.shard_urls)))
               | "Spread" >> beam.Reshuffle())
@@ -113,16 +121,18 @@ def build(pipeline: beam.Pipeline, plan: ScoringPlan, handler: BatchModelHandler
     read = (shards | "ReadShard" >> beam.ParDo(ReadShard(plan))
             .with_outputs(SHARD_INFO, main="batches"))
     read.batches.element_type = Chunk  # so Beam uses SizedPickleCoder for these elements
+    read[SHARD_INFO].element_type = Tuple[int, Any]   # (shard, ShardInfo)
     prepared = (read.batches | "Prepare" >> beam.ParDo(PrepareBatch(plan))
                 .with_output_types(Prepared))
     written = (prepared
                | "RunInference" >> RunInference(handler)
                .with_output_types(PredictionResult)
-               | "WriteBatch" >> beam.ParDo(WriteBatch(plan)))
-    return ((read[SHARD_INFO], written)
-            | "Merge" >> beam.Flatten()
-            | "ByShard" >> beam.GroupByKey()
-            | "FinishShard" >> beam.ParDo(FinishShard(plan)))
+               | "WriteBatch" >> beam.ParDo(WriteBatch(plan)).with_output_types(Tuple[int, Any]))
+    finished = ((read[SHARD_INFO], written)
+                | "Merge" >> beam.Flatten().with_output_types(Tuple[int, Any])
+                | "ByShard" >> beam.GroupByKey().with_output_types(Tuple[int, Iterable[Any]])
+                | "FinishShard" >> beam.ParDo(FinishShard(plan)).with_output_types(int))
+    return add_commit(finished, commit)
 
 
 class ReadShard(beam.DoFn):
