@@ -103,7 +103,7 @@ class TrackingSpec(_Strict):
 
 
 class RunnerSpec(_Strict):
-    name: Literal["direct", "portable", "flink", "dataflow"] = "direct"
+    name: Literal["direct", "portable", "flink", "dataflow", "dask"] = "direct"
     options: dict[str, Any] = Field(default_factory=dict)
 
 

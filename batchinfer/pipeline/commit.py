@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable, Iterable, Iterator, Tuple
+from typing import Callable, Iterable, Tuple
 
 from ..beam_compat import beam
 from ..errors import BatchInferError, DataQualityError, ModelError
@@ -73,7 +73,7 @@ class CommitPartition(beam.DoFn):
     def __init__(self, plan: CommitPlan):
         self.plan = plan
 
-    def process(self, element) -> Iterator[str]:
+    def process(self, element):
         plan = self.plan
         attempt = plan.begin()
         results = attempt.results(plan.shard_count)

@@ -17,12 +17,27 @@ RUNNERS = {
     "portable": "PortableRunner",
     "flink": "FlinkRunner",
     "dataflow": "DataflowRunner",
+    # Beam's DaskRunner with one bug fixed (pipeline/dask.py); options.dask_client_address
+    # names the scheduler (tcp://host:8786).
+    "dask": "batchinfer.pipeline.dask.DaskRunner",
+}
+
+
+# Added unless runner.options sets one of the same group. Dask: Beam puts up to 128 elements in
+# one Dask partition, so a partition's shards would all be read by one worker; a shard per
+# partition spreads them over the cluster (each partition then loads the model once per worker
+# process, from the per-process cache).
+DEFAULTS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "dask": (("dask_partition_size", "dask_npartitions"), {"dask_partition_size": 1}),
 }
 
 
 def beam_args(name: str, options: Mapping[str, Any]) -> list[str]:
     """Command-line style Beam arguments for ``runner: {name, options}``."""
     args = [f"--runner={RUNNERS[name]}"]
+    group, defaults = DEFAULTS.get(name, ((), {}))
+    if not any(key in options for key in group):
+        options = {**defaults, **options}
     for key, value in options.items():
         flag = "--" + str(key).lstrip("-")
         if value is True:
@@ -40,3 +55,4 @@ def pipeline_options(name: str, options: Mapping[str, Any]):
     from apache_beam.options.pipeline_options import PipelineOptions
 
     return PipelineOptions(beam_args(name, options))
+
