@@ -98,8 +98,13 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
             return Outcome("noop", f"{shown} is already committed with this triple (attempt "
                                    f"{existing.attempt}); nothing to do", existing, shown)
         if dry_run:
-            return Outcome("dry_run", f"dry run: would score {len(resolved.shards)} shards into "
-                                      f"{shown}", None, shown)
+            message = f"dry run: would score {len(resolved.shards)} shards into {shown}"
+            if spec.runner.name in BUILDS_JOB:  # build the runner's job too, submit nothing
+                handler, device = load_handler(resolved)
+                attempt = partition.begin(new_attempt(started), replacing=existing)
+                header = _header(job, resolved, attempt, device, started, None)
+                message += f"\n{_build_job(resolved, handler, attempt, header)}"
+            return Outcome("dry_run", message, None, shown)
         assert tracking is not None
         handler, device = load_handler(resolved)
         tracking.prepare()  # the checks passed: the store may be touched
@@ -114,11 +119,7 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
                  f"{attempt.attempt}, {spec.runner.name} runner, {device})")
         # 3. score into the attempt and commit, in the pipeline. The manifest names the MLflow
         # run, so its id is needed before the pipeline starts (the helper opened it meanwhile).
-        header = Manifest(
-            job=spec.name, ds=job.ds, attempt=attempt.attempt, triple=resolved.triple.as_dict(),
-            job_spec_sha256=job.spec_sha256, runner=spec.runner.name, device=device,
-            started_at=rfc3339(started), finished_at="", mlflow_run_id=tracking.wait(),
-            totals=Totals.of([]), shards=())
+        header = _header(job, resolved, attempt, device, started, tracking.wait())
         t_pipeline = time.perf_counter()
         try:
             _score(resolved, handler, attempt, header)
@@ -231,6 +232,40 @@ def load_handler(resolved: Resolved) -> "tuple[BatchModelHandler, str]":
     return handler, handler.device_used(model)
 
 
+def _header(job: Job, resolved: Resolved, attempt: Attempt, device: str, started: datetime,
+            mlflow_run_id: str | None) -> Manifest:
+    """The manifest as known before any work; the commit step adds shards, totals, end time."""
+    spec = job.spec
+    return Manifest(job=spec.name, ds=job.ds, attempt=attempt.attempt,
+                    triple=resolved.triple.as_dict(), job_spec_sha256=job.spec_sha256,
+                    runner=spec.runner.name, device=device, started_at=rfc3339(started),
+                    finished_at="", mlflow_run_id=mlflow_run_id, totals=Totals.of([]), shards=())
+
+
+# Runners whose job `run --dry-run` builds for real (Beam's dry_run option: the job graph is
+# built, the DoFns pickled, the options validated, nothing submitted). Only Beam's
+# DataflowRunner honours dry_run; the others would run the job.
+BUILDS_JOB = {"dataflow"}
+
+
+def _build_job(resolved: Resolved, handler: "BatchModelHandler", attempt: Attempt,
+               header: Manifest) -> str:
+    """Build the runner's job without submitting it; return a summary of its graph."""
+    from ..beam_compat import beam
+    from ..pipeline.runners import job_summary, pipeline_options
+    from ..pipeline.transforms import build
+
+    spec = resolved.job.spec
+    options = pipeline_options(spec.runner.name, {**spec.runner.options, "dry_run": "true"})
+    try:
+        pipeline = beam.Pipeline(options=options)
+        build(pipeline, *_plans(resolved, attempt, header), handler=handler)
+        result = pipeline.run()
+    except (ImportError, ValueError) as exc:  # a missing extra, options Beam refuses
+        raise SpecError(f"runner {spec.runner.name}: {_last_line(exc)}") from exc
+    return job_summary(result)
+
+
 def _score(resolved: Resolved, handler: "BatchModelHandler", attempt: Attempt, header: Manifest) -> None:
     """Run the Beam pipeline into ``attempt``, up to and including its commit step.
 
@@ -240,9 +275,27 @@ def _score(resolved: Resolved, handler: "BatchModelHandler", attempt: Attempt, h
         RuntimeFailure: the pipeline failed otherwise.
     """
     from ..beam_compat import beam
-    from ..pipeline.commit import CommitPlan
     from ..pipeline.runners import pipeline_options
-    from ..pipeline.transforms import ScoringPlan, build
+    from ..pipeline.transforms import build
+
+    spec = resolved.job.spec
+    options = pipeline_options(spec.runner.name, spec.runner.options)
+    try:
+        with beam.Pipeline(options=options) as pipeline:
+            build(pipeline, *_plans(resolved, attempt, header), handler=handler)
+    except Exception as exc:
+        if _interrupted(exc):  # Beam wraps a Ctrl-C inside a transform in an Exception
+            raise KeyboardInterrupt from None
+        ours = _our_error(exc)
+        if ours is not None:
+            raise ours from None
+        raise RuntimeFailure(f"the scoring pipeline failed: {_last_line(exc)}") from exc
+
+
+def _plans(resolved: Resolved, attempt: Attempt, header: Manifest) -> tuple[Any, Any]:
+    """The pipeline's :class:`ScoringPlan` and :class:`CommitPlan` for ``attempt``."""
+    from ..pipeline.commit import CommitPlan
+    from ..pipeline.transforms import ScoringPlan
 
     spec = resolved.job.spec
     plan = ScoringPlan(
@@ -255,17 +308,7 @@ def _score(resolved: Resolved, handler: "BatchModelHandler", attempt: Attempt, h
     commit = CommitPlan(output_url=spec.output.path, attempt=attempt.attempt,
                         replacing=attempt.replacing, shard_count=len(resolved.shards),
                         header=header, breach=spec.quarantine.breach)
-    options = pipeline_options(spec.runner.name, spec.runner.options)
-    try:
-        with beam.Pipeline(options=options) as pipeline:
-            build(pipeline, plan, handler, commit)
-    except Exception as exc:
-        if _interrupted(exc):  # Beam wraps a Ctrl-C inside a transform in an Exception
-            raise KeyboardInterrupt from None
-        ours = _our_error(exc)
-        if ours is not None:
-            raise ours from None
-        raise RuntimeFailure(f"the scoring pipeline failed: {_last_line(exc)}") from exc
+    return plan, commit
 
 
 def _refusal(outcome: CommitOutcome) -> BatchInferError:

@@ -56,3 +56,28 @@ def pipeline_options(name: str, options: Mapping[str, Any]):
 
     return PipelineOptions(beam_args(name, options))
 
+
+
+def job_summary(result: Any) -> str:
+    """What Beam's DataflowRunner built in a dry run (``result.job``): the job's name and type,
+    its transforms, PCollections and stages, and the SDK container the workers would run."""
+    job = result.job
+    proto = job.proto_pipeline
+    components = proto.components
+    leaves = [t for t in components.transforms.values() if not t.subtransforms]
+    images = sorted({_image(env) for env in components.environments.values()} - {""})
+    kind = "streaming" if "STREAMING" in str(job.proto.type_) else "batch"
+    pickled = sum(len(t.spec.payload) for t in leaves)
+    return (f"dataflow job {job.proto.name!r} ({kind}) built, not submitted: "
+            f"{len(components.transforms)} transforms ({len(leaves)} primitive), "
+            f"{len(components.pcollections)} PCollections, {len(components.coders)} coders, "
+            f"{pickled:,} bytes of pickled transforms; worker image {', '.join(images) or '?'}")
+
+
+def _image(environment: Any) -> str:
+    from apache_beam.portability.api import beam_runner_api_pb2
+
+    if not environment.payload:
+        return ""
+    payload = beam_runner_api_pb2.DockerPayload.FromString(environment.payload)
+    return str(payload.container_image)

@@ -111,7 +111,7 @@ class Payload:
     seconds: dict[str, float] = field(default_factory=dict)   # time spent per stage
 
 
-def build(pipeline: beam.Pipeline, plan: ScoringPlan, handler: BatchModelHandler, commit: CommitPlan):
+def build(pipeline: beam.Pipeline, plan: ScoringPlan, commit: CommitPlan, *, handler: BatchModelHandler):
     """Add the scoring transforms and the commit step to ``pipeline``; returns the commit step's
     output (one status string)."""
     shards = (pipeline
