@@ -29,6 +29,7 @@ from ..errors import BatchInferError, ContractError, DataQualityError, ModelErro
 from ..io.commit import Attempt, CommitOutcome, PartitionCommit
 from ..io.outputs import METRICS, write_json
 from ..io.records import Manifest, ShardResult, Totals
+from ..pipeline.runners import check as check_runner
 from ..rows.columns import check_output_columns
 from ..spec import Job
 from .resolve import Resolved, resolve
@@ -86,8 +87,9 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
 
         tracking = TrackingRun(spec.tracking.uri, spec.tracking.experiment or spec.name)
     try:
-        # 1. resolve and check the contract
+        # 1. resolve and check the contract, and the runner's options
         resolved = resolve(job)
+        check_runner(spec.runner.name, spec.runner.options)
         # 2. the partition as it is
         partition = PartitionCommit(spec.output.path)
         shown = job.display(spec.output.path)
