@@ -126,7 +126,9 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
         try:
             _score(resolved, handler, attempt, header)
         except KeyboardInterrupt:  # Ctrl-C: leave nothing, and say so in MLflow
-            attempt.abort()
+            winner = attempt.committed_meanwhile()
+            if winner is None or winner.attempt != attempt.attempt:  # never undo a commit
+                attempt.abort()
             tracking.finish({"attempt": attempt.attempt}, {}, {}, "KILLED", timeout=10.0)
             raise
         except Exception:
