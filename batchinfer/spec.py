@@ -103,8 +103,21 @@ class TrackingSpec(_Strict):
 
 
 class RunnerSpec(_Strict):
-    name: Literal["direct", "portable", "flink", "dataflow"] = "direct"
+    name: Literal["direct", "portable", "flink", "dataflow", "dask"] = "direct"
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _remote_runner_has_its_address(self) -> "RunnerSpec":
+        # Without these Beam starts an embedded Flink or a Docker job server, or fails once the
+        # work has begun (docs/runners.md).
+        missing = [k for k in REMOTE_RUNNER_NEEDS.get(self.name, ()) if not self.options.get(k)]
+        if missing:
+            raise ValueError(f"runner {self.name} needs {', '.join(f'runner.options.{k}' for k in missing)}")
+        return self
+
+
+REMOTE_RUNNER_NEEDS = {"flink": ("flink_master",), "portable": ("job_endpoint",),
+                       "dataflow": ("project", "region", "temp_location")}
 
 
 class JobSpec(_Strict):

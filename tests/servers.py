@@ -33,7 +33,8 @@ import pytest
 __all__ = ["free_port", "closed_port", "MotoServer", "moto_server", "MlflowServer", "mlflow_server",
            "FaultRule", "FaultProxy", "fault_proxy", "s3_server", "mlflow_live", "s3_proxy",
            "s3_env", "new_bucket", "env_for", "s3fs_for", "S3_CREDENTIALS",
-           "stamped_template", "copy_project", "start_cli", "finish_all", "s3_proxy_session"]
+           "stamped_template", "copy_project", "start_cli", "finish_all", "s3_proxy_session",
+           "BeamJobService", "beam_job_service", "DaskCluster", "dask_cluster"]
 
 HOST = "127.0.0.1"
 S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
@@ -389,6 +390,125 @@ class FaultProxy:
             self._thread.join(10)
 
 
+# -- Beam's portable job service with an external SDK worker pool; a dask.distributed cluster ----
+
+def _wait_port(port: int, proc: subprocess.Popen, timeout: float, log: Path) -> None:
+    """Wait until something accepts TCP connections on ``port`` (gRPC and Dask's protocol have
+    no plain HTTP health check)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before listening on {port}:\n"
+                               f"{log.read_text(errors='replace')[-3000:]}")
+        with contextlib.suppress(OSError), socket.create_connection((HOST, port), timeout=1):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"nothing listened on {HOST}:{port} within {timeout:.0f} s:\n"
+                       f"{log.read_text(errors='replace')[-3000:]}")
+
+
+def _venv_env() -> dict[str, str]:
+    """This interpreter's bin folder first on PATH: Beam's worker pool starts SDK workers as
+    ``python -c …``, which must be the Python that has batchinfer installed."""
+    return {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+class BeamJobService(_Served):
+    """Beam's Python job service (``local_job_service_main``) and an external SDK worker pool
+    (``worker_pool_main``) on 127.0.0.1: ``runner.name: portable`` with ``environment_type
+    EXTERNAL``, as a user runs against a job server whose workers they started.
+
+    Attributes:
+        options: the ``runner.options`` that point a job at them.
+    """
+
+    def __init__(self, workdir: Path):
+        self.workdir = Path(workdir)
+        self.job_port, self.pool_port = free_port(), free_port()
+        self.pool: subprocess.Popen | None = None
+
+    @property
+    def options(self) -> dict[str, str]:
+        return {"job_endpoint": f"{HOST}:{self.job_port}", "environment_type": "EXTERNAL",
+                "environment_config": f"{HOST}:{self.pool_port}"}
+
+    def __enter__(self) -> "BeamJobService":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            log = self.workdir / "worker_pool.log"
+            self.pool = _start([sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main",
+                                "--service_port", str(self.pool_port)], log, _venv_env())
+            _wait_port(self.pool_port, self.pool, 60, log)
+            log = self.workdir / "job_service.log"
+            self.proc = _start([sys.executable, "-m",
+                                "apache_beam.runners.portability.local_job_service_main",
+                                "--port", str(self.job_port)], log, _venv_env())
+            _wait_port(self.job_port, self.proc, 60, log)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            super().__exit__()
+        finally:
+            if self.pool is not None:
+                _stop(self.pool)
+
+
+class DaskCluster(_Served):
+    """A ``dask.distributed`` scheduler and ``workers`` single-threaded worker processes (``dask
+    worker --nworkers``) on 127.0.0.1.
+
+    Attributes:
+        address: ``tcp://127.0.0.1:PORT``, for ``runner.options.dask_client_address``.
+    """
+
+    def __init__(self, workdir: Path, workers: int = 2):
+        self.workdir = Path(workdir)
+        self.workers = workers
+        self.port = free_port()
+        self.address = f"tcp://{HOST}:{self.port}"
+        self.nanny: subprocess.Popen | None = None
+
+    def __enter__(self) -> "DaskCluster":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            log = self.workdir / "scheduler.log"
+            self.proc = _start([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", HOST,
+                                "--port", str(self.port), "--no-dashboard"], log, _venv_env())
+            _wait_port(self.port, self.proc, 60, log)
+            self.nanny = _start([sys.executable, "-m", "distributed.cli.dask_worker", self.address,
+                                 "--host", HOST, "--nworkers", str(self.workers), "--nthreads", "1",
+                                 "--no-dashboard"], self.workdir / "workers.log", _venv_env())
+            self.wait_for_workers(60)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def wait_for_workers(self, timeout: float) -> None:
+        from distributed import Client
+
+        with Client(self.address, timeout=timeout) as client:
+            client.wait_for_workers(self.workers, timeout=timeout)
+
+    def executed(self) -> dict[str, int]:
+        """Tasks each worker process has run so far, by worker address."""
+        from distributed import Client
+
+        with Client(self.address, timeout=30) as client:
+            return client.run(lambda dask_worker: dask_worker.state.executed_count)
+
+    def __exit__(self, *exc) -> None:
+        try:
+            if self.nanny is not None:
+                _stop(self.nanny)
+        finally:
+            super().__exit__()
+
+
 # -- context managers and pytest fixtures ------------------------------------------------------
 
 @contextlib.contextmanager
@@ -407,6 +527,20 @@ def mlflow_server(workdir: Path) -> Iterator[MlflowServer]:
 def fault_proxy(upstream: str) -> Iterator[FaultProxy]:
     with FaultProxy(upstream) as proxy:
         yield proxy
+
+
+@pytest.fixture(scope="module")
+def beam_job_service(tmp_path_factory) -> Iterator[BeamJobService]:
+    """Beam's job service and an external worker pool, for one test module."""
+    with BeamJobService(tmp_path_factory.mktemp("beam-job-service")) as service:
+        yield service
+
+
+@pytest.fixture(scope="module")
+def dask_cluster(tmp_path_factory) -> Iterator[DaskCluster]:
+    """A Dask scheduler with two worker processes, for one test module."""
+    with DaskCluster(tmp_path_factory.mktemp("dask-cluster")) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="session")

@@ -6,10 +6,13 @@
    model's declaration — before any work;
 2. look at the partition: committed already → a no-op, or exit 3 (another triple, job, date or
    set of shards) unless ``--overwrite``; then load the model (exit 5 before any work);
-3. run the Beam pipeline into a new attempt of the partition;
-4. apply the quarantine thresholds (exit 4, nothing committed);
-5. commit: exactly one run creates the manifest (:class:`~batchinfer.io.commit.PartitionCommit`);
-6. tracking, which can fail without undoing anything.
+3. run the Beam pipeline into a new attempt of the partition; its last step applies the
+   quarantine thresholds (exit 4, nothing committed) and commits: exactly one run creates the
+   manifest (:mod:`batchinfer.pipeline.commit`, :class:`~batchinfer.io.commit.PartitionCommit`).
+   The commit happens inside the pipeline so that it does not depend on this process outliving
+   a remote job (docs/runners.md);
+4. read back what the commit step did (its exit code for a refusal);
+5. tracking, which can fail without undoing anything.
 """
 from __future__ import annotations
 
@@ -23,9 +26,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ..backends import declared_options, handler_class
 from ..errors import BatchInferError, ContractError, DataQualityError, ModelError, RuntimeFailure, SpecError
-from ..io.commit import Attempt, PartitionCommit
+from ..io.commit import Attempt, CommitOutcome, PartitionCommit
 from ..io.outputs import METRICS, write_json
 from ..io.records import Manifest, ModelStats, ShardResult, Totals
+from ..pipeline.runners import check as check_runner
 from ..rows.columns import check_output_columns
 from ..spec import Job
 from .resolve import Resolved, resolve
@@ -83,8 +87,9 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
 
         tracking = TrackingRun(spec.tracking.uri, spec.tracking.experiment or spec.name)
     try:
-        # 1. resolve and check the contract
+        # 1. resolve and check the contract, and the runner's options
         resolved = resolve(job)
+        check_runner(spec.runner.name, spec.runner.options)
         # 2. the partition as it is
         partition = PartitionCommit(spec.output.path)
         shown = job.display(spec.output.path)
@@ -95,8 +100,13 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
             return Outcome("noop", f"{shown} is already committed with this triple (attempt "
                                    f"{existing.attempt}); nothing to do", existing, shown)
         if dry_run:
-            return Outcome("dry_run", f"dry run: would score {len(resolved.shards)} shards into "
-                                      f"{shown}", None, shown)
+            message = f"dry run: would score {len(resolved.shards)} shards into {shown}"
+            if spec.runner.name in BUILDS_JOB:  # build the runner's job too, submit nothing
+                handler, device = load_handler(resolved)
+                attempt = partition.begin(new_attempt(started), replacing=existing)
+                header = _header(job, resolved, attempt, device, started, None)
+                message += f"\n{_build_job(resolved, handler, attempt, header)}"
+            return Outcome("dry_run", message, None, shown)
         assert tracking is not None
         handler, device = load_handler(resolved)
         tracking.prepare()  # the checks passed: the store may be touched
@@ -109,49 +119,51 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
                      f"(names starting with _ or .; `batchinfer plan` lists them)")
         progress(f"scoring {len(resolved.shards)} shards into {shown} (attempt "
                  f"{attempt.attempt}, {spec.runner.name} runner, {device})")
-        # 3. score into the attempt
+        # 3. score into the attempt and commit, in the pipeline. The manifest names the MLflow
+        # run, so its id is needed before the pipeline starts (the helper opened it meanwhile).
+        header = _header(job, resolved, attempt, device, started, tracking.wait())
         t_pipeline = time.perf_counter()
         try:
-            results = _score(resolved, handler, attempt)
+            _score(resolved, handler, attempt, header)
         except KeyboardInterrupt:  # Ctrl-C: leave nothing, and say so in MLflow
-            attempt.abort()
+            winner = attempt.committed_meanwhile()
+            if winner is None or winner.attempt != attempt.attempt:  # never undo a commit
+                attempt.abort()
             tracking.finish({"attempt": attempt.attempt}, {}, {}, "KILLED", timeout=10.0)
             raise
         except Exception:
-            attempt.abort()
             winner = attempt.committed_meanwhile()
-            if winner is not None and winner.triple == resolved.triple.as_dict():
-                tracking.finish({"attempt": attempt.attempt}, {}, {}, "KILLED")
-                return _lost(winner, shown)
-            tracking.finish({"attempt": attempt.attempt}, {}, {}, "FAILED")
-            raise
+            if winner is None or winner.attempt != attempt.attempt:
+                # Never abort a commit that happened: the runner may fail after the commit step.
+                attempt.abort()
+                if winner is not None and winner.triple == resolved.triple.as_dict():
+                    tracking.finish({"attempt": attempt.attempt}, {}, {}, "KILLED")
+                    return _lost(winner, shown)
+                tracking.finish({"attempt": attempt.attempt}, {}, {}, "FAILED")
+                raise
         pipeline_s = time.perf_counter() - t_pipeline
+        # 4. what the commit step did
+        outcome = attempt.outcome(resolved.triple.as_dict())
+        results = list(outcome.results)
         totals = Totals.of([r.record for r in results])
-        # 4. thresholds
-        try:
-            _refuse_uncommittable(results, totals, job)
-        except BatchInferError:
-            attempt.abort()
+        if outcome.status == "refused":
+            attempt.abort()  # its files went in the pipeline; the record goes now
             tracking.finish({"attempt": attempt.attempt},
                             _metrics(totals, pipeline_s, 0.0, results), {}, "FAILED")
-            raise
-        # 5. commit
-        manifest = Manifest(
-            job=spec.name, ds=job.ds, attempt=attempt.attempt, triple=resolved.triple.as_dict(),
-            job_spec_sha256=job.spec_sha256, runner=spec.runner.name, device=device,
-            backend=spec.model.backend, model_options=_declared(job),
-            started_at=rfc3339(started), finished_at=rfc3339(clock()),
-            mlflow_run_id=tracking.wait(), totals=totals,
-            shards=tuple(r.record for r in results))
-        committed = attempt.commit(manifest)
-        if committed.status != "committed":
+            raise _refusal(outcome)
+        if outcome.status != "committed" or outcome.manifest is None:
+            attempt.abort()
             tracking.finish({"attempt": attempt.attempt}, {}, {}, "KILLED")
-            if committed.status == "conflict":
+            if outcome.status == "conflict":
                 raise ContractError(_triple_conflict(
-                    shown, committed.manifest.triple if committed.manifest else {},
+                    shown, outcome.manifest.triple if outcome.manifest else {},
                     resolved.triple.as_dict()))
-            return _lost(committed.manifest, shown)
-        # 6. tracking
+            return _lost(outcome.manifest, shown)
+        manifest = outcome.manifest
+        partition.tidy(manifest)  # the commit step's record
+        if not results:  # the record was lost; the manifest has the counts
+            totals = manifest.totals
+        # 5. tracking
         wall_s = time.perf_counter() - t_start
         line = _finish_tracking(job, resolved, tracking, attempt, manifest, device,
                                 _metrics(totals, pipeline_s, wall_s, results))
@@ -242,8 +254,43 @@ def load_handler(resolved: Resolved) -> "tuple[BatchModelHandler, str]":
     return handler, handler.device_used(model)
 
 
-def _score(resolved: Resolved, handler: "BatchModelHandler", attempt: Attempt) -> list[ShardResult]:
-    """Run the Beam pipeline into ``attempt``; return every shard's result.
+def _header(job: Job, resolved: Resolved, attempt: Attempt, device: str, started: datetime,
+            mlflow_run_id: str | None) -> Manifest:
+    """The manifest as known before any work; the commit step adds shards, totals, end time."""
+    spec = job.spec
+    return Manifest(job=spec.name, ds=job.ds, attempt=attempt.attempt,
+                    triple=resolved.triple.as_dict(), job_spec_sha256=job.spec_sha256,
+                    runner=spec.runner.name, device=device, backend=spec.model.backend,
+                    model_options=_declared(job), started_at=rfc3339(started),
+                    finished_at="", mlflow_run_id=mlflow_run_id, totals=Totals.of([]), shards=())
+
+
+# Runners whose job `run --dry-run` builds for real (Beam's dry_run option: the job graph is
+# built, the DoFns pickled, the options validated, nothing submitted). Only Beam's
+# DataflowRunner honours dry_run; the others would run the job.
+BUILDS_JOB = {"dataflow"}
+
+
+def _build_job(resolved: Resolved, handler: "BatchModelHandler", attempt: Attempt,
+               header: Manifest) -> str:
+    """Build the runner's job without submitting it; return a summary of its graph."""
+    from ..beam_compat import beam
+    from ..pipeline.runners import job_summary, pipeline_options
+    from ..pipeline.transforms import build
+
+    spec = resolved.job.spec
+    options = pipeline_options(spec.runner.name, {**spec.runner.options, "dry_run": "true"})
+    try:
+        pipeline = beam.Pipeline(options=options)
+        build(pipeline, *_plans(resolved, attempt, header), handler=handler)
+        result = pipeline.run()
+    except (ImportError, ValueError) as exc:  # a missing extra, options Beam refuses
+        raise SpecError(f"runner {spec.runner.name}: {_last_line(exc)}") from exc
+    return job_summary(result)
+
+
+def _score(resolved: Resolved, handler: "BatchModelHandler", attempt: Attempt, header: Manifest) -> None:
+    """Run the Beam pipeline into ``attempt``, up to and including its commit step.
 
     Raises:
         BatchInferError: one that a transform raised on purpose (its own message and code).
@@ -252,7 +299,26 @@ def _score(resolved: Resolved, handler: "BatchModelHandler", attempt: Attempt) -
     """
     from ..beam_compat import beam
     from ..pipeline.runners import pipeline_options
-    from ..pipeline.transforms import ScoringPlan, build
+    from ..pipeline.transforms import build
+
+    spec = resolved.job.spec
+    options = pipeline_options(spec.runner.name, spec.runner.options)
+    try:
+        with beam.Pipeline(options=options) as pipeline:
+            build(pipeline, *_plans(resolved, attempt, header), handler=handler)
+    except Exception as exc:
+        if _interrupted(exc):  # Beam wraps a Ctrl-C inside a transform in an Exception
+            raise KeyboardInterrupt from None
+        ours = _our_error(exc)
+        if ours is not None:
+            raise ours from None
+        raise RuntimeFailure(f"the scoring pipeline failed: {_last_line(exc)}") from exc
+
+
+def _plans(resolved: Resolved, attempt: Attempt, header: Manifest) -> tuple[Any, Any]:
+    """The pipeline's :class:`ScoringPlan` and :class:`CommitPlan` for ``attempt``."""
+    from ..pipeline.commit import CommitPlan
+    from ..pipeline.transforms import ScoringPlan
 
     spec = resolved.job.spec
     plan = ScoringPlan(
@@ -262,32 +328,16 @@ def _score(resolved: Resolved, handler: "BatchModelHandler", attempt: Attempt) -
         id_columns=tuple(spec.output.id_columns),
         prediction_names=dict(spec.output.predictions) if spec.output.predictions else None,
         hash_columns=resolved.schema.columns)
-    options = pipeline_options(spec.runner.name, spec.runner.options)
-    try:
-        with beam.Pipeline(options=options) as pipeline:
-            build(pipeline, plan, handler)
-    except Exception as exc:
-        if _interrupted(exc):  # Beam wraps a Ctrl-C inside a transform in an Exception
-            raise KeyboardInterrupt from None
-        ours = _our_error(exc)
-        if ours is not None:
-            raise ours from None
-        raise RuntimeFailure(f"the scoring pipeline failed: {_last_line(exc)}") from exc
-    return attempt.results(len(resolved.shards))
+    commit = CommitPlan(output_url=spec.output.path, attempt=attempt.attempt,
+                        replacing=attempt.replacing, shard_count=len(resolved.shards),
+                        header=header, breach=spec.quarantine.breach)
+    return plan, commit
 
 
-def _refuse_uncommittable(results: list[ShardResult], totals: Totals, job: Job) -> None:
-    """Raise when the run must not commit: a model that raised on every row it was given
-    (exit 5: not the data's fault), or bad rows or shards above the thresholds (exit 4)."""
-    model = sum((r.model for r in results), ModelStats())
-    if model.rows and model.raised == model.rows:
-        raise ModelError(f"the model raised on every one of the {model.rows} rows it was given "
-                         f"(first error: {model.error}); nothing committed")
-    breach = job.spec.quarantine.breach(totals.rows_in, totals.rows_quarantined,
-                                        totals.shards_unreadable)
-    if breach:
-        raise DataQualityError(f"data quality: {breach}; nothing committed: run "
-                               f"`batchinfer validate` to see why")
+def _refusal(outcome: CommitOutcome) -> BatchInferError:
+    """The error of a refused commit, from the code and message the commit step recorded."""
+    message = outcome.message or "nothing committed"
+    return ModelError(message) if outcome.code == ModelError.exit_code else DataQualityError(message)
 
 
 def _finish_tracking(job: Job, resolved: Resolved, tracking: "TrackingRun", attempt: Attempt,

@@ -7,12 +7,15 @@
                                                 # each finished shard's result in scratch
     results = attempt.results(shard_count)      # the per-shard results, in shard order
     outcome = attempt.commit(manifest)          # committed | lost_race | conflict
+    attempt.record(outcome)                     # what the commit did, for the launcher to read
+    attempt.outcome(triple)                     # ... read back (or learned from the manifest)
     attempt.abort()                             # on any failure: this attempt's files go
 
 Exactly one run creates ``_manifest.json`` (see :mod:`batchinfer.io.manifest`); a run that
 loses removes its own files, and the winner removes every other attempt and the scratch after
-committing. Both objects hold only a URL and ids, so they pickle: whichever process runs the
-commit — the launcher, or a worker of a distributed runner — drives the same protocol.
+committing. Both objects hold only a URL and ids, so they pickle: the commit runs in the
+pipeline's last step (:mod:`batchinfer.pipeline.commit`), on whichever worker the runner picks,
+and the launching process only reads its outcome back (docs/runners.md says why).
 """
 from __future__ import annotations
 
@@ -24,24 +27,43 @@ from fsspec import AbstractFileSystem
 from .. import faults
 from ..errors import RuntimeFailure
 from .manifest import clean_after_commit, create_manifest, read_manifest, remove_attempt
-from .outputs import Layout, read_json
+from .outputs import Layout, read_json, write_json
 from .records import Manifest, ShardResult
 from .storage import url_to_fs
 
 
 @dataclass(frozen=True)
 class CommitOutcome:
-    """What :meth:`Attempt.commit` did.
+    """What :meth:`Attempt.commit` did, or why the commit step refused to commit.
 
     Attributes:
         status: ``committed`` (this attempt's manifest is the partition), ``lost_race`` (another
             run committed the same triple first; this attempt's files are gone), ``conflict``
-            (another run committed another triple first; this attempt's files are gone).
+            (another run committed another triple first; this attempt's files are gone),
+            ``refused`` (the thresholds, or a model that raised on every row: nothing committed).
         manifest: the manifest now committed (this attempt's, or the winner's).
+        code: the exit code of a refusal (4 or 5); 0 otherwise.
+        message: the one-line reason of a refusal.
+        results: the per-shard results the commit step read (for the metrics).
     """
 
-    status: Literal["committed", "lost_race", "conflict"]
+    status: Literal["committed", "lost_race", "conflict", "refused"]
     manifest: Manifest | None
+    code: int = 0
+    message: str | None = None
+    results: tuple[ShardResult, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {"status": self.status, "code": self.code, "message": self.message,
+                "manifest": self.manifest.to_dict() if self.manifest else None,
+                "results": [r.to_dict() for r in self.results]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "CommitOutcome":
+        manifest = data.get("manifest")
+        return cls(data["status"], Manifest.from_dict(manifest) if manifest else None,
+                   int(data.get("code", 0)), data.get("message"),
+                   tuple(ShardResult.from_dict(r) for r in data.get("results", [])))
 
 
 class PartitionCommit:
@@ -123,7 +145,10 @@ class Attempt:
         return current
 
     def commit(self, manifest: Manifest) -> CommitOutcome:
-        """Create the manifest; on success remove the replaced attempt and every leftover."""
+        """Create the manifest; on success remove the replaced attempt and every leftover.
+
+        Safe to call again for the same attempt (a runner retries a commit step whose worker
+        died): a manifest that is already this attempt's is this attempt's commit."""
         faults.point("before_commit")
         layout = self.layout
         # Replace only the manifest this run set out to replace: if another --overwrite run
@@ -133,14 +158,53 @@ class Attempt:
         replace = current is not None and replacing is not None and current.attempt == replacing.attempt
         if not create_manifest(layout, manifest, replace=replace):
             winner = self.partition.committed()
+            if winner is not None and winner.attempt == self.attempt:
+                # An earlier try of this commit created it: finish its cleanup, never abort it.
+                self._clean(winner)
+                return CommitOutcome("committed", winner)
             self.abort()
             same = winner is not None and winner.triple == manifest.triple
             return CommitOutcome("lost_race" if same else "conflict", winner)
         faults.point("after_commit")
-        if self.replacing is not None:
+        self._clean(manifest)
+        return CommitOutcome("committed", manifest)
+
+    def _clean(self, manifest: Manifest) -> None:
+        layout = self.layout
+        if self.replacing is not None and self.replacing.attempt != manifest.attempt:
             remove_attempt(layout, self.replacing.attempt)
         clean_after_commit(layout, manifest)
-        return CommitOutcome("committed", manifest)
+
+    def record(self, outcome: CommitOutcome) -> None:
+        """Leave ``outcome`` in this attempt's scratch for the launching process to read (the
+        commit step may run on another machine; scratch is never part of a partition, and the
+        next commit or no-op rerun removes what a dead launcher never read)."""
+        layout = self.layout
+        write_json(layout.fs, layout.outcome, outcome.to_dict())
+
+    def outcome(self, triple: dict[str, str]) -> CommitOutcome:
+        """What this attempt's commit step did, once the pipeline has finished.
+
+        Its record when there is one; otherwise the manifest tells (a winner's cleanup removes
+        a loser's record with the rest of the scratch): this attempt's manifest, or another
+        run's (``lost_race`` with ``triple``, else ``conflict``).
+
+        Raises:
+            RuntimeFailure: neither a record nor a manifest of a commit since this attempt began.
+        """
+        layout = self.layout
+        try:
+            return CommitOutcome.from_dict(read_json(layout.fs, layout.outcome))
+        except FileNotFoundError:
+            pass
+        current = self.partition.committed()
+        if current is not None and current.attempt == self.attempt:
+            return CommitOutcome("committed", current)
+        winner = self.committed_meanwhile()
+        if winner is not None:
+            return CommitOutcome("lost_race" if winner.triple == triple else "conflict", winner)
+        raise RuntimeFailure("the pipeline finished but its commit step left no outcome and no "
+                             "manifest: the runner did not run the commit step; nothing committed")
 
     def abort(self) -> None:
         """Remove this attempt's files (best effort: debris is never part of a partition)."""

@@ -57,6 +57,11 @@ class Layout:
     def shard_result(self, shard: int) -> str:
         return join(self.root, TMP, self.attempt, "shards", f"{shard:05d}.json")
 
+    @property
+    def outcome(self) -> str:
+        """Where the pipeline's commit step leaves what it did (io.commit.Attempt.record)."""
+        return join(self.root, TMP, self.attempt, "outcome.json")
+
     def abs(self, relative: str) -> str:
         return join(self.root, relative)
 

@@ -3,13 +3,19 @@
     Create(shards) → Reshuffle → ReadShard ──batches──→ Prepare → RunInference → WriteBatch ─┐
                                    └────shard info────────────────────────────────────────────┴→
                                       GroupByKey(shard) → FinishShard (per-shard JSON in _tmp)
+                                      → GroupByKey(one key) → CommitPartition (pipeline/commit.py)
 
 Elements are Arrow RecordBatches of ``batch.rows`` rows, never single rows. Nothing here raises
 for bad data: bad rows become quarantine rows and unreadable shards become shard records, so the
 outcome travels as data (exceptions crossing Beam workers may lose their type). Only a step that
 breaks its contract — a model or preprocessing function that returns another number of rows, say
-— raises a BatchInferError, which the driver reports with its own message and exit code. The driver
-(:mod:`batchinfer.commands.run`) reads the per-shard records, applies the thresholds and commits.
+— raises a BatchInferError, which the driver reports with its own message and exit code. The last
+step applies the thresholds and commits, inside the pipeline, so that a job commits on a remote
+runner even if the process that launched it is gone (docs/runners.md); the driver
+(:mod:`batchinfer.commands.run`) reads back what it did.
+
+The keyed steps carry KV type hints: runners that translate GroupByKey themselves (Beam's
+DaskRunner) refuse a GroupByKey whose input is not typed as key-value pairs.
 """
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ import collections
 import concurrent.futures
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, cast
+from typing import Any, Iterable, Iterator, Tuple, cast
 
 import numpy as np
 import pyarrow as pa
@@ -36,9 +42,9 @@ from ..triple.contract import Triple
 from ..triple.preprocess import Preprocessor
 from ..triple.schemas import SchemaVersion
 from .coders import register_coders
+from .commit import CommitPlan, add_commit
 from .records import BatchRecord, ShardInfo, fold_shard
 
-SHARD_INFO = "shard_info"
 # Prediction files: dictionary-encode only the columns that repeat one value per batch, keep
 # statistics only where readers prune by them (measured: 36 → 13 ms CPU per 65,536-row file).
 PREDICTION_ENCODING = {
@@ -63,6 +69,7 @@ class ScoringPlan:
         triple: written on every prediction row.
         id_columns: copied from input to predictions.
         prediction_names: model output name → column name (None: every output, same name).
+        hash_columns: the columns ``_input_hash`` covers.
     """
 
     shard_urls: tuple[str, ...]
@@ -104,29 +111,42 @@ class Payload:
     seconds: dict[str, float] = field(default_factory=dict)   # time spent per stage
 
 
-def build(pipeline: beam.Pipeline, plan: ScoringPlan, handler: BatchModelHandler):
-    """Add the scoring transforms to ``pipeline``; returns the per-shard result PCollection."""
+def build(pipeline: beam.Pipeline, plan: ScoringPlan, commit: CommitPlan, *, handler: BatchModelHandler):
+    """Add the scoring transforms and the commit step to ``pipeline``; returns the commit step's
+    output (one status string)."""
     shards = (pipeline
               | "Shards" >> beam.Create(list(enumerate(plan.shard_urls)))
               | "Spread" >> beam.Reshuffle())
     register_coders(Chunk, Prepared, PredictionResult)
-    read = (shards | "ReadShard" >> beam.ParDo(ReadShard(plan))
-            .with_outputs(SHARD_INFO, main="batches"))
-    read.batches.element_type = Chunk  # so Beam uses SizedPickleCoder for these elements
-    prepared = (read.batches | "Prepare" >> beam.ParDo(PrepareBatch(plan))
+    # One output split by two filters, not a multi-output ParDo: Beam's DaskRunner hands every
+    # output of a ParDo to each consumer, whatever its tag (transform_evaluator.ParDo in 2.77).
+    read = shards | "ReadShard" >> beam.ParDo(ReadShard(plan))
+    read.element_type = Chunk  # so Beam uses SizedPickleCoder (cheap size estimates) here
+    batches = read | "Batches" >> beam.Filter(_is_chunk).with_output_types(Chunk)
+    infos = read | "ShardInfo" >> beam.Filter(_is_shard_info).with_output_types(Tuple[int, Any])
+    prepared = (batches | "Prepare" >> beam.ParDo(PrepareBatch(plan))
                 .with_output_types(Prepared))
     written = (prepared
                | "RunInference" >> RunInference(handler)
                .with_output_types(PredictionResult)
-               | "WriteBatch" >> beam.ParDo(WriteBatch(plan)))
-    return ((read[SHARD_INFO], written)
-            | "Merge" >> beam.Flatten()
-            | "ByShard" >> beam.GroupByKey()
-            | "FinishShard" >> beam.ParDo(FinishShard(plan)))
+               | "WriteBatch" >> beam.ParDo(WriteBatch(plan)).with_output_types(Tuple[int, Any]))
+    finished = ((infos, written)
+                | "Merge" >> beam.Flatten().with_output_types(Tuple[int, Any])
+                | "ByShard" >> beam.GroupByKey().with_output_types(Tuple[int, Iterable[Any]])
+                | "FinishShard" >> beam.ParDo(FinishShard(plan)).with_output_types(int))
+    return add_commit(finished, commit)
+
+
+def _is_chunk(element: Any) -> bool:
+    return isinstance(element, Chunk)
+
+
+def _is_shard_info(element: Any) -> bool:
+    return not isinstance(element, Chunk)
 
 
 class ReadShard(beam.DoFn):
-    """(shard index, url) → RecordBatches keyed by (shard, batch), then one shard record.
+    """(shard index, url) → :class:`Chunk` RecordBatches, then one ``(shard index, ShardInfo)``.
 
     The shard's sha256 is computed on a helper thread while its batches are decoded and scored
     downstream; the shard record, which carries it, comes out after the batches.
@@ -149,7 +169,7 @@ class ReadShard(beam.DoFn):
         try:
             reader = ShardReader(url, hasher=self._hasher)
         except Unreadable as exc:
-            yield beam.pvalue.TaggedOutput(SHARD_INFO, (index, ShardInfo(None, None, str(exc))))
+            yield index, ShardInfo(None, None, str(exc))
             return
         faults.point("read")
         opened_s = time.perf_counter() - t0
@@ -166,10 +186,10 @@ class ReadShard(beam.DoFn):
                 first_row += batch.num_rows
         except Unreadable as exc:
             # Batches already sent on are dropped by FinishShard: the shard counts as unreadable.
-            yield beam.pvalue.TaggedOutput(SHARD_INFO, (index, ShardInfo(reader.sha256, None, str(exc))))
+            yield index, ShardInfo(reader.sha256, None, str(exc))
             return
         info = ShardInfo(reader.sha256, reader.num_rows, None, {"read": opened_s})
-        yield beam.pvalue.TaggedOutput(SHARD_INFO, (index, info))
+        yield index, info
 
 
 class PrepareBatch(beam.DoFn):

@@ -248,11 +248,13 @@ def test_two_runs_at_once_new_mlflow_store(races, capsys):
 
 
 def test_loser_whose_files_the_winner_cleaned_still_exits_as_lost_race(tmp_path, monkeypatch):
-    """Deterministic version of the worst interleaving: run B has written its files, then run A
-    commits and its cleanup deletes every uncommitted attempt (B's included) before B commits.
-    B must still end as the loser of the race (SPEC §4: exit 0, "already committed by attempt
-    …", its files removed), not as a runtime failure with its debris left behind."""
+    """Deterministic version of the worst interleaving: run B has written its files and every
+    shard's result, then run A commits and its cleanup deletes every uncommitted attempt (B's
+    included) before B's commit step reads them. B must still end as the loser of the race
+    (SPEC §4: exit 0, "already committed by attempt …", its files removed), not as a runtime
+    failure with its debris left behind."""
     import batchinfer.commands.run as job_mod
+    import batchinfer.pipeline.commit as commit_mod
     from batchinfer.spec import load_job
 
     no_tracking(monkeypatch)
@@ -263,17 +265,16 @@ def test_loser_whose_files_the_winner_cleaned_still_exits_as_lost_race(tmp_path,
     from batchinfer.commands.stamp import stamp
     stamp(load_job(folder / "job.yaml", require_ds=False), None, "model:1")
 
-    real = job_mod._score
+    real = commit_mod.CommitPartition.process
     state = {"inside": False, "winner": None}
 
-    def racing(resolved, handler, attempt):
-        real(resolved, handler, attempt)
-        if not state["inside"]:       # B's pipeline is done; now A runs start to finish
+    def racing(self, element):
+        if not state["inside"]:       # B's shards are done; now A runs start to finish
             state["inside"] = True
             state["winner"] = job_mod.run_job(load_job(folder / "job.yaml", ds=DS))
-        return attempt.results(len(resolved.shards))  # what B reads after A's cleanup
+        yield from real(self, element)  # B's commit step, after A's cleanup
 
-    monkeypatch.setattr(job_mod, "_score", racing)
+    monkeypatch.setattr(commit_mod.CommitPartition, "process", racing)
     outcome = job_mod.run_job(load_job(folder / "job.yaml", ds=DS))
     assert state["winner"].status == "committed"
     winner = state["winner"].manifest.attempt

@@ -1,0 +1,111 @@
+"""The pipeline's last step: decide and commit the partition (docs/runners.md).
+
+    FinishShard (shard index) ─→ OnePartition (key 0) → GroupByKey → CommitPartition
+
+Every finished shard's index meets the others on one key, so exactly one element reaches
+:class:`CommitPartition`, on one worker, once every shard's result is in scratch. It applies the
+thresholds (SPEC §5.1) and commits through :mod:`batchinfer.io.commit` (the exclusive create of
+``_manifest.json``), whichever process the runner gives it: the launcher's own on the direct
+runner, a worker on Dataflow, Flink or Dask. It records what it did in the attempt's scratch; the
+launching process reads that back for its exit code and tracking. A launcher that dies (an
+Airflow worker lost mid-job) therefore loses nothing: the job commits without it, and the retry
+finds the partition committed (a no-op), or races the still-running job and the exclusive create
+picks one.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Callable, Iterable, Tuple
+
+from ..beam_compat import beam
+from ..errors import BatchInferError, DataQualityError, ModelError
+from ..io.commit import Attempt, CommitOutcome, PartitionCommit
+from ..io.records import Manifest, ModelStats, ShardResult, Totals
+
+# The quarantine thresholds: (rows_in, rows quarantined, unreadable shards) → why the partition
+# must not commit, or None (spec.QuarantineSpec.breach; a bound method of a pydantic model pickles).
+Breach = Callable[[int, int, int], "str | None"]
+
+
+@dataclass(frozen=True)
+class CommitPlan:
+    """What the commit step needs; plain, picklable data.
+
+    Attributes:
+        output_url: ``output.path``.
+        attempt: this run's attempt id.
+        replacing: the manifest an ``--overwrite`` run replaces, or None.
+        shard_count: how many shards the pipeline scores (each must have a result).
+        header: the manifest as the launcher knows it before any work (job, ds, triple, spec hash,
+            runner, device, start time, MLflow run id); the commit step adds the end time, the
+            shards and the totals.
+        breach: the quarantine thresholds (see :data:`Breach`).
+    """
+
+    output_url: str
+    attempt: str
+    replacing: Manifest | None
+    shard_count: int
+    header: Manifest
+    breach: Breach
+
+    def begin(self) -> Attempt:
+        return PartitionCommit(self.output_url).begin(self.attempt, replacing=self.replacing)
+
+
+def add_commit(finished, plan: CommitPlan):
+    """Append the commit step to ``finished`` (the shard indices FinishShard yields)."""
+    return (finished
+            | "OnePartition" >> beam.Map(_one_key).with_output_types(Tuple[int, int])
+            | "AllShards" >> beam.GroupByKey().with_output_types(Tuple[int, Iterable[int]])
+            | "Commit" >> beam.ParDo(CommitPartition(plan)).with_output_types(str))
+
+
+def _one_key(index: int) -> tuple[int, int]:
+    return 0, index
+
+
+class CommitPartition(beam.DoFn):
+    """Every shard finished → refuse (recorded, nothing committed) or commit; yields the status."""
+
+    def __init__(self, plan: CommitPlan):
+        self.plan = plan
+
+    def process(self, element):
+        plan = self.plan
+        attempt = plan.begin()
+        results = attempt.results(plan.shard_count)
+        refusal = refuse(results, plan.breach)
+        if refusal is not None:
+            # The files go now (a dead launcher would leave them); the record stays for the
+            # launcher to turn into its exit code.
+            attempt.abort()
+            outcome = CommitOutcome("refused", None, refusal.exit_code, refusal.message, tuple(results))
+        else:
+            records = tuple(r.record for r in results)
+            manifest = dataclasses.replace(plan.header, finished_at=rfc3339(datetime.now(timezone.utc)),
+                                           totals=Totals.of(records), shards=records)
+            outcome = dataclasses.replace(attempt.commit(manifest), results=tuple(results))
+        attempt.record(outcome)
+        yield outcome.status
+
+
+def refuse(results: list[ShardResult], breach: Breach) -> BatchInferError | None:
+    """Why the partition must not commit, or None: a model that raised on every row it was given
+    (exit 5: not the data's fault), or bad rows or shards above the thresholds (exit 4)."""
+    model = sum((r.model for r in results), ModelStats())
+    if model.rows and model.raised == model.rows:
+        return ModelError(f"the model raised on every one of the {model.rows} rows it was given "
+                          f"(first error: {model.error}); nothing committed")
+    totals = Totals.of([r.record for r in results])
+    why = breach(totals.rows_in, totals.rows_quarantined, totals.shards_unreadable)
+    if why:
+        return DataQualityError(f"data quality: {why}; nothing committed: run `batchinfer validate` "
+                                f"to see why")
+    return None
+
+
+def rfc3339(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
