@@ -240,7 +240,7 @@ def load_handler(resolved: Resolved) -> "tuple[BatchModelHandler, str]":
                              f"{declared[key]} but this machine has {here}: rebuild the model "
                              f"here (batchinfer export) and stamp it, or run where it was built")
     model = handler.load_model()
-    outputs = handler.output_names(model)
+    outputs = handler.ask(model, "output_names")
     output_spec = resolved.job.spec.output
     wanted = output_spec.predictions
     if wanted:
@@ -251,7 +251,7 @@ def load_handler(resolved: Resolved) -> "tuple[BatchModelHandler, str]":
     else:  # each output becomes a column of its own name: it must not take an id's or ours
         check_output_columns(output_spec.id_columns, {o: o for o in outputs},
                              source="the model's outputs (output.predictions maps none)")
-    return handler, handler.device_used(model)
+    return handler, handler.ask(model, "device_used")
 
 
 def _header(job: Job, resolved: Resolved, attempt: Attempt, device: str, started: datetime,

@@ -103,6 +103,35 @@ class _Tally:
     chunk_rows: int = 0   # rows per model call in effect at the end
 
 
+class ServedModel:
+    """A loaded model with the backend's hooks bound to it, for ``share_across_processes``.
+
+    Beam serves the object :meth:`BatchModelHandler.load_model` returns from one process and
+    hands every worker a proxy to it, which pickles whatever a method takes or returns. A
+    backend's own model (an ONNX Runtime session, a torch module) answers with objects that do
+    not pickle (``NodeArg``); this answers every hook with plain data.
+    """
+
+    def __init__(self, handler: "BatchModelHandler", model: Any):
+        self._handler = handler
+        self._model = model
+
+    def input_names(self) -> list[str]:
+        return list(self._handler.input_names(self._model))
+
+    def output_names(self) -> list[str]:
+        return list(self._handler.output_names(self._model))
+
+    def default_chunk_rows(self) -> Optional[int]:
+        return self._handler.default_chunk_rows(self._model)
+
+    def device_used(self) -> str:
+        return self._handler.device_used(self._model)
+
+    def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self._handler.predict(self._model, inputs)
+
+
 def slice_features(features: Any, start: int, stop: int) -> Any:
     if isinstance(features, Mapping):
         return {k: v[start:stop] for k, v in features.items()}
@@ -198,8 +227,26 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
                 repr(sorted(self.options.items())))
 
     # -- Beam's ModelHandler -----------------------------------------------------------------
-    def load_model(self) -> ModelT:
-        return shared_model(self.model_key(), self.open_model)
+    def load_model(self) -> Any:
+        model = shared_model(self.model_key(), self.open_model)
+        return ServedModel(self, model) if self.share_model_across_processes() else model
+
+    def share_model_across_processes(self) -> bool:
+        # model.options.share_across_processes: one copy per machine (or `model_copies`), served
+        # from a process of its own to every worker process (Beam's multi_process_shared): for a
+        # GPU that holds one copy of a large model, not one per SDK process.
+        return bool(self.options.get("share_across_processes", False))
+
+    def model_copies(self) -> int:
+        return int(self.options.get("model_copies", 1))
+
+    def ask(self, model: Any, hook: str, *args: Any) -> Any:
+        """Call the backend hook ``hook`` (``input_names``, ``predict``, …) on ``model``: directly,
+        or through the :class:`ServedModel` that a shared model is (then ``model`` may be Beam's
+        proxy to it, in another process, and only names, numbers and arrays cross)."""
+        if self.share_model_across_processes():
+            return getattr(model, hook)(*args)
+        return getattr(self, hook)(model, *args)
 
     def run_inference(self, batch: Sequence[Prepared], model: Any,
                       inference_args: Optional[dict[str, Any]] = None) -> Iterable[PredictionResult]:
@@ -238,7 +285,7 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
                          tally.chunk_rows)
 
     def _as_inputs(self, model: Any, features: Any) -> dict[str, np.ndarray]:
-        names = self.input_names(model)
+        names = self.ask(model, "input_names")
         if isinstance(features, Mapping):
             missing = [n for n in names if n not in features]
             if missing:
@@ -256,7 +303,7 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
         """``predict`` over rows ``[start, stop)`` in chunks, halving the chunk and retrying the
         same rows when the device runs out of memory (the smaller chunk is kept for the rest of
         the process's batches: the next batch would run out of memory just the same)."""
-        step = self.chunk_rows or self.default_chunk_rows(model) or (stop - start)
+        step = self.chunk_rows or self.ask(model, "default_chunk_rows") or (stop - start)
         if self._oom_limit is not None:
             step = min(step, self._oom_limit)
         parts = []
@@ -269,13 +316,13 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
                 # which is not the model's work: do it once, untimed, so _compute_ms is honest.
                 self._warm = True
                 try:
-                    self.predict(model, chunk)
+                    self.ask(model, "predict", chunk)
                 except Exception as exc:
                     if not self.is_out_of_memory(exc):
                         raise
             t0 = time.perf_counter()
             try:
-                out = self.predict(model, chunk)
+                out = self.ask(model, "predict", chunk)
             except Exception as exc:
                 if not self.is_out_of_memory(exc):
                     raise

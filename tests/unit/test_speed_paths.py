@@ -138,3 +138,26 @@ def test_io_binding_is_used_when_asked_and_gives_the_same_bytes(tmp_path):
     got = bound.infer(session, Prepared(key=(0, 0), rows=len(x), features=x)).outputs["y"]
     want = plain.infer(plain.load_model(), Prepared(key=(0, 0), rows=len(x), features=x)).outputs["y"]
     assert calls and got.tobytes() == want.tobytes()
+
+
+def test_a_shared_model_answers_every_hook_with_data_that_pickles(tmp_path):
+    """``share_across_processes``: workers reach the model through a proxy that pickles what
+    crosses; ONNX Runtime's own answers (NodeArg) do not pickle, ServedModel's do."""
+    import pickle
+
+    from batchinfer.handlers.base import ServedModel
+
+    model_path = make_mlp_onnx(tmp_path / "m.onnx", n_features=4, hidden=16)
+    shared = OnnxModelHandler(str(model_path), digest="shared", device="cpu",
+                              options={"share_across_processes": True, "model_copies": 1})
+    served = shared.load_model()
+    assert isinstance(served, ServedModel) and shared.model_copies() == 1
+    with pytest.raises(TypeError):
+        pickle.dumps(served._model.get_inputs())
+    for hook in ("input_names", "output_names", "default_chunk_rows", "device_used"):
+        pickle.dumps(shared.ask(served, hook))
+    x = np.random.default_rng(2).standard_normal((300, 4)).astype(np.float32)
+    plain = OnnxModelHandler(str(model_path), digest="plain", device="cpu")
+    got = shared.infer(served, Prepared(key=(0, 0), rows=300, features=x)).outputs["y"]
+    want = plain.infer(plain.load_model(), Prepared(key=(0, 0), rows=300, features=x)).outputs["y"]
+    assert got.tobytes() == want.tobytes()
