@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -24,10 +25,11 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from ..backends import declared_options, handler_class
 from ..errors import BatchInferError, ContractError, DataQualityError, ModelError, RuntimeFailure, SpecError
 from ..io.commit import Attempt, PartitionCommit
-from ..io.outputs import METRICS, write_json
+from ..io.outputs import DRIFT, METRICS, PROFILE, REPORT, write_json
 from ..io.records import Manifest, ModelStats, ShardResult, Totals
 from ..rows.columns import check_output_columns
 from ..spec import Job
+from .monitor import Baseline, Monitoring, health_metrics, load_baseline, monitor
 from .resolve import Resolved, resolve
 
 if TYPE_CHECKING:
@@ -59,18 +61,22 @@ class Outcome:
     output: str = ""
     tracking: str = ""
     timings: dict = field(default_factory=dict)
+    drift: str = "none"               # the drift level: none (no baseline) | ok | warn
 
 
 def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
             clock: Callable[[], datetime] = utc_now,
             progress: Callable[[str], None] = lambda line: None,
-            tracking: "TrackingRun | None" = None) -> Outcome:
+            tracking: "TrackingRun | None" = None,
+            watch: "Callable[[int], Any] | None" = None) -> Outcome:
     """Score one partition and commit it (see the module docstring for the order).
 
     Args:
         tracking: a :class:`~batchinfer.io.tracking.TrackingRun` for the job's store that the
             caller started early (its helper needs seconds to be ready); by default one is
             started here. It is closed without a run if the job stops before scoring.
+        watch: called with the number of shards when scoring starts; returns a context manager
+            that shows live progress while the pipeline runs (see ``commands/progress.py``).
 
     Raises:
         BatchInferError: with the exit code of what went wrong (SPEC §2).
@@ -85,6 +91,7 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
     try:
         # 1. resolve and check the contract
         resolved = resolve(job)
+        baseline = load_baseline(job)  # exit 2 before any work when it cannot be read
         # 2. the partition as it is
         partition = PartitionCommit(spec.output.path)
         shown = job.display(spec.output.path)
@@ -98,7 +105,9 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
             return Outcome("dry_run", f"dry run: would score {len(resolved.shards)} shards into "
                                       f"{shown}", None, shown)
         assert tracking is not None
+        t_load = time.perf_counter()
         handler, device = load_handler(resolved)
+        load_s = time.perf_counter() - t_load
         tracking.prepare()  # the checks passed: the store may be touched
         attempt = partition.begin(new_attempt(started), replacing=existing)
         tracking.open(f"{spec.name}-{job.ds or attempt.attempt}",
@@ -112,7 +121,7 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
         # 3. score into the attempt
         t_pipeline = time.perf_counter()
         try:
-            results = _score(resolved, handler, attempt)
+            results = _score(resolved, handler, attempt, baseline, watch)
         except KeyboardInterrupt:  # Ctrl-C: leave nothing, and say so in MLflow
             attempt.abort()
             tracking.finish({"attempt": attempt.attempt}, {}, {}, "KILLED", timeout=10.0)
@@ -127,14 +136,20 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
             raise
         pipeline_s = time.perf_counter() - t_pipeline
         totals = Totals.of([r.record for r in results])
-        # 4. thresholds
+        # 4. thresholds: data quality, then drift against the baseline
         try:
             _refuse_uncommittable(results, totals, job)
         except BatchInferError:
             attempt.abort()
             tracking.finish({"attempt": attempt.attempt},
-                            _metrics(totals, pipeline_s, 0.0, results), {}, "FAILED")
+                            _metrics(totals, pipeline_s, 0.0, results, load_s), {}, "FAILED")
             raise
+        watched = monitor(job, results, resolved.features, baseline)
+        if watched.level == "fail":
+            _stop_for_drift(job, attempt, tracking, watched, shown,
+                            {**_metrics(totals, pipeline_s, 0.0, results, load_s), **watched.metrics()})
+        if watched.level == "warn":
+            log.warning("drift: %s", watched.summary("warn"))
         # 5. commit
         manifest = Manifest(
             job=spec.name, ds=job.ds, attempt=attempt.attempt, triple=resolved.triple.as_dict(),
@@ -154,9 +169,10 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
         # 6. tracking
         wall_s = time.perf_counter() - t_start
         line = _finish_tracking(job, resolved, tracking, attempt, manifest, device,
-                                _metrics(totals, pipeline_s, wall_s, results))
+                                {**_metrics(totals, pipeline_s, wall_s, results, load_s),
+                                 **watched.metrics()}, watched)
         return Outcome("committed", f"committed {shown} (attempt {attempt.attempt})", manifest,
-                       shown, line, {"wall_s": wall_s, "pipeline_s": pipeline_s})
+                       shown, line, {"wall_s": wall_s, "pipeline_s": pipeline_s}, watched.level)
     finally:
         if tracking is not None:
             tracking.close()  # a no-op once the run was finished; else no run is left behind
@@ -242,7 +258,31 @@ def load_handler(resolved: Resolved) -> "tuple[BatchModelHandler, str]":
     return handler, handler.device_used(model)
 
 
-def _score(resolved: Resolved, handler: "BatchModelHandler", attempt: Attempt) -> list[ShardResult]:
+def _stop_for_drift(job: Job, attempt: Attempt, tracking: "TrackingRun", watched: Monitoring,
+                    shown: str, metrics: dict) -> None:
+    """Drift above the ``fail`` limits: keep the drift report (and the job report) beside the
+    attempt under ``_drift/``, which no cleanup removes, remove the attempt, exit 4."""
+    layout = attempt.layout
+    kept = f"{DRIFT}/{attempt.attempt}.json"
+    record = watched.to_dict(job)
+    try:
+        write_json(layout.fs, layout.abs(kept), record)
+        from .report import render_report
+
+        html = render_report(None, {"metrics": metrics, "params": {"attempt": attempt.attempt}}, record,
+                             title=f"{job.spec.name} {job.ds or ''}: stopped by drift")
+        layout.fs.pipe_file(layout.abs(f"{DRIFT}/{attempt.attempt}.html"), html.encode())
+    except Exception as exc:  # the run fails anyway; say why the report is missing
+        log.warning("could not keep the drift report %s: %s", kept, exc)
+    attempt.abort()
+    tracking.finish({"attempt": attempt.attempt}, metrics, {}, "FAILED",
+                    tags={"batchinfer.drift": "fail"})
+    raise DataQualityError(f"drift: {watched.summary('fail', limit=3)}; nothing committed; "
+                           f"drift report kept in {shown}/{kept}")
+
+
+def _score(resolved: Resolved, handler: "BatchModelHandler", attempt: Attempt,
+           baseline: Baseline | None = None, watch: "Callable[[int], Any] | None" = None) -> list[ShardResult]:
     """Run the Beam pipeline into ``attempt``; return every shard's result.
 
     Raises:
@@ -261,11 +301,13 @@ def _score(resolved: Resolved, handler: "BatchModelHandler", attempt: Attempt) -
         schema=resolved.schema, preprocessor=resolved.preprocessor, triple=resolved.triple,
         id_columns=tuple(spec.output.id_columns),
         prediction_names=dict(spec.output.predictions) if spec.output.predictions else None,
-        hash_columns=resolved.schema.columns)
+        hash_columns=resolved.schema.columns, profile_features=tuple(resolved.features),
+        profile_cuts=baseline.cuts() if baseline else {})
     options = pipeline_options(spec.runner.name, spec.runner.options)
     try:
-        with beam.Pipeline(options=options) as pipeline:
-            build(pipeline, plan, handler)
+        with watch(len(plan.shard_urls)) if watch else contextlib.nullcontext():
+            with beam.Pipeline(options=options) as pipeline:
+                build(pipeline, plan, handler)
     except Exception as exc:
         if _interrupted(exc):  # Beam wraps a Ctrl-C inside a transform in an Exception
             raise KeyboardInterrupt from None
@@ -291,7 +333,7 @@ def _refuse_uncommittable(results: list[ShardResult], totals: Totals, job: Job) 
 
 
 def _finish_tracking(job: Job, resolved: Resolved, tracking: "TrackingRun", attempt: Attempt,
-                     manifest: Manifest, device: str, metrics: dict) -> str:
+                     manifest: Manifest, device: str, metrics: dict, watched: Monitoring) -> str:
     """Log the committed run to MLflow and keep the same record in ``_metrics.json``; return
     the line to print. Nothing here can undo the commit."""
     spec = job.spec
@@ -299,18 +341,29 @@ def _finish_tracking(job: Job, resolved: Resolved, tracking: "TrackingRun", atte
               "job": spec.name, "ds": job.ds or "", "attempt": attempt.attempt,
               "job_spec_sha256": job.spec_sha256, "runner": spec.runner.name, "device": device,
               "schema": resolved.schema.ref, "backend": spec.model.backend}
+    profile = watched.to_dict(job)
+    tags = {"batchinfer.job": spec.name, "batchinfer.attempt": attempt.attempt,
+            "batchinfer.device": device}
+    if watched.level != "none":
+        tags["batchinfer.drift"] = watched.level
+    from .report import render_report
+
+    report = render_report(manifest, {"metrics": metrics, "params": params}, profile)
     uploaded = tracking.finish(params, metrics,
-                               {"manifest.json": json.dumps(manifest.to_dict(), indent=2)})
+                               {"manifest.json": json.dumps(manifest.to_dict(), indent=2),
+                                REPORT: report},
+                               tags=tags, dataset=input_dataset(manifest))
     # MLflow's errors quote the tracking URI, which may hold a ${NAME} value (SPEC §3).
     error = job.display(tracking.error) if tracking.error else None
     record = {"mlflow_run_id": manifest.mlflow_run_id, "uploaded": uploaded, "error": error,
               "tracking_uri": job.display(spec.tracking.uri), "experiment": spec.tracking.experiment,
               "run_name": f"{spec.name}-{job.ds or attempt.attempt}", "params": params,
-              "metrics": metrics,
-              "tags": {"batchinfer.job": spec.name, "batchinfer.attempt": attempt.attempt}}
+              "metrics": metrics, "tags": tags}
     layout = attempt.layout
     try:
+        write_json(layout.fs, layout.abs(PROFILE), profile)
         write_json(layout.fs, layout.abs(METRICS), record)
+        layout.fs.pipe_file(layout.abs(REPORT), report.encode())
     except Exception as exc:  # the partition is committed; a missing metrics file is not fatal
         log.warning("could not write %s: %s", METRICS, exc)
     shown = job.display(spec.output.path)
@@ -348,8 +401,20 @@ def _interrupted(exc: BaseException) -> bool:
     return any(isinstance(e, KeyboardInterrupt) for e in _chain(exc))
 
 
+def input_dataset(manifest: Manifest) -> dict[str, str]:
+    """The input partition as MLflow dataset tracking names it: its digest covers every shard's
+    name and sha256, so two runs over the same bytes log the same dataset."""
+    import hashlib
+
+    text = "\n".join(f"{s.path}\t{s.sha256 or '-'}" for s in sorted(manifest.shards, key=lambda s: s.path))
+    return {"name": f"{manifest.job}-input-{manifest.ds or manifest.attempt}",
+            "digest": hashlib.sha256(text.encode()).hexdigest()[:32],
+            "source": manifest.shards[0].path.rsplit("/", 1)[0] if manifest.shards else "",
+            "rows": str(manifest.totals.rows_in), "shards": str(manifest.totals.shards)}
+
+
 def _metrics(totals: Totals, pipeline_s: float, wall_s: float,
-             results: list[ShardResult]) -> dict[str, Any]:
+             results: list[ShardResult], load_s: float | None = None) -> dict[str, Any]:
     metrics: dict[str, Any] = {k: float(v) for k, v in totals.to_dict().items()}
     metrics["pipeline_seconds"] = pipeline_s
     # Where the time went, per stage, summed over batches (stages overlap across workers).
@@ -364,6 +429,7 @@ def _metrics(totals: Totals, pipeline_s: float, wall_s: float,
     if wall_s:
         metrics["wall_seconds"] = wall_s
         metrics["rows_per_second"] = totals.rows_in / wall_s
+    metrics.update(health_metrics(results, load_s))
     return metrics
 
 
