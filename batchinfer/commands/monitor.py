@@ -123,9 +123,10 @@ class Monitoring:
             out["drift_columns_fail"] = float(len(self.above("fail")))
         return out
 
-    def to_dict(self, job: Job) -> dict[str, Any]:
+    def to_dict(self, job: Job, results: Sequence[ShardResult] = ()) -> dict[str, Any]:
         """What ``_profile.json`` (and a stopped run's ``_drift/<attempt>.json``) holds."""
         return {"profile_version": PROFILE_VERSION, "job": job.spec.name, "ds": job.ds,
+                "quarantine": [list(q) for q in quarantine_counts(results)],
                 "level": self.level,
                 "baseline": (None if self.baseline is None else
                              {"path": job.display(self.baseline.path), **self.baseline.about,
@@ -156,6 +157,15 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
 
 
+def quarantine_counts(results: Sequence[ShardResult]) -> list[tuple[str | None, str, int]]:
+    """Quarantined rows by (column, check) over all shards, most first."""
+    counts: dict[tuple[str | None, str], int] = {}
+    for result in results:
+        for column, check, n in result.quarantine:
+            counts[(column, check)] = counts.get((column, check), 0) + n
+    return sorted(((c, k, n) for (c, k), n in counts.items()), key=lambda t: (-t[2], str(t[0]), t[1]))
+
+
 def health_metrics(results: Sequence[ShardResult], load_seconds: float | None) -> dict[str, float]:
     """Inference health: model latency per batch, batch sizes, model throughput, quarantine
     counts by check and by column and check, model load and warm-up time."""
@@ -174,13 +184,10 @@ def health_metrics(results: Sequence[ShardResult], load_seconds: float | None) -
         model_s = sum(latency) / 1000.0
         if model_s > 0:
             out["model_rows_per_second"] = sum(sizes) / model_s
-    by_check: dict[str, float] = {}
-    for result in results:
-        for column, check, n in result.quarantine:
-            for key in (f"quarantine_rows.{metric_part(check)}",
-                        f"quarantine_rows.{metric_part(column)}.{metric_part(check)}"):
-                by_check[key] = by_check.get(key, 0.0) + n
-    out.update(by_check)
+    for column, check, n in quarantine_counts(results):
+        for key in (f"quarantine_rows.{metric_part(check)}",
+                    f"quarantine_rows.{metric_part(column)}.{metric_part(check)}"):
+            out[key] = out.get(key, 0.0) + n
     model = sum((r.model for r in results), ModelStats())
     out["model_warmup_ms"] = model.warmup_ms
     if load_seconds is not None:

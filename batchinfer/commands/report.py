@@ -29,8 +29,8 @@ section{background:#fff;border-radius:8px;padding:14px 18px;margin:0 0 16px;box-
 h2{font-size:16px;margin:0 0 10px}table{border-collapse:collapse;font-size:13px;width:100%}
 th,td{text-align:left;padding:4px 8px;border-bottom:1px solid #e3e6ea}th{background:#f0f2f5}
 td.n{text-align:right;font-variant-numeric:tabular-nums}
-.cards{display:flex;gap:12px;flex-wrap:wrap}.card{background:#fff;border-radius:8px;padding:10px 16px;
-min-width:130px;box-shadow:0 1px 2px rgba(0,0,0,.08)}.card b{display:block;font-size:20px}
+.cards{display:flex;gap:10px;flex-wrap:wrap}.card{background:#fff;border-radius:8px;padding:10px 14px;
+min-width:110px;box-shadow:0 1px 2px rgba(0,0,0,.08)}.card b{display:block;font-size:20px}
 .card span{font-size:12px;color:#5b6570}.pill{color:#fff;border-radius:10px;padding:1px 8px;font-size:12px}
 .grid{display:flex;flex-wrap:wrap;gap:14px}.grid figure{margin:0}figcaption{font-size:12px;color:#5b6570}
 .muted{color:#5b6570;font-size:13px}code{font-size:12px}
@@ -45,8 +45,8 @@ def _num(value: Any, digits: int = 4) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "–"
     if isinstance(value, float):
-        if value == int(value) and abs(value) < 1e15:
-            return f"{int(value):,}"
+        if value == int(value) and abs(value) < 1e15 or abs(value) >= 1000:
+            return f"{value:,.0f}"
         return f"{value:.{digits}g}"
     if isinstance(value, int):
         return f"{value:,}"
@@ -85,8 +85,9 @@ def hbars(items: Sequence[tuple[str, float, str]], *, width: int = 560, unit: st
     for i, (label, value, color) in enumerate(items):
         y = gap + i * (bar_h + gap)
         w = max(plot_w * value / top, 1.0 if value > 0 else 0.0)
+        short = label if len(label) <= 26 else label[:25] + "…"  # the label column is 190 px
         parts.append(f'<text x="{label_w - 6}" y="{y + 12}" font-size="12" text-anchor="end">'
-                     f'{_e(label[:30])}</text>')
+                     f'<title>{_e(label)}</title>{_e(short)}</text>')
         parts.append(f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{color}"/>')
         parts.append(f'<text x="{label_w + w + 4:.1f}" y="{y + 12}" font-size="11">{_num(value)}{_e(unit)}</text>')
     for value, color in marks:
@@ -166,11 +167,7 @@ def render_report(manifest: Manifest | None, record: Mapping[str, Any], profile:
             + "</section>")
     out.append(_drift_section(profile, level))
     out.append(_histograms(profile))
-    reasons = sorted(((k[len("quarantine_rows."):], v) for k, v in metrics.items()
-                      if k.startswith("quarantine_rows.") and k.count(".") >= 2), key=lambda kv: -kv[1])
-    out.append("<section><h2>Quarantine reasons (column.check)</h2>"
-               + (hbars([(k, v, COLORS["warn"]) for k, v in reasons[:20]], unit=" rows") if reasons
-                  else '<p class="muted">no row was quarantined</p>') + "</section>")
+    out.append(_quarantine_section(profile, metrics))
     stages = [(s, metrics[f"stage_seconds_{s}"], RUN) for s in STAGES if f"stage_seconds_{s}" in metrics]
     out.append("<section><h2>Time per stage (summed over batches)</h2>" + hbars(stages, unit=" s")
                + f'<p class="muted">pipeline {_num(metrics.get("pipeline_seconds"))} s, wall '
@@ -193,6 +190,20 @@ def render_report(manifest: Manifest | None, record: Mapping[str, Any], profile:
     return "".join(out)
 
 
+def _quarantine_section(profile: Mapping[str, Any], metrics: Mapping[str, float]) -> str:
+    if "quarantine" in profile:  # (column, check, rows) as the run counted them
+        reasons = [(f"{c if c is not None else '(row)'}: {k}", float(n)) for c, k, n in profile["quarantine"]]
+    else:  # an older output: the metric names
+        reasons = [(k[len("quarantine_rows."):], v) for k, v in metrics.items()
+                   if k.startswith("quarantine_rows.") and k.count(".") >= 2]
+    reasons.sort(key=lambda kv: (-kv[1], kv[0]))
+    if not reasons:
+        return '<section><h2>Quarantine reasons</h2><p class="muted">no row was quarantined</p></section>'
+    return ("<section><h2>Quarantine reasons (column: check)</h2>"
+            + hbars([(k, v, COLORS["warn"]) for k, v in reasons[:20]])
+            + _table(["column: check", "rows"], reasons, (1,)) + "</section>")
+
+
 def _drift_section(profile: Mapping[str, Any], level: str) -> str:
     drifts = profile.get("drift") or []
     if not profile.get("baseline"):
@@ -206,9 +217,14 @@ def _drift_section(profile: Mapping[str, Any], level: str) -> str:
             for d in drifts]
     return (f"<section><h2>Drift against the baseline, worst first {_pill(level)}</h2>"
             f'<p class="muted">baseline {_e(profile["baseline"].get("path", ""))} (ds '
-            f'{_e(profile["baseline"].get("ds"))}); limits warn {_e(limits.get("warn"))}, fail '
-            f'{_e(limits.get("fail"))}; dashed lines: PSI limits</p>{bars}'
+            f'{_e(profile["baseline"].get("ds"))}); warn above {_e(_limits(limits.get("warn")))}, fail '
+            f'above {_e(_limits(limits.get("fail")))}; bars: PSI, dashed lines: the PSI limits</p>{bars}'
             + _table(["column", "kind", "PSI", "KS", "level", "above"], rows, (2, 3)) + "</section>")
+
+
+def _limits(limits: Mapping[str, Any] | None) -> str:
+    shown = [f"{name.upper()} {value:g}" for name, value in (limits or {}).items() if value is not None]
+    return " or ".join(shown) or "nothing"
 
 
 def _histograms(profile: Mapping[str, Any]) -> str:
@@ -216,7 +232,10 @@ def _histograms(profile: Mapping[str, Any]) -> str:
     columns = profile.get("columns") or {}
     order = [d["column"] for d in profile.get("drift") or []]
     predictions = [c for c in order if columns.get(c, {}).get("kind") == "prediction"]
-    worst_features = [c for c in order if columns.get(c, {}).get("kind") == "feature"][:4]
+    # The features that drifted past a limit, else the two nearest to one.
+    drifted = [d["column"] for d in profile.get("drift") or [] if d.get("kind") == "feature"]
+    above = [d["column"] for d in profile.get("drift") or [] if d.get("kind") == "feature" and d["level"] != "ok"]
+    worst_features = above[:6] or drifted[:2]
     figures = []
     for name in predictions + worst_features:
         base, run = baseline.get(name, {}), columns.get(name, {})

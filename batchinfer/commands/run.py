@@ -147,7 +147,8 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
         watched = monitor(job, results, resolved.features, baseline)
         if watched.level == "fail":
             _stop_for_drift(job, attempt, tracking, watched, shown,
-                            {**_metrics(totals, pipeline_s, 0.0, results, load_s), **watched.metrics()})
+                            {**_metrics(totals, pipeline_s, 0.0, results, load_s), **watched.metrics()},
+                            results)
         if watched.level == "warn":
             log.warning("drift: %s", watched.summary("warn"))
         # 5. commit
@@ -170,7 +171,7 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
         wall_s = time.perf_counter() - t_start
         line = _finish_tracking(job, resolved, tracking, attempt, manifest, device,
                                 {**_metrics(totals, pipeline_s, wall_s, results, load_s),
-                                 **watched.metrics()}, watched)
+                                 **watched.metrics()}, watched, results)
         return Outcome("committed", f"committed {shown} (attempt {attempt.attempt})", manifest,
                        shown, line, {"wall_s": wall_s, "pipeline_s": pipeline_s}, watched.level)
     finally:
@@ -259,12 +260,12 @@ def load_handler(resolved: Resolved) -> "tuple[BatchModelHandler, str]":
 
 
 def _stop_for_drift(job: Job, attempt: Attempt, tracking: "TrackingRun", watched: Monitoring,
-                    shown: str, metrics: dict) -> None:
+                    shown: str, metrics: dict, results: list[ShardResult]) -> None:
     """Drift above the ``fail`` limits: keep the drift report (and the job report) beside the
     attempt under ``_drift/``, which no cleanup removes, remove the attempt, exit 4."""
     layout = attempt.layout
     kept = f"{DRIFT}/{attempt.attempt}.json"
-    record = watched.to_dict(job)
+    record = watched.to_dict(job, results)
     try:
         write_json(layout.fs, layout.abs(kept), record)
         from .report import render_report
@@ -333,7 +334,8 @@ def _refuse_uncommittable(results: list[ShardResult], totals: Totals, job: Job) 
 
 
 def _finish_tracking(job: Job, resolved: Resolved, tracking: "TrackingRun", attempt: Attempt,
-                     manifest: Manifest, device: str, metrics: dict, watched: Monitoring) -> str:
+                     manifest: Manifest, device: str, metrics: dict, watched: Monitoring,
+                     results: list[ShardResult]) -> str:
     """Log the committed run to MLflow and keep the same record in ``_metrics.json``; return
     the line to print. Nothing here can undo the commit."""
     spec = job.spec
@@ -341,7 +343,7 @@ def _finish_tracking(job: Job, resolved: Resolved, tracking: "TrackingRun", atte
               "job": spec.name, "ds": job.ds or "", "attempt": attempt.attempt,
               "job_spec_sha256": job.spec_sha256, "runner": spec.runner.name, "device": device,
               "schema": resolved.schema.ref, "backend": spec.model.backend}
-    profile = watched.to_dict(job)
+    profile = watched.to_dict(job, results)
     tags = {"batchinfer.job": spec.name, "batchinfer.attempt": attempt.attempt,
             "batchinfer.device": device}
     if watched.level != "none":

@@ -196,6 +196,9 @@ def approx_quantiles(stats: ColumnStats, cuts: Sequence[float],
         share = stats.counts[i] / stats.count
         frac = (q - below) / share if share else 0.0
         lo, hi = edges[i], edges[i + 1]
+        if hi <= np.nextafter(lo, np.inf):  # a constant's bin: interpolating gives 5e-324
+            out[f"{q:g}"] = float(lo)
+            continue
         out[f"{q:g}"] = float(lo + (hi - lo) * min(max(frac, 0.0), 1.0))
     return out
 
