@@ -223,7 +223,8 @@ def _drift_section(profile: Mapping[str, Any], level: str) -> str:
 
 
 def _limits(limits: Mapping[str, Any] | None) -> str:
-    shown = [f"{name.upper()} {value:g}" for name, value in (limits or {}).items() if value is not None]
+    shown = [f"{name.upper()} {value:g}" for name, value in sorted((limits or {}).items(), reverse=True)
+             if value is not None]
     return " or ".join(shown) or "nothing"
 
 
