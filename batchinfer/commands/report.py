@@ -53,8 +53,12 @@ def _num(value: Any, digits: int = 4) -> str:
     return _e(value)
 
 
-def _pill(level: str) -> str:
-    return f'<span class="pill" style="background:{COLORS.get(level, "#607d8b")}">{_e(level)}</span>'
+class Raw(str):
+    """Markup made here, put into a table cell as it is (every other cell is escaped)."""
+
+
+def _pill(level: str) -> Raw:
+    return Raw(f'<span class="pill" style="background:{COLORS.get(level, "#607d8b")}">{_e(level)}</span>')
 
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]], numeric: Sequence[int] = ()) -> str:
@@ -63,8 +67,10 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]], numeric: Seque
     for row in rows:
         cells = []
         for i, cell in enumerate(row):
-            raw = isinstance(cell, str) and cell.startswith("<")
-            text = cell if raw else _num(cell) if i in numeric else _e(cell if cell is not None else "–")
+            if isinstance(cell, Raw):
+                text = str(cell)
+            else:
+                text = _num(cell) if i in numeric else _e(cell if cell is not None else "–")
             cells.append(f'<td class="n">{text}</td>' if i in numeric else f"<td>{text}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
@@ -158,7 +164,7 @@ def render_report(manifest: Manifest | None, record: Mapping[str, Any], profile:
         + f'<div class="card"><b>{_pill(level)}</b><span>drift</span></div></div></section>')
     if manifest:
         out.append("<section><h2>Version triple</h2>" + _table(
-            ["part", "value"], [(k, f"<code>{_e(v)}</code>") for k, v in manifest.triple.items()]) + "</section>")
+            ["part", "value"], [(k, Raw(f"<code>{_e(v)}</code>")) for k, v in manifest.triple.items()]) + "</section>")
         shard_rows = [(s.path.rsplit("/", 1)[-1], _pill(s.status) if s.status != "scored" else "scored",
                        s.rows_in, s.rows_scored, s.rows_quarantined, s.reason or "")
                       for s in manifest.shards]

@@ -139,7 +139,8 @@ def choose_cuts(values: np.ndarray, bins: int = BINS) -> list[float]:
     good = values[np.isfinite(values)]
     if good.size == 0:
         return []
-    cuts = np.unique(np.quantile(good, np.arange(1, bins) / bins, method="linear"))
+    # "higher": cuts are values of the column, so a discrete column's bins hold whole values.
+    cuts = np.unique(np.quantile(good, np.arange(1, bins) / bins, method="higher"))
     # A cut at the minimum would leave bin 0 empty by construction; a constant column still
     # gets one cut, just above its value, so a run's other values show as drift.
     lowest = float(good.min())
