@@ -266,6 +266,7 @@ def _stop_for_drift(job: Job, attempt: Attempt, tracking: "TrackingRun", watched
     layout = attempt.layout
     kept = f"{DRIFT}/{attempt.attempt}.json"
     record = watched.to_dict(job, results)
+    where = f"drift report kept in {shown}/{kept}"
     try:
         write_json(layout.fs, layout.abs(kept), record)
         from .report import render_report
@@ -274,12 +275,11 @@ def _stop_for_drift(job: Job, attempt: Attempt, tracking: "TrackingRun", watched
                              title=f"{job.spec.name} {job.ds or ''}: stopped by drift")
         layout.fs.pipe_file(layout.abs(f"{DRIFT}/{attempt.attempt}.html"), html.encode())
     except Exception as exc:  # the run fails anyway; say why the report is missing
-        log.warning("could not keep the drift report %s: %s", kept, exc)
+        where = f"the drift report could not be kept ({type(exc).__name__}: {str(exc)[:120]})"
     attempt.abort()
     tracking.finish({"attempt": attempt.attempt}, metrics, {}, "FAILED",
                     tags={"batchinfer.drift": "fail"})
-    raise DataQualityError(f"drift: {watched.summary('fail', limit=3)}; nothing committed; "
-                           f"drift report kept in {shown}/{kept}")
+    raise DataQualityError(f"drift: {watched.summary('fail', limit=3)}; nothing committed; {where}")
 
 
 def _score(resolved: Resolved, handler: "BatchModelHandler", attempt: Attempt,
