@@ -29,8 +29,10 @@ PSI_FLOOR = 1e-4                            # an empty bin's share, so log(q/p) 
 
 
 def numeric_values(column: Any) -> np.ndarray | None:
-    """A column (Arrow array or chunked array, or numpy) as float64 with nulls as NaN, or None
-    when it is not a scalar numeric or boolean column (strings, lists: not profiled)."""
+    """A column (Arrow array or chunked array, or numpy) as floats with nulls as NaN — float32
+    kept as it is (half the memory traffic; :func:`bin_counts` compares it exactly), anything
+    else as float64 — or None when it is not a scalar numeric or boolean column (strings,
+    lists: not profiled)."""
     if isinstance(column, (pa.Array, pa.ChunkedArray)):
         kind = column.type
         if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)):
@@ -38,13 +40,17 @@ def numeric_values(column: Any) -> np.ndarray | None:
         values = column.to_numpy(zero_copy_only=False)
         if values.dtype == object:  # booleans with nulls
             values = np.array([np.nan if v is None else float(v) for v in values])
-        return np.asarray(values, dtype=np.float64)
+        return _floats(values)
     values = np.asarray(column)
     if values.ndim == 2 and values.shape[1] == 1:
         values = values[:, 0]
     if values.ndim != 1 or values.dtype.kind not in "biuf":
         return None
-    return values.astype(np.float64, copy=False)
+    return _floats(values)
+
+
+def _floats(values: np.ndarray) -> np.ndarray:
+    return values if values.dtype == np.float32 else values.astype(np.float64, copy=False)
 
 
 def bin_counts(values: np.ndarray, cuts: Sequence[float] | np.ndarray) -> tuple[int, ...]:
@@ -54,7 +60,12 @@ def bin_counts(values: np.ndarray, cuts: Sequence[float] | np.ndarray) -> tuple[
     times faster than ``searchsorted`` + ``bincount`` (a branchy binary search per value),
     measured at 0.5 against 2.7 ms per 65,536 values here; the counts are the same.
     """
-    at_least = [int(np.count_nonzero(values >= c)) for c in cuts]
+    edges = np.asarray(cuts, dtype=np.float64)
+    if values.dtype == np.float32 and np.array_equal(edges.astype(np.float32), edges):
+        edges = edges.astype(np.float32)  # exact: the cuts are float32 values (a float32 column's own)
+    elif values.dtype != np.float64:
+        values = values.astype(np.float64)
+    at_least = [int(np.count_nonzero(values >= c)) for c in edges]
     bounds = [int(values.size), *at_least, 0]
     return tuple(bounds[i] - bounds[i + 1] for i in range(len(bounds) - 1))
 
@@ -89,8 +100,8 @@ class ColumnStats:
             counts = bin_counts(good, cuts)
         if n == 0:
             return cls(0, int(values.size), counts=counts)
-        mean = float(good.mean())
-        deviation = good - mean
+        mean = float(good.mean(dtype=np.float64))
+        deviation = good.astype(np.float64) - mean
         # Not np.dot: that is BLAS, whose threads cost 13 ms a call here beside the pipeline's
         # own (measured), against well under 1 ms for the plain square and sum.
         m2 = float(np.square(deviation, out=deviation).sum())

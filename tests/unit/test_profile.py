@@ -181,3 +181,19 @@ def test_report_escapes_names_and_needs_no_network():
     page = render_report(None, {"metrics": {"rows_in": 10.0, "stage_seconds_infer": 0.5}}, profile)
     assert evil not in page and "&lt;script&gt;" in page and "<script" not in page
     assert page.count("<svg") >= 3   # drift bars, histogram, quarantine bars
+
+
+@given(st.lists(st.floats(-1e6, 1e6, width=32, allow_nan=False), min_size=1, max_size=200),
+       st.lists(st.floats(-1e30, 1e30, allow_nan=False), min_size=1, max_size=20, unique=True))
+@settings(max_examples=200, deadline=None)
+def test_float32_columns_bin_and_summarise_as_float64(values, cuts):
+    """float32 columns stay float32 (half the memory traffic) with the same counts and moments,
+    whether the cuts are float32 values (compared as float32) or not (compared as float64)."""
+    x32 = np.array(values, dtype=np.float32)
+    x64 = x32.astype(np.float64)
+    assert numeric_values(x32).dtype == np.float32
+    for edges in (sorted(cuts), sorted({float(np.float32(c)) for c in cuts})):
+        a, b = ColumnStats.of(x32, edges), ColumnStats.of(x64, edges)
+        assert a.counts == b.counts and a.count == b.count
+        assert a.mean == pytest.approx(b.mean, rel=1e-12, abs=1e-12)
+        assert a.minimum == b.minimum and a.maximum == b.maximum
