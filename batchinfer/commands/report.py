@@ -28,10 +28,11 @@ main{padding:18px 28px;max-width:1180px}
 section{background:#fff;border-radius:8px;padding:14px 18px;margin:0 0 16px;box-shadow:0 1px 2px rgba(0,0,0,.08)}
 h2{font-size:16px;margin:0 0 10px}table{border-collapse:collapse;font-size:13px;width:100%}
 th,td{text-align:left;padding:4px 8px;border-bottom:1px solid #e3e6ea}th{background:#f0f2f5}
-td.n{text-align:right;font-variant-numeric:tabular-nums}
+td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}
 .cards{display:flex;gap:10px;flex-wrap:wrap}.card{background:#fff;border-radius:8px;padding:10px 14px;
 min-width:110px;box-shadow:0 1px 2px rgba(0,0,0,.08)}.card b{display:block;font-size:20px}
 .card span{font-size:12px;color:#5b6570}.pill{color:#fff;border-radius:10px;padding:1px 8px;font-size:12px}
+.card b .pill{color:#fff;font-size:16px;padding:2px 12px;display:inline-block;margin-bottom:2px}
 .grid{display:flex;flex-wrap:wrap;gap:14px}.grid figure{margin:0}figcaption{font-size:12px;color:#5b6570}
 .muted{color:#5b6570;font-size:13px}code{font-size:12px}
 """
@@ -62,7 +63,8 @@ def _pill(level: str) -> Raw:
 
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]], numeric: Sequence[int] = ()) -> str:
-    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    head = "".join(f'<th class="n">{_e(h)}</th>' if i in numeric else f"<th>{_e(h)}</th>"
+                   for i, h in enumerate(headers))
     body = []
     for row in rows:
         cells = []
