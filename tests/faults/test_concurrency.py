@@ -266,8 +266,8 @@ def test_loser_whose_files_the_winner_cleaned_still_exits_as_lost_race(tmp_path,
     real = job_mod._score
     state = {"inside": False, "winner": None}
 
-    def racing(resolved, handler, attempt):
-        real(resolved, handler, attempt)
+    def racing(resolved, handler, attempt, *more):
+        real(resolved, handler, attempt, *more)
         if not state["inside"]:       # B's pipeline is done; now A runs start to finish
             state["inside"] = True
             state["winner"] = job_mod.run_job(load_job(folder / "job.yaml", ds=DS))
