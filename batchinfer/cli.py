@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     _job_args(p)
     p.add_argument("--overwrite", action="store_true", help="replace a partition committed under another triple")
     p.add_argument("--dry-run", action="store_true", help="check everything, score nothing")
+    p.add_argument("--quiet", action="store_true", help="no progress display while scoring")
 
     p = sub.add_parser("backfill", help="score each partition in a date range, skipping committed ones")
     p.add_argument("job", help="job spec (YAML)")
@@ -63,6 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace partitions committed under another triple")
     p.add_argument("--dry-run", action="store_true", help="check every date, score nothing")
     p.add_argument("--keep-going", action="store_true", help="after a failing date, score the remaining ones")
+    p.add_argument("--quiet", action="store_true", help="no progress display while scoring")
+
+    p = sub.add_parser("profile", help="write the baseline profile of a committed partition (monitor.baseline)")
+    _job_args(p)
+    p.add_argument("--out", required=True, help="the profile file to write (JSON)")
+
+    p = sub.add_parser("report", help="(re)build report.html of a committed output")
+    p.add_argument("output")
 
     p = sub.add_parser("validate", help="check the input against the schema only")
     _job_args(p)
@@ -170,7 +179,7 @@ def cmd_run(args) -> int:
     from .commands.run import run_job
 
     outcome = run_job(job, overwrite=args.overwrite, dry_run=args.dry_run, progress=print,
-                      tracking=tracking)
+                      tracking=tracking, watch=_watcher(args.quiet))
     print(outcome.message)
     if outcome.status == "committed" and outcome.manifest is not None:
         _print_totals(outcome.manifest)
@@ -203,7 +212,8 @@ def cmd_backfill(args) -> int:
 
     results = backfill(args.job, dates, overrides=args.overrides, overwrite=args.overwrite,
                        dry_run=args.dry_run, keep_going=args.keep_going,
-                       progress=lambda line: print(f"            {line}", flush=True), done=done)
+                       progress=lambda line: print(f"            {line}", flush=True), done=done,
+                       watch=_watcher(args.quiet))
     labels = {"committed": "committed", "noop": "already committed", "lost_race": "committed by another run",
               "dry_run": "checked", "failed": "failed"}
     counts = {label: sum(labels[r.status] == label for r in results) for label in labels.values()}
@@ -217,6 +227,31 @@ def cmd_backfill(args) -> int:
           f"{', '.join(r.ds for r in failed)}{stopped}; rerun the same command to resume "
           f"(committed partitions are skipped)", file=sys.stderr)
     return failed[0].exit_code
+
+
+def _watcher(quiet: bool):
+    """Live progress for the pipeline: a bar on a terminal, plain lines otherwise, or nothing."""
+    from .commands.progress import choose_mode, watch
+
+    mode = choose_mode(quiet)
+    return lambda shards: watch(shards, mode)
+
+
+def cmd_profile(args) -> int:
+    from .commands.profile import profile_partition
+
+    written = profile_partition(_load(args), args.out)
+    print(f"profiled {written.rows} scored rows ({written.features} feature and {written.predictions} "
+          f"prediction columns) into {args.out}")
+    print("use it with: monitor: {baseline: " + args.out + "}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from .commands.report import rebuild_report
+
+    print(f"wrote {rebuild_report(args.output)}")
+    return 0
 
 
 def cmd_diff(args) -> int:
@@ -390,7 +425,8 @@ def _print_totals(manifest: "Manifest") -> None:
 
 COMMANDS = {"run": cmd_run, "backfill": cmd_backfill, "diff": cmd_diff, "export": cmd_export,
             "validate": cmd_validate, "plan": cmd_plan, "inspect": cmd_inspect,
-            "stamp": cmd_stamp, "track": cmd_track, "demo": cmd_demo}
+            "stamp": cmd_stamp, "track": cmd_track, "demo": cmd_demo, "profile": cmd_profile,
+            "report": cmd_report}
 
 
 def run() -> None:

@@ -93,6 +93,25 @@ class QuarantineSpec(_Strict):
                 f"{self.max_bad_shards})")
 
 
+class DriftLimits(_Strict):
+    """Limits on a column's drift against the baseline; a statistic left out is not checked."""
+
+    psi: float | None = Field(default=None, ge=0.0)
+    ks: float | None = Field(default=None, ge=0.0, le=1.0)
+
+    def as_dict(self) -> dict[str, float | None]:
+        return {"psi": self.psi, "ks": self.ks}
+
+
+class MonitorSpec(_Strict):
+    """Drift against a baseline profile (``batchinfer profile``): above ``warn`` a warning and
+    an MLflow tag; above ``fail`` exit 4, nothing committed."""
+
+    baseline: str = Field(min_length=1)
+    warn: DriftLimits = Field(default_factory=lambda: DriftLimits(psi=0.1))
+    fail: DriftLimits = Field(default_factory=lambda: DriftLimits(psi=0.25))
+
+
 class BatchSpec(_Strict):
     rows: int = Field(default=65536, gt=0, le=16_777_216)
 
@@ -133,6 +152,7 @@ class JobSpec(_Strict):
     batch: BatchSpec = Field(default_factory=BatchSpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     runner: RunnerSpec = Field(default_factory=RunnerSpec)
+    monitor: MonitorSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -341,7 +361,10 @@ def _resolve_tracking_uri(uri: str, folder: Path) -> str:
 
 
 def _resolve_paths(spec: JobSpec, folder: Path) -> JobSpec:
+    monitor = spec.monitor and spec.monitor.model_copy(
+        update={"baseline": resolve_path(spec.monitor.baseline, folder)})
     return spec.model_copy(update={
+        "monitor": monitor,
         "input": spec.input.model_copy(update={"path": resolve_path(spec.input.path, folder)}),
         "schemas": spec.schemas.model_copy(update={"root": resolve_path(spec.schemas.root, folder)}),
         "model": spec.model.model_copy(update={"uri": resolve_path(spec.model.uri, folder)}),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from ..errors import BatchInferError, SpecError
 from ..io.records import Manifest
@@ -43,7 +43,8 @@ def partition_dates(start: str, end: str) -> list[str]:
 def backfill(job_path: str | Path, dates: Sequence[str], *, overrides: Sequence[str] = (),
              overwrite: bool = False, dry_run: bool = False, keep_going: bool = False,
              progress: Callable[[str], None] = lambda line: None,
-             done: Callable[[PartitionResult], None] = lambda result: None) -> list[PartitionResult]:
+             done: Callable[[PartitionResult], None] = lambda result: None,
+             watch: Callable[[int], Any] | None = None) -> list[PartitionResult]:
     """Run the job for each date in order; return one result per date attempted.
 
     The spec is loaded for the first date before anything runs, so an error in the spec itself
@@ -56,7 +57,7 @@ def backfill(job_path: str | Path, dates: Sequence[str], *, overrides: Sequence[
     for ds in dates:
         try:
             job = load_job(job_path, ds=ds, overrides=overrides)
-            outcome = run_job(job, overwrite=overwrite, dry_run=dry_run, progress=progress)
+            outcome = run_job(job, overwrite=overwrite, dry_run=dry_run, progress=progress, watch=watch)
             result = PartitionResult(ds, outcome.status, outcome.message, 0, outcome.manifest)
         except BatchInferError as exc:
             # Messages are masked when made (batchinfer.redaction): no ${NAME} value in them.

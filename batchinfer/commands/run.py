@@ -16,6 +16,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -27,11 +28,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from ..backends import declared_options, handler_class
 from ..errors import BatchInferError, ContractError, DataQualityError, ModelError, RuntimeFailure, SpecError
 from ..io.commit import Attempt, CommitOutcome, PartitionCommit
-from ..io.outputs import METRICS, write_json
+from ..io.outputs import METRICS, PROFILE, REPORT, write_json
 from ..io.records import Manifest, ModelStats, ShardResult, Totals
 from ..pipeline.runners import check as check_runner
 from ..rows.columns import check_output_columns
 from ..spec import Job
+from .monitor import Baseline, DriftGate, Monitoring, health_metrics, load_baseline, monitor
 from .resolve import Resolved, resolve
 
 if TYPE_CHECKING:
@@ -63,18 +65,22 @@ class Outcome:
     output: str = ""
     tracking: str = ""
     timings: dict = field(default_factory=dict)
+    drift: str = "none"               # the drift level: none (no baseline) | ok | warn
 
 
 def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
             clock: Callable[[], datetime] = utc_now,
             progress: Callable[[str], None] = lambda line: None,
-            tracking: "TrackingRun | None" = None) -> Outcome:
+            tracking: "TrackingRun | None" = None,
+            watch: "Callable[[int], Any] | None" = None) -> Outcome:
     """Score one partition and commit it (see the module docstring for the order).
 
     Args:
         tracking: a :class:`~batchinfer.io.tracking.TrackingRun` for the job's store that the
             caller started early (its helper needs seconds to be ready); by default one is
             started here. It is closed without a run if the job stops before scoring.
+        watch: called with the number of shards when scoring starts; returns a context manager
+            that shows live progress while the pipeline runs (see ``commands/progress.py``).
 
     Raises:
         BatchInferError: with the exit code of what went wrong (SPEC §2).
@@ -90,6 +96,7 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
         # 1. resolve and check the contract, and the runner's options
         resolved = resolve(job)
         check_runner(spec.runner.name, spec.runner.options)
+        baseline = load_baseline(job)  # exit 2 before any work when it cannot be read
         # 2. the partition as it is
         partition = PartitionCommit(spec.output.path)
         shown = job.display(spec.output.path)
@@ -108,7 +115,9 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
                 message += f"\n{_build_job(resolved, handler, attempt, header)}"
             return Outcome("dry_run", message, None, shown)
         assert tracking is not None
+        t_load = time.perf_counter()
         handler, device = load_handler(resolved)
+        load_s = time.perf_counter() - t_load
         tracking.prepare()  # the checks passed: the store may be touched
         attempt = partition.begin(new_attempt(started), replacing=existing)
         tracking.open(f"{spec.name}-{job.ds or attempt.attempt}",
@@ -124,7 +133,7 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
         header = _header(job, resolved, attempt, device, started, tracking.wait())
         t_pipeline = time.perf_counter()
         try:
-            _score(resolved, handler, attempt, header)
+            _score(resolved, handler, attempt, header, baseline, watch)
         except KeyboardInterrupt:  # Ctrl-C: leave nothing, and say so in MLflow
             winner = attempt.committed_meanwhile()
             if winner is None or winner.attempt != attempt.attempt:  # never undo a commit
@@ -146,11 +155,16 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
         outcome = attempt.outcome(resolved.triple.as_dict())
         results = list(outcome.results)
         totals = Totals.of([r.record for r in results])
+        watched = monitor(job, results, resolved.features, baseline)
         if outcome.status == "refused":
             attempt.abort()  # its files went in the pipeline; the record goes now
+            drifted = (outcome.message or "").startswith("drift:")
             tracking.finish({"attempt": attempt.attempt},
-                            _metrics(totals, pipeline_s, 0.0, results), {}, "FAILED")
+                            {**_metrics(totals, pipeline_s, 0.0, results, load_s), **watched.metrics()},
+                            {}, "FAILED", tags={"batchinfer.drift": "fail"} if drifted else None)
             raise _refusal(outcome)
+        if watched.level == "warn":
+            log.warning("drift: %s", watched.summary("warn"))
         if outcome.status != "committed" or outcome.manifest is None:
             attempt.abort()
             tracking.finish({"attempt": attempt.attempt}, {}, {}, "KILLED")
@@ -166,9 +180,10 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
         # 5. tracking
         wall_s = time.perf_counter() - t_start
         line = _finish_tracking(job, resolved, tracking, attempt, manifest, device,
-                                _metrics(totals, pipeline_s, wall_s, results))
+                                {**_metrics(totals, pipeline_s, wall_s, results, load_s),
+                                 **watched.metrics()}, watched, results)
         return Outcome("committed", f"committed {shown} (attempt {attempt.attempt})", manifest,
-                       shown, line, {"wall_s": wall_s, "pipeline_s": pipeline_s})
+                       shown, line, {"wall_s": wall_s, "pipeline_s": pipeline_s}, watched.level)
     finally:
         if tracking is not None:
             tracking.close()  # a no-op once the run was finished; else no run is left behind
@@ -282,14 +297,15 @@ def _build_job(resolved: Resolved, handler: "BatchModelHandler", attempt: Attemp
     options = pipeline_options(spec.runner.name, {**spec.runner.options, "dry_run": "true"})
     try:
         pipeline = beam.Pipeline(options=options)
-        build(pipeline, *_plans(resolved, attempt, header), handler=handler)
+        build(pipeline, *_plans(resolved, attempt, header, load_baseline(resolved.job)), handler=handler)
         result = pipeline.run()
     except (ImportError, ValueError) as exc:  # a missing extra, options Beam refuses
         raise SpecError(f"runner {spec.runner.name}: {_last_line(exc)}") from exc
     return job_summary(result)
 
 
-def _score(resolved: Resolved, handler: "BatchModelHandler", attempt: Attempt, header: Manifest) -> None:
+def _score(resolved: Resolved, handler: "BatchModelHandler", attempt: Attempt, header: Manifest,
+           baseline: Baseline | None = None, watch: "Callable[[int], Any] | None" = None) -> None:
     """Run the Beam pipeline into ``attempt``, up to and including its commit step.
 
     Raises:
@@ -304,8 +320,9 @@ def _score(resolved: Resolved, handler: "BatchModelHandler", attempt: Attempt, h
     spec = resolved.job.spec
     options = pipeline_options(spec.runner.name, spec.runner.options)
     try:
-        with beam.Pipeline(options=options) as pipeline:
-            build(pipeline, *_plans(resolved, attempt, header), handler=handler)
+        with watch(len(resolved.shards)) if watch else contextlib.nullcontext():
+            with beam.Pipeline(options=options) as pipeline:
+                build(pipeline, *_plans(resolved, attempt, header, baseline), handler=handler)
     except Exception as exc:
         if _interrupted(exc):  # Beam wraps a Ctrl-C inside a transform in an Exception
             raise KeyboardInterrupt from None
@@ -315,8 +332,11 @@ def _score(resolved: Resolved, handler: "BatchModelHandler", attempt: Attempt, h
         raise RuntimeFailure(f"the scoring pipeline failed: {_last_line(exc)}") from exc
 
 
-def _plans(resolved: Resolved, attempt: Attempt, header: Manifest) -> tuple[Any, Any]:
-    """The pipeline's :class:`ScoringPlan` and :class:`CommitPlan` for ``attempt``."""
+def _plans(resolved: Resolved, attempt: Attempt, header: Manifest,
+           baseline: Baseline | None = None) -> tuple[Any, Any]:
+    """The pipeline's :class:`ScoringPlan` and :class:`CommitPlan` for ``attempt``; with a
+    baseline, the writer stage counts columns into its cuts and the commit step refuses a
+    partition that drifted above the ``fail`` limits (:class:`~.monitor.DriftGate`)."""
     from ..pipeline.commit import CommitPlan
     from ..pipeline.transforms import ScoringPlan
 
@@ -327,10 +347,12 @@ def _plans(resolved: Resolved, attempt: Attempt, header: Manifest) -> tuple[Any,
         schema=resolved.schema, preprocessor=resolved.preprocessor, triple=resolved.triple,
         id_columns=tuple(spec.output.id_columns),
         prediction_names=dict(spec.output.predictions) if spec.output.predictions else None,
-        hash_columns=resolved.schema.columns)
+        hash_columns=resolved.schema.columns, profile_features=tuple(resolved.features),
+        profile_cuts=baseline.cuts() if baseline else {})
+    gate = DriftGate(resolved.job, tuple(resolved.features), baseline) if baseline is not None else None
     commit = CommitPlan(output_url=spec.output.path, attempt=attempt.attempt,
                         replacing=attempt.replacing, shard_count=len(resolved.shards),
-                        header=header, breach=spec.quarantine.breach)
+                        header=header, breach=spec.quarantine.breach, drift=gate)
     return plan, commit
 
 
@@ -341,7 +363,8 @@ def _refusal(outcome: CommitOutcome) -> BatchInferError:
 
 
 def _finish_tracking(job: Job, resolved: Resolved, tracking: "TrackingRun", attempt: Attempt,
-                     manifest: Manifest, device: str, metrics: dict) -> str:
+                     manifest: Manifest, device: str, metrics: dict, watched: Monitoring,
+                     results: list[ShardResult]) -> str:
     """Log the committed run to MLflow and keep the same record in ``_metrics.json``; return
     the line to print. Nothing here can undo the commit."""
     spec = job.spec
@@ -349,18 +372,29 @@ def _finish_tracking(job: Job, resolved: Resolved, tracking: "TrackingRun", atte
               "job": spec.name, "ds": job.ds or "", "attempt": attempt.attempt,
               "job_spec_sha256": job.spec_sha256, "runner": spec.runner.name, "device": device,
               "schema": resolved.schema.ref, "backend": spec.model.backend}
+    profile = watched.to_dict(job, results)
+    tags = {"batchinfer.job": spec.name, "batchinfer.attempt": attempt.attempt,
+            "batchinfer.device": device}
+    if watched.level != "none":
+        tags["batchinfer.drift"] = watched.level
+    from .report import render_report
+
+    report = render_report(manifest, {"metrics": metrics, "params": params}, profile)
     uploaded = tracking.finish(params, metrics,
-                               {"manifest.json": json.dumps(manifest.to_dict(), indent=2)})
+                               {"manifest.json": json.dumps(manifest.to_dict(), indent=2),
+                                REPORT: report},
+                               tags=tags, dataset=input_dataset(manifest))
     # MLflow's errors quote the tracking URI, which may hold a ${NAME} value (SPEC §3).
     error = job.display(tracking.error) if tracking.error else None
     record = {"mlflow_run_id": manifest.mlflow_run_id, "uploaded": uploaded, "error": error,
               "tracking_uri": job.display(spec.tracking.uri), "experiment": spec.tracking.experiment,
               "run_name": f"{spec.name}-{job.ds or attempt.attempt}", "params": params,
-              "metrics": metrics,
-              "tags": {"batchinfer.job": spec.name, "batchinfer.attempt": attempt.attempt}}
+              "metrics": metrics, "tags": tags}
     layout = attempt.layout
     try:
+        write_json(layout.fs, layout.abs(PROFILE), profile)
         write_json(layout.fs, layout.abs(METRICS), record)
+        layout.fs.pipe_file(layout.abs(REPORT), report.encode())
     except Exception as exc:  # the partition is committed; a missing metrics file is not fatal
         log.warning("could not write %s: %s", METRICS, exc)
     shown = job.display(spec.output.path)
@@ -398,8 +432,20 @@ def _interrupted(exc: BaseException) -> bool:
     return any(isinstance(e, KeyboardInterrupt) for e in _chain(exc))
 
 
+def input_dataset(manifest: Manifest) -> dict[str, str]:
+    """The input partition as MLflow dataset tracking names it: its digest covers every shard's
+    name and sha256, so two runs over the same bytes log the same dataset."""
+    import hashlib
+
+    text = "\n".join(f"{s.path}\t{s.sha256 or '-'}" for s in sorted(manifest.shards, key=lambda s: s.path))
+    return {"name": f"{manifest.job}-input-{manifest.ds or manifest.attempt}",
+            "digest": hashlib.sha256(text.encode()).hexdigest()[:32],
+            "source": manifest.shards[0].path.rsplit("/", 1)[0] if manifest.shards else "",
+            "rows": str(manifest.totals.rows_in), "shards": str(manifest.totals.shards)}
+
+
 def _metrics(totals: Totals, pipeline_s: float, wall_s: float,
-             results: list[ShardResult]) -> dict[str, Any]:
+             results: list[ShardResult], load_s: float | None = None) -> dict[str, Any]:
     metrics: dict[str, Any] = {k: float(v) for k, v in totals.to_dict().items()}
     metrics["pipeline_seconds"] = pipeline_s
     # Where the time went, per stage, summed over batches (stages overlap across workers).
@@ -414,6 +460,7 @@ def _metrics(totals: Totals, pipeline_s: float, wall_s: float,
     if wall_s:
         metrics["wall_seconds"] = wall_s
         metrics["rows_per_second"] = totals.rows_in / wall_s
+    metrics.update(health_metrics(results, load_s))
     return metrics
 
 

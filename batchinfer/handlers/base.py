@@ -92,6 +92,7 @@ class Inference:
     compute_ms: float = 0.0
     oom_backoffs: int = 0
     chunk_rows: int = 0
+    warmup_ms: float = 0.0    # the untimed first call of this process, if this batch made it
 
 
 @dataclass
@@ -101,6 +102,7 @@ class _Tally:
     seconds: float = 0.0
     oom_backoffs: int = 0
     chunk_rows: int = 0   # rows per model call in effect at the end
+    warmup_seconds: float = 0.0
 
 
 class ServedModel:
@@ -282,7 +284,7 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
             ok_rows = (np.concatenate([np.arange(s, e, dtype=np.int64) for s, e, _ in done])
                        if done else np.zeros(0, np.int64))
         return Inference(ok_rows, outputs, failed, tally.seconds * 1000.0, tally.oom_backoffs,
-                         tally.chunk_rows)
+                         tally.chunk_rows, tally.warmup_seconds * 1000.0)
 
     def _as_inputs(self, model: Any, features: Any) -> dict[str, np.ndarray]:
         names = self.ask(model, "input_names")
@@ -315,11 +317,14 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
                 # The first call pays for set-up (allocations, kernel selection, a CUDA context),
                 # which is not the model's work: do it once, untimed, so _compute_ms is honest.
                 self._warm = True
+                t_warm = time.perf_counter()
                 try:
                     self.ask(model, "predict", chunk)
                 except Exception as exc:
                     if not self.is_out_of_memory(exc):
                         raise
+                finally:
+                    tally.warmup_seconds += time.perf_counter() - t_warm
             t0 = time.perf_counter()
             try:
                 out = self.ask(model, "predict", chunk)

@@ -28,6 +28,9 @@ PREDICTIONS = "predictions"
 QUARANTINE = "quarantine"
 TMP = "_tmp"
 METRICS = "_metrics.json"
+PROFILE = "_profile.json"     # the run's column statistics and drift (monitoring), beside METRICS
+REPORT = "report.html"        # the job report, beside METRICS
+DRIFT = "_drift"              # <attempt>.json/.html of runs that drift stopped (not cleaned up)
 # `<UTC time>-<8 hex>` (SPEC §6). Cleanup removes only folders named like this: output.path is
 # the user's, and a folder of theirs that happens to sit in predictions/ is not ours to delete.
 ATTEMPT = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")

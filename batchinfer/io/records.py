@@ -131,28 +131,39 @@ class ModelStats:
     error: str | None = None
     oom_backoffs: int = 0
     chunk_rows: int = 0
+    warmup_ms: float = 0.0   # the untimed first model call(s): one per worker process
 
     def __add__(self, other: "ModelStats") -> "ModelStats":
         chunks = [c for c in (self.chunk_rows, other.chunk_rows) if c]
         return ModelStats(self.rows + other.rows, self.raised + other.raised,
                           self.error or other.error, self.oom_backoffs + other.oom_backoffs,
-                          min(chunks) if chunks else 0)
+                          min(chunks) if chunks else 0, self.warmup_ms + other.warmup_ms)
 
 
 @dataclass(frozen=True)
 class ShardResult:
-    """What a finished shard leaves in scratch for the commit: its manifest entry, plus the time
-    spent per stage and the model's statistics, which go to the metrics, not the manifest."""
+    """What a finished shard leaves in scratch for the commit: its manifest entry, plus what goes
+    to the metrics, not the manifest: the time spent per stage, the model's statistics, the
+    column statistics for drift (``rows.profile.ColumnStats.to_dict`` by column; plain data
+    here, the io layer does not interpret them), quarantined rows by (column, check) and each
+    model batch's (rows, model ms)."""
 
     record: ShardRecord
     seconds: dict[str, float] = field(default_factory=dict)
     model: ModelStats = ModelStats()
+    profile: dict[str, dict] = field(default_factory=dict)
+    quarantine: tuple[tuple[str | None, str, int], ...] = ()
+    batches: tuple[tuple[int, float], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"record": self.record.to_dict(), "seconds": dict(self.seconds),
-                "model": asdict(self.model)}
+                "model": asdict(self.model), "profile": dict(self.profile),
+                "quarantine": [list(q) for q in self.quarantine],
+                "batches": [list(b) for b in self.batches]}
 
     @classmethod
     def from_dict(cls, data: dict) -> "ShardResult":
         return cls(ShardRecord.from_dict(data["record"]), dict(data.get("seconds", {})),
-                   ModelStats(**data.get("model", {})))
+                   ModelStats(**data.get("model", {})), dict(data.get("profile", {})),
+                   tuple((c, k, int(n)) for c, k, n in data.get("quarantine", [])),
+                   tuple((int(r), float(ms)) for r, ms in data.get("batches", [])))

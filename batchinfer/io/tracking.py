@@ -140,15 +140,18 @@ class TrackingRun:
 
     def finish(self, params: Mapping[str, Any], metrics: Mapping[str, float],
                artifacts: Mapping[str, str], status: str = "FINISHED",
-               timeout: float = 120.0) -> bool:
-        """Log params, metrics and text artifacts; close the run. True if all was uploaded.
+               timeout: float = 120.0, tags: Mapping[str, str] | None = None,
+               dataset: Mapping[str, str] | None = None) -> bool:
+        """Log params, metrics, tags and text artifacts (and the input partition as an MLflow
+        dataset, see :func:`log_dataset`); close the run. True if all was uploaded.
         ``timeout`` bounds each wait for the helper (the run's opening, then the upload)."""
         if self.wait(timeout) is None:
             self._close()
             return False
         try:
             self._send({"finish": {"params": dict(params), "metrics": dict(metrics),
-                                   "artifacts": dict(artifacts), "status": status}})
+                                   "artifacts": dict(artifacts), "status": status,
+                                   "tags": dict(tags or {}), "dataset": dict(dataset or {})}})
             reply = self._receive(timeout)
             self.error = reply.get("error")
         except (TimeoutError, ConnectionError, ValueError, OSError) as exc:
@@ -206,7 +209,7 @@ def _serve() -> None:
             else:
                 req = message["finish"]
                 upload(client, run_id, req["params"], req["metrics"], req["artifacts"],
-                       req["status"])
+                       req["status"], req.get("tags"), req.get("dataset"))
                 reply = {"ok": True}
         except Exception as exc:  # reported to the job, which carries on without tracking
             reply = {"error": short_error(exc)}
@@ -263,16 +266,42 @@ def experiment_id_for(client, name: str) -> str:
         return found.experiment_id
 
 
+# MLflow's log_batch takes at most 1000 metrics, 100 params and 100 tags per call (1000
+# entities in all); a run with many drift columns and quarantine checks has more.
+BATCH_METRICS, BATCH_PARAMS, BATCH_TAGS = 1000, 100, 100
+
+
+def _chunks(items: list, size: int) -> list[list]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def log_dataset(client, run_id: str, dataset: Mapping[str, str]) -> None:
+    """The input partition as an MLflow dataset input of the run (name, digest, source)."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    profile = json.dumps({k: v for k, v in dataset.items() if k not in ("name", "digest", "source")})
+    entity = Dataset(name=dataset["name"], digest=dataset["digest"], source_type="local"
+                     if "://" not in dataset.get("source", "") else "external",
+                     source=json.dumps({"uri": dataset.get("source", "")}), profile=profile)
+    client.log_inputs(run_id, [DatasetInput(entity, [InputTag("mlflow.data.context", "inference")])])
+
+
 def upload(client, run_id: str, params: Mapping[str, Any], metrics: Mapping[str, float],
-           artifacts: Mapping[str, str], status: str = "FINISHED") -> None:
+           artifacts: Mapping[str, str], status: str = "FINISHED",
+           tags: Mapping[str, str] | None = None, dataset: Mapping[str, str] | None = None) -> None:
     import time
 
-    from mlflow.entities import Metric, Param
+    from mlflow.entities import Metric, Param, RunTag
 
     now = int(time.time() * 1000)
-    client.log_batch(run_id,
-                     metrics=[Metric(k, float(v), now, 0) for k, v in sorted(metrics.items())],
-                     params=[Param(k, str(v)[:6000]) for k, v in sorted(params.items())])
+    for chunk in _chunks([Metric(k, float(v), now, 0) for k, v in sorted(metrics.items())], BATCH_METRICS):
+        client.log_batch(run_id, metrics=chunk)
+    for chunk in _chunks([Param(k, str(v)[:6000]) for k, v in sorted(params.items())], BATCH_PARAMS):
+        client.log_batch(run_id, params=chunk)
+    for chunk in _chunks([RunTag(k, str(v)[:5000]) for k, v in sorted((tags or {}).items())], BATCH_TAGS):
+        client.log_batch(run_id, tags=chunk)
+    if dataset:
+        log_dataset(client, run_id, dataset)
     for name, text in artifacts.items():
         client.log_text(run_id, text, name)
     # MLflow prints "View run … at: <tracking URI>" here, which may hold a ${NAME} value.
@@ -288,7 +317,7 @@ def upload_pending(uri: str, experiment: str, record: dict) -> str:
         run_id = client.create_run(experiment_id, run_name=record.get("run_name"),
                                    tags=record.get("tags", {})).info.run_id
     upload(client, run_id, record["params"], record["metrics"],
-           {"manifest.json": record.get("manifest_text", "")})
+           {"manifest.json": record.get("manifest_text", "")}, tags=record.get("tags"))
     return run_id
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable, Iterable, Tuple
+from typing import Any, Callable, Iterable, Tuple
 
 from ..beam_compat import beam
 from ..errors import BatchInferError, DataQualityError, ModelError
@@ -42,6 +42,9 @@ class CommitPlan:
             runner, device, start time, MLflow run id); the commit step adds the end time, the
             shards and the totals.
         breach: the quarantine thresholds (see :data:`Breach`).
+        drift: with a monitoring baseline, ``drift(results, layout)`` says why the partition
+            drifted too far to commit (a message for exit 4), or None
+            (:class:`batchinfer.commands.monitor.DriftGate`); None without a baseline.
     """
 
     output_url: str
@@ -50,6 +53,7 @@ class CommitPlan:
     shard_count: int
     header: Manifest
     breach: Breach
+    drift: Callable[[list[ShardResult], Any], "str | None"] | None = None
 
     def begin(self) -> Attempt:
         return PartitionCommit(self.output_url).begin(self.attempt, replacing=self.replacing)
@@ -78,6 +82,9 @@ class CommitPartition(beam.DoFn):
         attempt = plan.begin()
         results = attempt.results(plan.shard_count)
         refusal = refuse(results, plan.breach)
+        if refusal is None and plan.drift is not None:
+            drifted = plan.drift(results, attempt.layout)
+            refusal = DataQualityError(drifted) if drifted else None
         if refusal is not None:
             # The files go now (a dead launcher would leave them); the record stays for the
             # launcher to turn into its exit code.

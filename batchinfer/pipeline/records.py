@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Sequence, Union
 
 from ..io.records import FileRecord, ModelStats, ShardRecord, ShardResult, ShardStatus
+from ..rows.profile import ColumnStats, merge_columns
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,9 @@ class BatchRecord:
     first_reason: str | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     model: ModelStats = ModelStats()
+    profile: dict[str, ColumnStats] = field(default_factory=dict)   # scored rows' columns
+    quarantine: dict[tuple[str | None, str], int] = field(default_factory=dict)  # (column, check)
+    compute_ms: float | None = None   # model time; None when no row reached the model
 
 
 Record = Union[ShardInfo, BatchRecord]
@@ -79,4 +83,12 @@ def fold_shard(name: str, records: Sequence[Record]) -> ShardResult:
     model = sum((b.model for b in batches), ModelStats())
     record = ShardRecord(name, sha256, rows_in, scored, quarantined, status, reason,
                          tuple(f for b in batches for f in b.files))
-    return ShardResult(record, seconds, model)
+    profile: dict[str, ColumnStats] = {}
+    by_check: dict[tuple[str | None, str], int] = {}
+    for b in batches:
+        profile = merge_columns(profile, b.profile)
+        for key, n in b.quarantine.items():
+            by_check[key] = by_check.get(key, 0) + n
+    return ShardResult(record, seconds, model, {k: v.to_dict() for k, v in profile.items()},
+                       tuple((c, k, n) for (c, k), n in sorted(by_check.items(), key=str)),
+                       tuple((b.model.rows, b.compute_ms) for b in batches if b.compute_ms is not None))

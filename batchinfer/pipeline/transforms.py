@@ -36,11 +36,13 @@ from ..io.records import FileRecord, ModelStats
 from ..io.shards import ShardReader, Unreadable
 from ..rows.hashing import row_hashes
 from ..rows.isolation import run_isolating
+from ..rows.profile import ColumnStats, numeric_values
 from ..rows.quarantine import Failure, build_quarantine
 from ..rows.validation import validate_batch
 from ..triple.contract import Triple
 from ..triple.preprocess import Preprocessor
 from ..triple.schemas import SchemaVersion
+from . import progress
 from .coders import register_coders
 from .commit import CommitPlan, add_commit
 from .records import BatchRecord, ShardInfo, fold_shard
@@ -83,6 +85,11 @@ class ScoringPlan:
     id_columns: tuple[str, ...]
     prediction_names: dict[str, str] | None = None
     hash_columns: tuple[str, ...] = field(default=())
+    # Drift monitoring (rows/profile.py): the feature columns profiled, and the baseline's
+    # histogram cuts by column (features and prediction columns); a column without cuts gets
+    # moments only.
+    profile_features: tuple[str, ...] = field(default=())
+    profile_cuts: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
 
 @dataclass
@@ -172,6 +179,7 @@ class ReadShard(beam.DoFn):
             yield index, ShardInfo(None, None, str(exc))
             return
         faults.point("read")
+        progress.add(shards_opened=1, rows_known=reader.num_rows or 0)
         opened_s = time.perf_counter() - t0
         first_row = 0
         try:
@@ -296,29 +304,57 @@ class WriteBatch(beam.DoFn):
 
         files = []
         inference_id = f"{plan.attempt}-{index:05d}-{number:05d}"
-        hash_s = 0.0
+        hash_s = profile_s = 0.0
+        profile: dict[str, ColumnStats] = {}
         if ok.size:
             scored = payload.valid if ok.size == payload.valid.num_rows else payload.valid.take(pa.array(ok))
             t1 = time.perf_counter()
             input_hash = row_hashes(scored, plan.hash_columns)
-            hash_s = time.perf_counter() - t1
+            t2 = time.perf_counter()
+            hash_s = t2 - t1
+            profile = self._profile(scored, outputs)
+            profile_s = time.perf_counter() - t2
             table = self._predictions(payload, scored, ok, input_hash, outputs, name, inference_id,
                                       inference.compute_ms)
             files.append(self._write(PREDICTIONS, index, number, table, PREDICTION_ENCODING))
         quarantined = 0
         first_reason = None
+        by_check: dict[tuple[str | None, str], int] = {}
         if quarantine:
             table = pa.concat_tables(quarantine).sort_by("_source_row")
             quarantined = table.num_rows
             first_reason = table.column("_reason")[0].as_py()
+            counted = table.group_by(["_column", "_check"]).aggregate([("_source_row", "count")])
+            by_check = {(c, k): n for c, k, n in zip(counted.column("_column").to_pylist(),
+                                                     counted.column("_check").to_pylist(),
+                                                     counted.column("_source_row_count").to_pylist())}
             files.append(self._write(QUARANTINE, index, number, table))
         seconds = dict(payload.seconds, infer=inference.compute_ms / 1000.0, hash=hash_s,
-                       write=time.perf_counter() - t0 - hash_s)
+                       profile=profile_s, write=time.perf_counter() - t0 - hash_s - profile_s)
+        progress.add(rows_done=payload.rows_in, rows_quarantined=quarantined)
         model = ModelStats(item.rows, len(inference.failed),
                            inference.failed[0][1] if inference.failed else None,
-                           inference.oom_backoffs, inference.chunk_rows)
+                           inference.oom_backoffs, inference.chunk_rows, inference.warmup_ms)
         return (index, BatchRecord(number, payload.rows_in, int(ok.size), quarantined,
-                                   tuple(files), first_reason, seconds, model))
+                                   tuple(files), first_reason, seconds, model, profile, by_check,
+                                   inference.compute_ms if item.rows else None))
+
+    def _profile(self, scored: pa.RecordBatch, outputs: dict[str, np.ndarray]) -> dict[str, ColumnStats]:
+        """This batch's statistics of the scored rows' features and predictions: a few numpy
+        reductions and one ``searchsorted`` per column, no per-row Python (rows/profile.py)."""
+        plan = self.plan
+        stats: dict[str, ColumnStats] = {}
+        names = scored.schema.names
+        for column in plan.profile_features:
+            values = numeric_values(scored.column(column)) if column in names else None
+            if values is not None:
+                stats[column] = ColumnStats.of(values, plan.profile_cuts.get(column))
+        mapping = plan.prediction_names or {k: k for k in outputs}
+        for output, column in mapping.items():
+            values = numeric_values(outputs[output])
+            if values is not None:
+                stats[column] = ColumnStats.of(values, plan.profile_cuts.get(column))
+        return stats
 
     def _write(self, kind: str, index: int, number: int, table: pa.Table,
                encoding: dict | None = None) -> FileRecord:
@@ -369,6 +405,7 @@ class FinishShard(beam.DoFn):
         index, records = element
         result = fold_shard(self.plan.shard_names[index], list(records))
         write_json(self.layout.fs, self.layout.shard_result(index), result.to_dict())
+        progress.add(shards_done=1)
         faults.point("shard_done")
         yield index
 

@@ -75,7 +75,7 @@ def assert_committed_partition(fs, bucket: str, template: Path) -> dict:
     data_files = {k for k in present if k.startswith(("predictions/", "quarantine/"))}
     assert data_files == listed
     assert not any(k.startswith("_tmp/") for k in present), present
-    assert present - data_files <= {"_manifest.json", "_metrics.json"}
+    assert present - data_files <= {"_manifest.json", "_metrics.json", "_profile.json", "report.html"}
     return manifest
 
 

@@ -1,0 +1,104 @@
+"""Live progress of a run: shards and rows done of the total, rows/s, ETA, quarantined so far.
+
+A driver thread polls the pipeline's counters (:mod:`batchinfer.pipeline.progress`) while the
+pipeline runs; the pipeline itself only bumps them once per batch. On a terminal it draws a
+``rich`` progress bar (removed when scoring ends: the run's summary follows); otherwise it
+prints a plain line every ``BATCHINFER_PROGRESS_SECONDS`` (default 30) when something moved;
+``--quiet`` shows nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from typing import IO, Callable, Iterator
+
+from ..pipeline import progress as counters
+
+MODES = ("rich", "plain", "quiet")
+
+
+def choose_mode(quiet: bool, stream: IO[str] | None = None) -> str:
+    if quiet:
+        return "quiet"
+    stream = stream or sys.stdout
+    return "rich" if stream.isatty() else "plain"
+
+
+def _eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def describe(snap: counters.Counts, shards: int, elapsed: float) -> tuple[str, int, int]:
+    """The progress line, rows done and rows expected in all (estimated from the shards opened
+    until every footer is read)."""
+    total = snap.rows_known
+    if snap.shards_opened and snap.shards_opened < shards:
+        total = int(snap.rows_known / snap.shards_opened * shards)
+    rate = snap.rows_done / elapsed if elapsed > 0 else 0.0
+    left = (total - snap.rows_done) / rate if rate > 0 and total >= snap.rows_done else None
+    line = (f"shards {snap.shards_done}/{shards}, rows {snap.rows_done:,}/"
+            f"{'~' if snap.shards_opened < shards else ''}{total:,}, {rate:,.0f} rows/s, ETA "
+            f"{_eta(left)}, {snap.rows_quarantined:,} quarantined")
+    return line, snap.rows_done, max(total, snap.rows_done, 1)
+
+
+@contextlib.contextmanager
+def watch(shards: int, mode: str, *, label: str = "scoring",
+          emit: Callable[[str], None] = lambda line: print(line, flush=True)) -> Iterator[None]:
+    """Show progress while the block runs (the pipeline), in ``mode`` (see :data:`MODES`)."""
+    if mode == "quiet":
+        yield
+        return
+    counters.reset()
+    stop = threading.Event()
+    start = time.perf_counter()
+    if mode == "rich":
+        from rich.progress import BarColumn, Progress, TextColumn
+
+        bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[line]}"),
+                       transient=True, refresh_per_second=4)
+        task = bar.add_task(label, total=1, line="starting")
+
+        def tick() -> None:
+            line, done, total = describe(counters.snapshot(), shards, time.perf_counter() - start)
+            bar.update(task, completed=done, total=total, line=line)
+
+        with bar:
+            thread = threading.Thread(target=_poll, args=(stop, tick, 0.25), daemon=True,
+                                      name="batchinfer-progress")
+            thread.start()
+            try:
+                yield
+            finally:
+                stop.set()
+                thread.join()
+        return
+    every = float(os.environ.get("BATCHINFER_PROGRESS_SECONDS", "30"))
+    last = {"at": start, "done": -1}
+
+    def plain() -> None:
+        snap = counters.snapshot()
+        now = time.perf_counter()
+        if snap.rows_done != last["done"] and now - last["at"] >= every:
+            last["at"], last["done"] = now, snap.rows_done
+            emit(f"progress: {describe(snap, shards, now - start)[0]}")
+
+    thread = threading.Thread(target=_poll, args=(stop, plain, min(1.0, max(every, 0.05))),
+                              daemon=True, name="batchinfer-progress")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _poll(stop: threading.Event, tick: Callable[[], None], interval: float) -> None:
+    while not stop.wait(interval):
+        tick()

@@ -1,0 +1,292 @@
+"""Column statistics for drift monitoring: a baseline profile, mergeable per-batch statistics,
+and PSI / KS of a run against the baseline (pure: numpy and Arrow, no I/O).
+
+A *baseline* is made once from a whole partition (``batchinfer profile``): exact moments and
+quantiles of every numeric feature and prediction column, and the *cuts* of a fixed-bin
+histogram, chosen as the baseline's own quantiles so each bin holds about the same share of it
+(PSI's usual decile-style bins, here :data:`BINS`). A run never chooses bins: every batch is
+counted into the baseline's cuts with one ``searchsorted`` per column, and the per-batch
+:class:`ColumnStats` merge exactly (counts add; mean and variance by Chan's pairwise formula),
+in any order, so a run's statistics come out of one pass over the rows it already holds.
+
+Bins: with cuts ``c_1 < … < c_k``, bin 0 is ``(-inf, c_1)``, bin i is ``[c_i, c_{i+1})`` and bin
+k is ``[c_k, inf)``: values outside the baseline's range still land in the end bins. Null and
+non-finite values are counted as ``nulls`` and kept out of moments and histograms.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+PROFILE_VERSION = 1
+BINS = 20                                   # histogram bins a baseline chooses (at most)
+QUANTILES = (0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
+PSI_FLOOR = 1e-4                            # an empty bin's share, so log(q/p) stays finite
+
+
+def numeric_values(column: Any) -> np.ndarray | None:
+    """A column (Arrow array or chunked array, or numpy) as floats with nulls as NaN — float32
+    kept as it is (half the memory traffic; :func:`bin_counts` compares it exactly), anything
+    else as float64 — or None when it is not a scalar numeric or boolean column (strings,
+    lists: not profiled)."""
+    if isinstance(column, (pa.Array, pa.ChunkedArray)):
+        kind = column.type
+        if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)):
+            return None
+        values = column.to_numpy(zero_copy_only=False)
+        if values.dtype == object:  # booleans with nulls
+            values = np.array([np.nan if v is None else float(v) for v in values])
+        return _floats(values)
+    values = np.asarray(column)
+    if values.ndim == 2 and values.shape[1] == 1:
+        values = values[:, 0]
+    if values.ndim != 1 or values.dtype.kind not in "biuf":
+        return None
+    return _floats(values)
+
+
+def _floats(values: np.ndarray) -> np.ndarray:
+    return values if values.dtype == np.float32 else values.astype(np.float64, copy=False)
+
+
+def bin_counts(values: np.ndarray, cuts: Sequence[float] | np.ndarray) -> tuple[int, ...]:
+    """Counts of ``values`` in the bins the cuts make (see the module docstring).
+
+    One vectorised ``>=`` and count per cut: with the 20-odd cuts of a profile that is 5-6
+    times faster than ``searchsorted`` + ``bincount`` (a branchy binary search per value),
+    measured at 0.5 against 2.7 ms per 65,536 values here; the counts are the same.
+    """
+    edges = np.asarray(cuts, dtype=np.float64)
+    if values.dtype == np.float32 and np.array_equal(edges.astype(np.float32), edges):
+        edges = edges.astype(np.float32)  # exact: the cuts are float32 values (a float32 column's own)
+    elif values.dtype != np.float64:
+        values = values.astype(np.float64)
+    at_least = [int(np.count_nonzero(values >= c)) for c in edges]
+    bounds = [int(values.size), *at_least, 0]
+    return tuple(bounds[i] - bounds[i + 1] for i in range(len(bounds) - 1))
+
+
+@dataclass(frozen=True)
+class ColumnStats:
+    """Mergeable statistics of one column over some rows.
+
+    Attributes:
+        count: finite values seen. nulls: null or non-finite values.
+        mean, m2: mean and sum of squared deviations of the finite values (Chan et al.).
+        minimum, maximum: of the finite values (inf / -inf when none).
+        counts: histogram counts over the baseline's cuts (``len(cuts) + 1`` bins), or empty
+            when no cuts were given.
+    """
+
+    count: int = 0
+    nulls: int = 0
+    mean: float = 0.0
+    m2: float = 0.0
+    minimum: float = math.inf
+    maximum: float = -math.inf
+    counts: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, values: np.ndarray, cuts: Sequence[float] | np.ndarray | None = None) -> "ColumnStats":
+        finite = np.isfinite(values)
+        good = values if finite.all() else values[finite]
+        n = int(good.size)
+        counts: tuple[int, ...] = ()
+        if cuts is not None and len(cuts):
+            counts = bin_counts(good, cuts)
+        if n == 0:
+            return cls(0, int(values.size), counts=counts)
+        mean = float(good.mean(dtype=np.float64))
+        deviation = good.astype(np.float64) - mean
+        # Not np.dot: that is BLAS, whose threads cost 13 ms a call here beside the pipeline's
+        # own (measured), against well under 1 ms for the plain square and sum.
+        m2 = float(np.square(deviation, out=deviation).sum())
+        return cls(n, int(values.size - n), mean, m2, float(good.min()), float(good.max()), counts)
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(self.m2 / (self.count - 1)) if self.count > 1 else 0.0
+
+    def __add__(self, other: "ColumnStats") -> "ColumnStats":
+        n = self.count + other.count
+        if self.counts and other.counts and len(self.counts) != len(other.counts):
+            raise ValueError("histograms over different cuts cannot be merged")
+        counts = (tuple(a + b for a, b in zip(self.counts, other.counts))
+                  if self.counts and other.counts else self.counts or other.counts)
+        if n == 0:
+            return ColumnStats(0, self.nulls + other.nulls, counts=counts)
+        delta = other.mean - self.mean
+        mean = self.mean + delta * other.count / n
+        m2 = self.m2 + other.m2 + delta * delta * self.count * other.count / n
+        return ColumnStats(n, self.nulls + other.nulls, mean, m2, min(self.minimum, other.minimum),
+                           max(self.maximum, other.maximum), counts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "nulls": self.nulls, "mean": self.mean, "m2": self.m2,
+                "min": self.minimum if self.count else None,
+                "max": self.maximum if self.count else None, "counts": list(self.counts)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ColumnStats":
+        return cls(int(data["count"]), int(data["nulls"]), float(data["mean"]), float(data["m2"]),
+                   math.inf if data.get("min") is None else float(data["min"]),
+                   -math.inf if data.get("max") is None else float(data["max"]),
+                   tuple(int(c) for c in data.get("counts", ())))
+
+
+def merge_columns(a: Mapping[str, ColumnStats], b: Mapping[str, ColumnStats]) -> dict[str, ColumnStats]:
+    """Column-wise sum of two statistics mappings (a column on one side only is kept)."""
+    merged = dict(a)
+    for name, stats in b.items():
+        merged[name] = merged[name] + stats if name in merged else stats
+    return merged
+
+
+def choose_cuts(values: np.ndarray, bins: int = BINS) -> list[float]:
+    """Interior cuts of an equal-frequency histogram of ``values`` (finite ones), duplicates
+    dropped: a column with few distinct values gets fewer bins, one per value at most."""
+    good = values[np.isfinite(values)]
+    if good.size == 0:
+        return []
+    # "higher": cuts are values of the column, so a discrete column's bins hold whole values.
+    cuts = np.unique(np.quantile(good, np.arange(1, bins) / bins, method="higher"))
+    # A cut at the minimum would leave bin 0 empty by construction; a constant column still
+    # gets one cut, just above its value, so a run's other values show as drift.
+    lowest = float(good.min())
+    kept = [float(c) for c in cuts if c > lowest]
+    return kept or [float(np.nextafter(lowest, np.inf))]
+
+
+@dataclass(frozen=True)
+class ColumnProfile:
+    """A column of a profile: its statistics, the cuts of its histogram, its quantiles
+    (exact in a baseline; interpolated from the histogram in a run) and whether it is a feature
+    or a prediction."""
+
+    kind: str
+    stats: ColumnStats
+    cuts: tuple[float, ...] = ()
+    quantiles: dict[str, float | None] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.stats
+        return {"kind": self.kind, "count": s.count, "nulls": s.nulls,
+                "mean": s.mean if s.count else None, "std": s.std if s.count else None,
+                "min": s.minimum if s.count else None, "max": s.maximum if s.count else None,
+                "quantiles": dict(self.quantiles), "cuts": list(self.cuts),
+                "counts": list(s.counts), "m2": s.m2}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ColumnProfile":
+        stats = ColumnStats(int(data["count"]), int(data["nulls"]), float(data.get("mean") or 0.0),
+                            float(data.get("m2") or (data.get("std") or 0.0) ** 2 * max(int(data["count"]) - 1, 0)),
+                            math.inf if data.get("min") is None else float(data["min"]),
+                            -math.inf if data.get("max") is None else float(data["max"]),
+                            tuple(int(c) for c in data.get("counts", ())))
+        return cls(str(data.get("kind", "feature")), stats, tuple(float(c) for c in data.get("cuts", ())),
+                   {str(k): v for k, v in (data.get("quantiles") or {}).items()})
+
+
+def baseline_column(kind: str, values: np.ndarray, bins: int = BINS) -> ColumnProfile:
+    """The baseline profile of one column from all its values (exact quantiles, chosen cuts)."""
+    cuts = choose_cuts(values, bins)
+    stats = ColumnStats.of(values, cuts)
+    good = values[np.isfinite(values)]
+    quantiles: dict[str, float | None] = {
+        f"{q:g}": (float(np.quantile(good, q)) if good.size else None) for q in QUANTILES}
+    return ColumnProfile(kind, stats, tuple(cuts), quantiles)
+
+
+def run_column(kind: str, stats: ColumnStats, cuts: Sequence[float]) -> ColumnProfile:
+    """A run's column profile: its merged statistics, quantiles read off its histogram."""
+    return ColumnProfile(kind, stats, tuple(cuts), approx_quantiles(stats, cuts))
+
+
+def approx_quantiles(stats: ColumnStats, cuts: Sequence[float],
+                     quantiles: Sequence[float] = QUANTILES) -> dict[str, float | None]:
+    """Quantiles interpolated linearly within the histogram's bins (the end bins span to the
+    column's min and max): exact to within one bin, which is what one pass allows."""
+    if not stats.count or not stats.counts:
+        return {f"{q:g}": None for q in quantiles}
+    edges = [stats.minimum, *[min(max(c, stats.minimum), stats.maximum) for c in cuts], stats.maximum]
+    cumulative = np.cumsum(stats.counts) / stats.count
+    out: dict[str, float | None] = {}
+    for q in quantiles:
+        i = int(np.searchsorted(cumulative, q, side="left"))
+        i = min(i, len(stats.counts) - 1)
+        below = cumulative[i - 1] if i else 0.0
+        share = stats.counts[i] / stats.count
+        frac = (q - below) / share if share else 0.0
+        lo, hi = edges[i], edges[i + 1]
+        if hi <= np.nextafter(lo, np.inf):  # a constant's bin: interpolating gives 5e-324
+            out[f"{q:g}"] = float(lo)
+            continue
+        out[f"{q:g}"] = float(lo + (hi - lo) * min(max(frac, 0.0), 1.0))
+    return out
+
+
+def shares(counts: Sequence[int]) -> np.ndarray:
+    total = float(sum(counts))
+    return np.asarray(counts, dtype=np.float64) / total if total else np.zeros(len(counts))
+
+
+def psi(baseline: Sequence[int], current: Sequence[int], floor: float = PSI_FLOOR) -> float:
+    """Population stability index Σ (q − p)·ln(q / p) over the bins, shares floored at ``floor``
+    (an empty bin on one side would make it infinite)."""
+    p = np.maximum(shares(baseline), floor)
+    q = np.maximum(shares(current), floor)
+    return float(np.sum((q - p) * np.log(q / p)))
+
+
+def ks(baseline: Sequence[int], current: Sequence[int]) -> float:
+    """The Kolmogorov–Smirnov statistic read off the binned CDFs: max |F_base − F_run| at the
+    bins' upper edges (a lower bound of the exact statistic, exact at the cuts)."""
+    if not sum(baseline) or not sum(current):
+        return 0.0
+    return float(np.max(np.abs(np.cumsum(shares(baseline)) - np.cumsum(shares(current)))))
+
+
+@dataclass(frozen=True)
+class ColumnDrift:
+    """One column's drift against the baseline and what the limits make of it."""
+
+    column: str
+    kind: str
+    psi: float
+    ks: float
+    level: str          # ok | warn | fail
+    breached: tuple[str, ...] = ()   # e.g. ("psi 0.31 > 0.25",)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"column": self.column, "kind": self.kind, "psi": self.psi, "ks": self.ks,
+                "level": self.level, "breached": list(self.breached)}
+
+
+def _over(values: Mapping[str, float], limits: Mapping[str, float | None]) -> list[str]:
+    return [f"{name} {values[name]:.3g} > {limit:g}" for name, limit in limits.items()
+            if limit is not None and values[name] > limit]
+
+
+def drift(baseline: Mapping[str, ColumnProfile], current: Mapping[str, ColumnStats],
+          warn: Mapping[str, float | None], fail: Mapping[str, float | None]) -> list[ColumnDrift]:
+    """PSI and KS of every column in both, worst first (fail, then warn, then by PSI).
+
+    ``warn`` and ``fail`` map a statistic (``psi``, ``ks``) to its limit (None: no limit); a
+    column is above a level when any of its statistics is strictly above that level's limit.
+    """
+    out = []
+    for name, base in baseline.items():
+        stats = current.get(name)
+        if stats is None or not stats.counts or len(stats.counts) != len(base.stats.counts):
+            continue
+        values = {"psi": psi(base.stats.counts, stats.counts), "ks": ks(base.stats.counts, stats.counts)}
+        failed, warned = _over(values, fail), _over(values, warn)
+        level = "fail" if failed else "warn" if warned else "ok"
+        out.append(ColumnDrift(name, base.kind, values["psi"], values["ks"], level,
+                               tuple(failed or warned)))
+    rank = {"fail": 0, "warn": 1, "ok": 2}
+    return sorted(out, key=lambda d: (rank[d.level], -d.psi, -d.ks, d.column))

@@ -1,0 +1,199 @@
+"""The pure drift statistics (batchinfer/rows/profile.py) and what the driver makes of them
+(health metrics, the report's HTML): many examples, hypothesis for the merge."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batchinfer.commands.monitor import health_metrics, metric_part
+from batchinfer.commands.report import render_report
+from batchinfer.io.records import ShardRecord, ShardResult
+from batchinfer.rows.profile import (
+    ColumnProfile,
+    ColumnStats,
+    approx_quantiles,
+    baseline_column,
+    bin_counts,
+    choose_cuts,
+    drift,
+    ks,
+    merge_columns,
+    numeric_values,
+    psi,
+)
+
+floats = st.floats(-1e6, 1e6, allow_nan=False, width=64)
+
+
+@given(st.lists(st.one_of(floats, st.just(math.nan), st.just(math.inf)), min_size=0, max_size=200),
+       st.lists(floats, min_size=1, max_size=8, unique=True), st.integers(0, 200))
+@settings(max_examples=200, deadline=None)
+def test_merged_batches_equal_the_whole(values, cuts, split):
+    """Per-batch statistics merge exactly (counts) or to rounding (moments), in any order."""
+    x = np.array(values, dtype=np.float64)
+    cuts = sorted(cuts)
+    whole = ColumnStats.of(x, cuts)
+    split = min(split, x.size)
+    parts = ColumnStats.of(x[:split], cuts) + ColumnStats.of(x[split:], cuts)
+    reverse = ColumnStats.of(x[split:], cuts) + ColumnStats.of(x[:split], cuts)
+    for merged in (parts, reverse):
+        assert (merged.count, merged.nulls, merged.counts) == (whole.count, whole.nulls, whole.counts)
+        assert merged.minimum == whole.minimum and merged.maximum == whole.maximum
+        assert merged.mean == pytest.approx(whole.mean, rel=1e-9, abs=1e-6)
+        assert merged.m2 == pytest.approx(whole.m2, rel=1e-6, abs=1e-3)
+    finite = x[np.isfinite(x)]
+    assert whole.count == finite.size and whole.nulls == x.size - finite.size
+    assert sum(whole.counts) == finite.size
+    if finite.size > 1:
+        assert whole.std == pytest.approx(finite.std(ddof=1), rel=1e-9, abs=1e-6)
+
+
+@given(st.lists(floats, min_size=0, max_size=300), st.lists(floats, min_size=1, max_size=25, unique=True))
+@settings(max_examples=200, deadline=None)
+def test_bin_counts_match_searchsorted(values, cuts):
+    x = np.array(values, dtype=np.float64)
+    cuts = np.array(sorted(cuts))
+    expected = np.bincount(np.searchsorted(cuts, x, side="right"), minlength=cuts.size + 1)
+    assert bin_counts(x, cuts) == tuple(int(c) for c in expected)
+
+
+def test_bins_are_closed_on_the_left():
+    # cuts 1, 2: (-inf, 1) [1, 2) [2, inf)
+    assert bin_counts(np.array([0.0, 1.0, 1.5, 2.0, 9.0]), [1.0, 2.0]) == (1, 2, 2)
+
+
+def test_numeric_values_of_arrow_and_numpy_columns():
+    assert np.array_equal(numeric_values(pa.array([1, None, 3])), [1.0, np.nan, 3.0], equal_nan=True)
+    assert np.array_equal(numeric_values(pa.array([True, None, False])), [1.0, np.nan, 0.0], equal_nan=True)
+    assert numeric_values(pa.array(["a", "b"])) is None
+    assert numeric_values(pa.array([[1.0], [2.0]])) is None
+    assert numeric_values(np.ones((3, 1), np.float32)).shape == (3,)
+    assert numeric_values(np.ones((3, 2), np.float32)) is None  # [N, K] outputs: not profiled
+
+
+def test_choose_cuts_equal_frequency_and_degenerate_columns():
+    x = np.arange(1000, dtype=np.float64)
+    cuts = choose_cuts(x, bins=10)
+    assert len(cuts) == 9
+    assert bin_counts(x, cuts) == (100,) * 10
+    assert choose_cuts(np.array([0.0, 0.0, 1.0, 1.0])) == [1.0]         # binary: two bins
+    constant = choose_cuts(np.full(50, 7.0))
+    assert len(constant) == 1 and 7.0 < constant[0] < 7.0001            # values ≠ 7 are drift
+    assert choose_cuts(np.array([np.nan, np.inf])) == []
+
+
+def test_psi_and_ks_by_hand():
+    assert psi([10, 10], [10, 10]) == 0.0 and ks([10, 10], [10, 10]) == 0.0
+    # p = (.5, .5), q = (.25, .75): (−.25)·ln(.5) + (.25)·ln(1.5)
+    assert psi([50, 50], [25, 75]) == pytest.approx(0.25 * math.log(2) + 0.25 * math.log(1.5))
+    assert ks([50, 50], [25, 75]) == pytest.approx(0.25)
+    # An empty bin on one side is floored, not infinite.
+    assert math.isfinite(psi([100, 0], [50, 50])) and psi([100, 0], [50, 50]) > 1.0
+    assert ks([100, 0], [0, 100]) == 1.0
+    assert ks([0, 0], [1, 1]) == 0.0  # nothing to compare
+
+
+def test_psi_grows_with_the_shift():
+    rng = np.random.default_rng(0)
+    base = baseline_column("feature", rng.standard_normal(20_000))
+    values = [psi(base.stats.counts, ColumnStats.of(rng.standard_normal(20_000) + s, base.cuts).counts)
+              for s in (0.0, 0.2, 0.5, 1.0)]
+    assert values[0] < 0.01 < values[1] < values[2] < values[3]
+    assert 0.03 < values[1] < 0.08  # the rule of thumb: a 0.2 sd shift is a small PSI
+
+
+def test_approx_quantiles_within_one_bin():
+    rng = np.random.default_rng(1)
+    x = rng.gamma(2.0, size=50_000)
+    base = baseline_column("feature", x)
+    approx = approx_quantiles(ColumnStats.of(x, base.cuts), base.cuts)
+    edges = [x.min(), *base.cuts, x.max()]
+    for q, exact in base.quantiles.items():
+        i = int(np.searchsorted(base.cuts, exact, side="right"))  # the bin holding the exact one
+        assert edges[i] <= approx[q] <= edges[i + 1], q
+    flat = baseline_column("feature", np.zeros(10))
+    assert approx_quantiles(flat.stats, flat.cuts)["0.5"] == 0.0
+
+
+def test_drift_levels_and_order():
+    rng = np.random.default_rng(2)
+    base = {name: baseline_column(kind, rng.standard_normal(10_000))
+            for name, kind in (("a", "feature"), ("b", "feature"), ("c", "prediction"), ("d", "feature"))}
+    shifts = {"a": 0.0, "b": 2.0, "c": 0.4, "d": 0.0}
+    run = {name: ColumnStats.of(rng.standard_normal(10_000) + shifts[name], col.cuts)
+           for name, col in base.items() if name != "d"}
+    found = drift(base, run, warn={"psi": 0.1, "ks": None}, fail={"psi": 1.0, "ks": 0.5})
+    assert [d.column for d in found] == ["b", "c", "a"]   # fail, warn, ok; d not in the run
+    assert [d.level for d in found] == ["fail", "warn", "ok"]
+    assert found[0].breached[0].startswith("psi ") and "> 1" in found[0].breached[0]
+    assert any(b.startswith("ks ") for b in found[0].breached)
+    assert found[2].breached == ()
+
+
+def test_profiles_round_trip_through_json():
+    col = baseline_column("prediction", np.array([0.1, 0.2, np.nan, 0.9]))
+    again = ColumnProfile.from_dict(col.to_dict())
+    assert again.stats == col.stats and again.cuts == col.cuts and again.kind == "prediction"
+    stats = ColumnStats.of(np.array([1.0, 2.0, 3.0]), [2.0])
+    assert ColumnStats.from_dict(stats.to_dict()) == stats
+    assert merge_columns({"x": stats}, {"x": stats, "y": stats})["x"].count == 6
+
+
+def test_cuts_must_agree_to_merge():
+    with pytest.raises(ValueError):
+        ColumnStats.of(np.ones(3), [0.5]) + ColumnStats.of(np.ones(3), [0.5, 2.0])
+
+
+def _result(batches, quarantine=()):
+    return ShardResult(ShardRecord("s", "0" * 64, 10, 10, 0, "scored", None), {}, quarantine=quarantine,
+                       batches=tuple(batches))
+
+
+def test_health_metrics_percentiles_and_quarantine_names():
+    results = [_result([(100, float(ms)) for ms in range(1, 51)], ((None, "validation_error", 2),)),
+               _result([(50, float(ms)) for ms in range(51, 101)], (("f 1", "in_range(0, 1)", 3),))]
+    metrics = health_metrics(results, 0.25)
+    assert metrics["model_latency_ms_p50"] == pytest.approx(50.5)
+    assert metrics["model_latency_ms_p99"] == pytest.approx(99.01)
+    assert metrics["model_latency_ms_max"] == 100.0 and metrics["model_batches"] == 100.0
+    assert (metrics["batch_rows_min"], metrics["batch_rows_max"]) == (50.0, 100.0)
+    assert metrics["model_rows_per_second"] == pytest.approx(7500 / 5.05)
+    assert metrics["model_load_seconds"] == 0.25
+    assert metrics["quarantine_rows._row.validation_error"] == 2.0
+    assert metrics["quarantine_rows.f_1.in_range_0_1"] == 3.0
+    assert metric_part("a.b c/d") == "a_b_c_d"
+
+
+def test_report_escapes_names_and_needs_no_network():
+    evil = "<script>alert(1)</script>"
+    profile = {"level": "warn", "baseline": {"path": "b.json", "ds": "d", "columns": {
+        evil: {"kind": "prediction", "counts": [5, 5], "cuts": [0.5]}}},
+        "limits": {"warn": {"psi": 0.1}, "fail": {"psi": 0.25}},
+        "drift": [{"column": evil, "kind": "prediction", "psi": 0.2, "ks": 0.1, "level": "warn",
+                   "breached": ["psi 0.2 > 0.1"]}],
+        "columns": {evil: {"kind": "prediction", "count": 10, "nulls": 0, "counts": [2, 8], "cuts": [0.5]}},
+        "quarantine": [[None, evil, 3]]}
+    page = render_report(None, {"metrics": {"rows_in": 10.0, "stage_seconds_infer": 0.5}}, profile)
+    assert evil not in page and "&lt;script&gt;" in page and "<script" not in page
+    assert page.count("<svg") >= 3   # drift bars, histogram, quarantine bars
+
+
+@given(st.lists(st.floats(-1e6, 1e6, width=32, allow_nan=False), min_size=1, max_size=200),
+       st.lists(st.floats(-1e30, 1e30, allow_nan=False), min_size=1, max_size=20, unique=True))
+@settings(max_examples=200, deadline=None)
+def test_float32_columns_bin_and_summarise_as_float64(values, cuts):
+    """float32 columns stay float32 (half the memory traffic) with the same counts and moments,
+    whether the cuts are float32 values (compared as float32) or not (compared as float64)."""
+    x32 = np.array(values, dtype=np.float32)
+    x64 = x32.astype(np.float64)
+    assert numeric_values(x32).dtype == np.float32
+    for edges in (sorted(cuts), sorted({float(np.float32(c)) for c in cuts})):
+        a, b = ColumnStats.of(x32, edges), ColumnStats.of(x64, edges)
+        assert a.counts == b.counts and a.count == b.count
+        assert a.mean == pytest.approx(b.mean, rel=1e-12, abs=1e-12)
+        assert a.minimum == b.minimum and a.maximum == b.maximum
