@@ -167,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    with tempfile.TemporaryDirectory() as tmp:
+    # Scratch beside the models, so that the final renames stay on one file system (atomic).
+    with tempfile.TemporaryDirectory(dir=out, prefix=".prepare-") as tmp:
         source = Path(tmp) / MODEL_NAME
         with zipfile.ZipFile(model_zip()) as zf:
             zf.extractall(source)
@@ -182,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
                                     convert_to_numpy=True)
         module = embedder(source)
         inputs = preprocess.transform(pa.record_batch({"text": pa.array(PARITY_TEXTS, pa.string())}))
-        example = {k: v[:2, :8].copy() for k, v in inputs.items()}  # not 1: see export_program
+        # 2 rows of 8 tokens: torch.export would fix an axis of size 1 in the example to 1.
+        example = {k: v[:2, :8].copy() for k, v in inputs.items()}
         program = export_program(module, example)
         scratch_pt2 = Path(tmp) / "model.pt2"
         scratch_onnx = Path(tmp) / "model.onnx"
