@@ -2,6 +2,7 @@
 (``models:/name/version``, declaration in the model version's tags)."""
 from __future__ import annotations
 
+import os
 import re
 import tempfile
 from dataclasses import dataclass
@@ -64,6 +65,11 @@ def resolve_model(uri: str, backend: str, tracking_uri: str) -> ResolvedModel:
         raise _registry_error(exc, f"model version {uri}", tracking_uri) from None
     try:
         import mlflow.artifacts
+
+        # MLflow draws a progress bar on stderr when tqdm is installed (sentence-transformers
+        # brings it in): it would surround the one line an error gets (SPEC §2). A user's own
+        # setting wins.
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
         # Not artifact_uri="models:/…": MLflow resolves that against the default registry (a
         # mlflow.db in the working folder), not this job's; ask our registry where the files are.

@@ -164,8 +164,9 @@ def test_the_repository_jobs_folder_is_the_default(airflow):
     env = {k: v for k, v in airflow["env"].items() if k != "BATCHINFER_JOBS_DIR"}
     parsed = parse(env)
     assert parsed["errors"] == {}
-    assert sorted(parsed["dags"]) == ["nightly_credit_risk"]
+    assert sorted(parsed["dags"]) == ["nightly_credit_risk", "nightly_text_embeddings"]
     assert sorted(parsed["dags"]["nightly_credit_risk"]["tasks"]) == ["score", "wait_for_marker"]
+    assert sorted(parsed["dags"]["nightly_text_embeddings"]["tasks"]) == ["score"]
 
 
 def test_a_bad_nightly_yaml_is_an_import_error_naming_the_key(airflow, tmp_path):
