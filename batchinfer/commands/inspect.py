@@ -7,7 +7,7 @@ import os
 
 from ..errors import SpecError
 from ..io.manifest import read_manifest
-from ..io.outputs import METRICS, read_json, write_json
+from ..io.outputs import METRICS, REPORT, read_json, write_json
 from ..io.records import Manifest
 from ..io.storage import join, url_to_fs
 
@@ -38,10 +38,15 @@ def upload_tracking(url: str, tracking_uri: str | None = None) -> str:
     if record.get("uploaded"):
         return record.get("mlflow_run_id") or ""
     record["manifest_text"] = json.dumps(manifest.to_dict(), indent=2)
+    try:  # the job report goes with it, as at run time
+        record["report_text"] = fs.cat_file(join(root, REPORT)).decode()
+    except FileNotFoundError:
+        pass
     # The record shows ${NAME} in place of environment values (SPEC §3): expand them again.
     uri = tracking_uri or os.path.expandvars(record["tracking_uri"])
     run_id = upload_pending(uri, record["experiment"], record)
     record.pop("manifest_text")
+    record.pop("report_text", None)
     record.update({"uploaded": True, "mlflow_run_id": run_id, "error": None})
     write_json(fs, join(root, METRICS), record)
     return run_id

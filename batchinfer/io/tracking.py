@@ -316,8 +316,10 @@ def upload_pending(uri: str, experiment: str, record: dict) -> str:
     if run_id is None:
         run_id = client.create_run(experiment_id, run_name=record.get("run_name"),
                                    tags=record.get("tags", {})).info.run_id
-    upload(client, run_id, record["params"], record["metrics"],
-           {"manifest.json": record.get("manifest_text", "")}, tags=record.get("tags"))
+    artifacts = {"manifest.json": record.get("manifest_text", "")}
+    if record.get("report_text"):
+        artifacts["report.html"] = record["report_text"]
+    upload(client, run_id, record["params"], record["metrics"], artifacts, tags=record.get("tags"))
     return run_id
 
 

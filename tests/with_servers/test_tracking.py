@@ -82,6 +82,8 @@ def test_outage_commits_then_track_uploads(tmp_path, mlflow_live, stamped_templa
     run = mlflow_live.client().get_run(run_id)
     assert run.data.metrics["rows_in"] == ROWS_IN and run.data.metrics["rows_scored"] == ROWS_IN
     assert run.data.params["triple.model_digest"] == manifest["triple"]["model_digest"]
+    artifacts = {a.path for a in mlflow_live.client().list_artifacts(run_id)}
+    assert {"manifest.json", "report.html"} <= artifacts, artifacts   # as a run would have logged
     exp = mlflow_live.client().get_experiment_by_name(experiment)
     assert run.info.experiment_id == exp.experiment_id
     # Uploading again is a no-op: still one run.
