@@ -15,6 +15,7 @@ import os
 import select
 import subprocess
 import sys
+import time
 from typing import Any, Mapping
 
 from ..errors import one_line
@@ -208,8 +209,16 @@ def _serve() -> None:
                 reply: dict = {"run_id": run_id}
             else:
                 req = message["finish"]
-                upload(client, run_id, req["params"], req["metrics"], req["artifacts"],
-                       req["status"], req.get("tags"), req.get("dataset"))
+                args = (client, run_id, req["params"], req["metrics"], req["artifacts"],
+                        req["status"], req.get("tags"), req.get("dataset"))
+                try:
+                    upload(*args)
+                except Exception:
+                    # Runs of one partition at once share a sqlite store, and a write can fail
+                    # on its lock; every step of upload() is safe to repeat (the same params,
+                    # tags and texts again, metrics at the same step), so once more after a pause.
+                    time.sleep(1.0)
+                    upload(*args)
                 reply = {"ok": True}
         except Exception as exc:  # reported to the job, which carries on without tracking
             reply = {"error": short_error(exc)}
@@ -286,6 +295,23 @@ def log_dataset(client, run_id: str, dataset: Mapping[str, str]) -> None:
     client.log_inputs(run_id, [DatasetInput(entity, [InputTag("mlflow.data.context", "inference")])])
 
 
+def _log_dataset_once(client, run_id: str, dataset: Mapping[str, str]) -> None:
+    """The input partition as an MLflow dataset — a nicety that must not cost the run.
+
+    Runs of one partition at once (a race, or ``--set output.path=…`` beside the nightly run)
+    log the same dataset (name, digest) into one store, and the loser of the insert gets an
+    integrity error; a second try finds the dataset there. Should that fail too, the run is still
+    finished (``set_terminated`` comes after this) and says why in a tag.
+    """
+    for attempt in (1, 2):
+        try:
+            log_dataset(client, run_id, dataset)
+            return
+        except Exception as exc:
+            if attempt == 2:
+                client.set_tag(run_id, "batchinfer.dataset", f"not logged: {short_error(exc)}"[:5000])
+
+
 def upload(client, run_id: str, params: Mapping[str, Any], metrics: Mapping[str, float],
            artifacts: Mapping[str, str], status: str = "FINISHED",
            tags: Mapping[str, str] | None = None, dataset: Mapping[str, str] | None = None) -> None:
@@ -301,7 +327,7 @@ def upload(client, run_id: str, params: Mapping[str, Any], metrics: Mapping[str,
     for chunk in _chunks([RunTag(k, str(v)[:5000]) for k, v in sorted((tags or {}).items())], BATCH_TAGS):
         client.log_batch(run_id, tags=chunk)
     if dataset:
-        log_dataset(client, run_id, dataset)
+        _log_dataset_once(client, run_id, dataset)
     for name, text in artifacts.items():
         client.log_text(run_id, text, name)
     # MLflow prints "View run … at: <tracking URI>" here, which may hold a ${NAME} value.
