@@ -56,7 +56,6 @@ def watch(shards: int, mode: str, *, label: str = "scoring",
         yield
         return
     counters.reset()
-    stop = threading.Event()
     start = time.perf_counter()
     if mode == "rich":
         from rich.progress import BarColumn, Progress, TextColumn
@@ -69,15 +68,8 @@ def watch(shards: int, mode: str, *, label: str = "scoring",
             line, done, total = describe(counters.snapshot(), shards, time.perf_counter() - start)
             bar.update(task, completed=done, total=total, line=line)
 
-        with bar:
-            thread = threading.Thread(target=_poll, args=(stop, tick, 0.25), daemon=True,
-                                      name="batchinfer-progress")
-            thread.start()
-            try:
-                yield
-            finally:
-                stop.set()
-                thread.join()
+        with bar, _polling(tick, 0.25):
+            yield
         return
     every = float(os.environ.get("BATCHINFER_PROGRESS_SECONDS", "30"))
     last = {"at": start, "done": -1}
@@ -89,16 +81,23 @@ def watch(shards: int, mode: str, *, label: str = "scoring",
             last["at"], last["done"] = now, snap.rows_done
             emit(f"progress: {describe(snap, shards, now - start)[0]}")
 
-    thread = threading.Thread(target=_poll, args=(stop, plain, min(1.0, max(every, 0.05))),
-                              daemon=True, name="batchinfer-progress")
+    with _polling(plain, min(1.0, max(every, 0.05))):
+        yield
+
+
+@contextlib.contextmanager
+def _polling(tick: Callable[[], None], interval: float) -> Iterator[None]:
+    """Call ``tick`` every ``interval`` seconds on a thread of its own while the block runs."""
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(interval):
+            tick()
+
+    thread = threading.Thread(target=poll, daemon=True, name="batchinfer-progress")
     thread.start()
     try:
         yield
     finally:
         stop.set()
         thread.join()
-
-
-def _poll(stop: threading.Event, tick: Callable[[], None], interval: float) -> None:
-    while not stop.wait(interval):
-        tick()
