@@ -113,7 +113,14 @@ class MonitorSpec(_Strict):
 
 
 class BatchSpec(_Strict):
+    """``rows``: rows per batch (the unit of reading, validation, scoring, files and crash
+    safety). ``tokens``: size each model call by padded tokens instead, longest rows first
+    within the batch, which is the bounded window rows are sorted in (handlers/tokens.py).
+    ``lengths_from``: the model input that marks a row's real tokens."""
+
     rows: int = Field(default=65536, gt=0, le=16_777_216)
+    tokens: int | None = Field(default=None, gt=0)
+    lengths_from: str = Field(default="attention_mask", min_length=1)
 
 
 class TrackingSpec(_Strict):

@@ -169,7 +169,8 @@ def quarantine_counts(results: Sequence[ShardResult]) -> list[tuple[str | None, 
 
 def health_metrics(results: Sequence[ShardResult], load_seconds: float | None) -> dict[str, float]:
     """Inference health: model latency per batch, batch sizes, model throughput, quarantine
-    counts by check and by column and check, model load and warm-up time."""
+    counts by check and by column and check, model load and warm-up time, and for sequence
+    models the real and padded tokens."""
     out: dict[str, float] = {}
     batches = [b for r in results for b in r.batches]
     if batches:
@@ -191,6 +192,11 @@ def health_metrics(results: Sequence[ShardResult], load_seconds: float | None) -
             out[key] = out.get(key, 0.0) + n
     model = sum((r.model for r in results), ModelStats())
     out["model_warmup_ms"] = model.warmup_ms
+    if model.tokens:
+        # A model with a lengths input (handlers/tokens.py): what padding cost.
+        out["model_tokens"] = float(model.tokens)
+        out["model_padded_tokens"] = float(model.padded_tokens)
+        out["model_padding_ratio"] = model.padded_tokens / model.tokens
     if load_seconds is not None:
         out["model_load_seconds"] = load_seconds
     return out

@@ -242,10 +242,12 @@ def load_handler(resolved: Resolved) -> "tuple[BatchModelHandler, str]":
     name prediction columns that collide with nothing (exit 2). Returns the handler and the
     device the model runs on."""
     spec = resolved.job.spec.model
+    batch = resolved.job.spec.batch
     cls = handler_class(spec.backend)
     options = {k: v for k, v in spec.options.items() if k != "allow_pickle"}
     handler = cls(str(resolved.model.path), digest=resolved.triple.model_digest,
-                  device=spec.device, options=options)
+                  device=spec.device, options=options, tokens=batch.tokens,
+                  lengths_from=batch.lengths_from)
     declared = resolved.model.declaration or {}
     for key, here in handler.runtime_facts().items():
         # e.g. a TensorRT engine runs only under the TensorRT version and on the GPU
@@ -255,6 +257,12 @@ def load_handler(resolved: Resolved) -> "tuple[BatchModelHandler, str]":
                              f"{declared[key]} but this machine has {here}: rebuild the model "
                              f"here (batchinfer export) and stamp it, or run where it was built")
     model = handler.load_model()
+    if batch.tokens:
+        inputs = handler.ask(model, "input_names")
+        if batch.lengths_from not in inputs:
+            raise SpecError(f"batch.tokens sizes model calls by the lengths in the model input "
+                            f"{batch.lengths_from!r}, which this model does not take (its inputs: "
+                            f"{inputs}): set batch.lengths_from, or size batches by batch.rows")
     outputs = handler.ask(model, "output_names")
     output_spec = resolved.job.spec.output
     wanted = output_spec.predictions

@@ -22,6 +22,7 @@ many rows (never one row), so Beam's ``BatchElements`` is told to pass them one 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from .. import backends
 from ..beam_compat import ModelHandler, PredictionResult
 from ..errors import ModelError, PreprocessError, one_line
 from ..rows.isolation import run_isolating
+from . import tokens as token_calls
 
 log = logging.getLogger("batchinfer")
 
@@ -83,7 +85,9 @@ class Inference:
         compute_ms: model time for this batch, in milliseconds.
         oom_backoffs: times a model call ran out of device memory and its rows were retried in
             chunks half the size.
-        chunk_rows: rows per model call the batch ended with.
+        chunk_rows: rows per model call the batch ended with (0 when calls are sized by tokens).
+        tokens: real tokens of the scored rows, padded_tokens: tokens the model was fed, padding
+            included (both 0 when the model has no lengths input, see handlers/tokens.py).
     """
 
     ok_rows: np.ndarray
@@ -93,6 +97,8 @@ class Inference:
     oom_backoffs: int = 0
     chunk_rows: int = 0
     warmup_ms: float = 0.0    # the untimed first call of this process, if this batch made it
+    tokens: int = 0
+    padded_tokens: int = 0
 
 
 @dataclass
@@ -103,6 +109,7 @@ class _Tally:
     oom_backoffs: int = 0
     chunk_rows: int = 0   # rows per model call in effect at the end
     warmup_seconds: float = 0.0
+    padded_tokens: int = 0
 
 
 class ServedModel:
@@ -148,6 +155,9 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
         digest: the model digest that was checked (part of the per-process cache key).
         device: ``auto`` | ``cpu`` | ``cuda`` (the job's ``model.device``).
         options: the job's ``model.options`` for this backend.
+        tokens: the job's ``batch.tokens``: size model calls by padded tokens, longest rows
+            first (handlers/tokens.py); None sizes them by rows.
+        lengths_from: the input whose non-zero entries mark a row's real tokens.
 
     Raises:
         SpecError: an option the backend does not take (when built outside a checked spec).
@@ -157,7 +167,8 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
     warm_up: ClassVar[bool] = True  # one untimed call on the first chunk, see _run_chunked
 
     def __init__(self, model_path: str, *, digest: str, device: str = "auto",
-                 options: Optional[Mapping[str, Any]] = None):
+                 options: Optional[Mapping[str, Any]] = None, tokens: Optional[int] = None,
+                 lengths_from: str = "attention_mask"):
         options = dict(options or {})
         if self.backend:
             options = backends.check_options(self.backend, options)
@@ -167,10 +178,13 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
         self.device = device
         self.options = options
         self.chunk_rows: Optional[int] = options.get("chunk_rows")
+        self.tokens = tokens
+        self.lengths_from = lengths_from
         # Each output's shape past the rows and its dtype, from the first call (see _check_outputs).
         self._signature: dict[str, tuple] = {}
         self._warm = False                      # the untimed first call was made
         self._oom_limit: Optional[int] = None   # rows per call after an out-of-memory back-off
+        self._oom_tokens: Optional[int] = None  # the same, for calls sized by tokens
 
     # -- what a backend implements -----------------------------------------------------------
     def open_model(self) -> ModelT:
@@ -271,9 +285,17 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
             return Inference(np.zeros(0, np.int64), {}, [], 0.0)
         inputs = self._as_inputs(model, item.features)
         tally = _Tally()
+        lengths = self._lengths(inputs)
+        order = None
+        if self.tokens and lengths is not None:
+            # Rows are scored longest first and put back in their places below (tokens.py).
+            order = token_calls.longest_first(lengths)
+            inputs = {k: v[order] for k, v in inputs.items()}
+            lengths = lengths[order]
+        by_tokens = lengths if order is not None else None
 
         def run(start: int, stop: int) -> dict[str, np.ndarray]:
-            return self._run_chunked(model, inputs, start, stop, tally)
+            return self._run_chunked(model, inputs, start, stop, tally, by_tokens)
 
         done, failed = run_isolating(item.rows, run)
         if not failed:
@@ -283,8 +305,23 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
             outputs = _concat([r for _, _, r in done]) if done else {}
             ok_rows = (np.concatenate([np.arange(s, e, dtype=np.int64) for s, e, _ in done])
                        if done else np.zeros(0, np.int64))
+        real_tokens = int(lengths[ok_rows].sum()) if lengths is not None else 0
+        if order is not None:
+            ok_rows = order[ok_rows]
+            back = np.argsort(ok_rows, kind="stable")
+            ok_rows = ok_rows[back]
+            outputs = {k: v[back] for k, v in outputs.items()}
+            failed = sorted((int(order[row]), error) for row, error in failed)
         return Inference(ok_rows, outputs, failed, tally.seconds * 1000.0, tally.oom_backoffs,
-                         tally.chunk_rows, tally.warmup_seconds * 1000.0)
+                         tally.chunk_rows, tally.warmup_seconds * 1000.0, real_tokens,
+                         tally.padded_tokens)
+
+    def _lengths(self, inputs: dict[str, np.ndarray]) -> Optional[np.ndarray]:
+        """Each row's real tokens, if the model takes the lengths input (else None)."""
+        mask = inputs.get(self.lengths_from)
+        if mask is None or np.ndim(mask) != 2:
+            return None
+        return token_calls.sequence_lengths(mask)
 
     def _as_inputs(self, model: Any, features: Any) -> dict[str, np.ndarray]:
         names = self.ask(model, "input_names")
@@ -301,18 +338,31 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
         return {names[0]: features}
 
     def _run_chunked(self, model: Any, inputs: dict[str, np.ndarray], start: int, stop: int,
-                     tally: "_Tally") -> dict[str, np.ndarray]:
+                     tally: "_Tally", by_tokens: Optional[np.ndarray] = None
+                     ) -> dict[str, np.ndarray]:
         """``predict`` over rows ``[start, stop)`` in chunks, halving the chunk and retrying the
         same rows when the device runs out of memory (the smaller chunk is kept for the rest of
-        the process's batches: the next batch would run out of memory just the same)."""
-        step = self.chunk_rows or self.ask(model, "default_chunk_rows") or (stop - start)
+        the process's batches: the next batch would run out of memory just the same).
+
+        Chunks hold ``chunk_rows`` rows, or, given ``by_tokens`` (the rows' lengths, longest
+        first), at most ``batch.tokens`` padded tokens each, cut to their longest row."""
+        max_rows = self.chunk_rows or self.ask(model, "default_chunk_rows")
+        step = max_rows or (stop - start)
         if self._oom_limit is not None:
             step = min(step, self._oom_limit)
+        mask = inputs.get(self.lengths_from)
+        padded = mask.shape[1] if mask is not None and np.ndim(mask) == 2 else 0
         parts = []
         lo = start
         while lo < stop:
-            hi = min(lo + step, stop)
-            chunk = {k: v[lo:hi] for k, v in inputs.items()}
+            if by_tokens is not None:
+                budget = min(self.tokens or 0, self._oom_tokens or sys.maxsize)
+                hi, width = token_calls.next_call(by_tokens, lo, stop, budget, max_rows)
+                chunk = token_calls.call_inputs(inputs, lo, hi, padded, width)
+            else:
+                hi = min(lo + step, stop)
+                width = padded
+                chunk = {k: v[lo:hi] for k, v in inputs.items()}
             if self.warm_up and not self._warm:
                 # The first call pays for set-up (allocations, kernel selection, a CUDA context),
                 # which is not the model's work: do it once, untimed, so _compute_ms is honest.
@@ -335,7 +385,10 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
                     raise ModelError(f"the model runs out of device memory on a single row "
                                      f"({one_line(exc)}); nothing committed") from None
                 step = (hi - lo) // 2
-                self._oom_limit = step
+                if by_tokens is not None:
+                    self._oom_tokens = step * width
+                else:
+                    self._oom_limit = step
                 tally.oom_backoffs += 1
                 log.warning("out of device memory at %d rows per model call; retrying the same "
                             "rows at %d", hi - lo, step)
@@ -344,8 +397,9 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
                 tally.seconds += time.perf_counter() - t0
             self._check_outputs(out, hi - lo)
             parts.append(out)
+            tally.padded_tokens += (hi - lo) * width
             lo = hi
-        tally.chunk_rows = step
+        tally.chunk_rows = step if by_tokens is None else 0
         return parts[0] if len(parts) == 1 else _concat(parts)
 
     def _check_outputs(self, out: Mapping[str, Any], rows: int) -> None:

@@ -123,8 +123,9 @@ class Manifest:
 @dataclass(frozen=True)
 class ModelStats:
     """What the model did with a shard's rows: rows given, rows it raised on, its first error,
-    out-of-memory back-offs (each halved the rows per model call) and the rows per call it ended
-    with (0: not recorded)."""
+    out-of-memory back-offs (each halved the rows per model call), the rows per call it ended
+    with (0: not recorded, or calls sized by tokens), and for a model with a lengths input the
+    real tokens of the rows it scored and the tokens it was fed, padding included."""
 
     rows: int = 0
     raised: int = 0
@@ -132,12 +133,15 @@ class ModelStats:
     oom_backoffs: int = 0
     chunk_rows: int = 0
     warmup_ms: float = 0.0   # the untimed first model call(s): one per worker process
+    tokens: int = 0
+    padded_tokens: int = 0
 
     def __add__(self, other: "ModelStats") -> "ModelStats":
         chunks = [c for c in (self.chunk_rows, other.chunk_rows) if c]
         return ModelStats(self.rows + other.rows, self.raised + other.raised,
                           self.error or other.error, self.oom_backoffs + other.oom_backoffs,
-                          min(chunks) if chunks else 0, self.warmup_ms + other.warmup_ms)
+                          min(chunks) if chunks else 0, self.warmup_ms + other.warmup_ms,
+                          self.tokens + other.tokens, self.padded_tokens + other.padded_tokens)
 
 
 @dataclass(frozen=True)

@@ -334,7 +334,8 @@ class WriteBatch(beam.DoFn):
         progress.add(rows_done=payload.rows_in, rows_quarantined=quarantined)
         model = ModelStats(item.rows, len(inference.failed),
                            inference.failed[0][1] if inference.failed else None,
-                           inference.oom_backoffs, inference.chunk_rows, inference.warmup_ms)
+                           inference.oom_backoffs, inference.chunk_rows, inference.warmup_ms,
+                           inference.tokens, inference.padded_tokens)
         return (index, BatchRecord(number, payload.rows_in, int(ok.size), quarantined,
                                    tuple(files), first_reason, seconds, model, profile, by_check,
                                    inference.compute_ms if item.rows else None))
@@ -446,5 +447,17 @@ def _concat_features(parts: list[Any]) -> Any:
     if len(parts) == 1:
         return parts[0]
     if isinstance(parts[0], dict):
-        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    return np.concatenate(parts)
+        return {k: _concat_padded([p[k] for p in parts]) for k in parts[0]}
+    return _concat_padded(parts)
+
+
+def _concat_padded(arrays: list[np.ndarray]) -> np.ndarray:
+    """One array from the preprocessing's parts (a batch split around rows it rejected). A
+    sequence input is padded to each part's longest row, so parts may differ in length: the
+    shorter ones are right-padded with zeros, which is what padding is (docs/contract.md)."""
+    arrays = [np.asarray(a) for a in arrays]
+    if arrays[0].ndim >= 2 and len({a.shape[1] for a in arrays}) > 1:
+        width = max(a.shape[1] for a in arrays)
+        arrays = [np.pad(a, [(0, 0), (0, width - a.shape[1])] + [(0, 0)] * (a.ndim - 2))
+                  for a in arrays]
+    return np.concatenate(arrays)
