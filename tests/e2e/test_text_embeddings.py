@@ -210,3 +210,26 @@ def test_torch_backend_matches_too(prepared, documents, reference, onnx_run, tmp
     onnx = _embeddings(onnx_run[0], len(texts))
     assert _cosines(got, onnx).min() >= MIN_COSINE
     np.testing.assert_allclose(got, onnx, atol=1e-5)
+
+
+def test_token_batches_match_row_batches_to_float_rounding(prepared, documents, reference, onnx_run,
+                                                           tmp_path):
+    """Token-sized calls (rows sorted by length, each call cut to its longest row) change only
+    the padding a row is computed with: same rows in the same order, the same accounting, and
+    embeddings equal to float rounding (attention and pooling sum over the padded axis)."""
+    preds, quarantine, manifest = _run(prepared, documents[0], tmp_path / "tokens",
+                                       "--set", "batch.tokens=1024")
+    rows_preds, rows_quarantine, rows_manifest = onnx_run
+    assert manifest["totals"] == rows_manifest["totals"]
+    assert preds.column("doc_id").equals(rows_preds.column("doc_id"))     # same order
+    assert quarantine.equals(rows_quarantine)
+    texts = documents[1]
+    got, by_rows = _embeddings(preds, len(texts)), _embeddings(rows_preds, len(texts))
+    assert _cosines(got, reference).min() >= MIN_COSINE
+    assert _cosines(got, by_rows).min() >= 0.999999
+    assert np.abs(got - by_rows).max() < 1e-5
+    metrics = (tmp_path / "tokens" / "_metrics.json").read_text()
+    import json
+
+    padding = json.loads(metrics)["metrics"]["model_padding_ratio"]
+    assert 1.0 <= padding < 1.4, padding

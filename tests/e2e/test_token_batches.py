@@ -1,0 +1,159 @@
+"""``batch.tokens`` through the CLI: the same documents scored with row-sized and token-sized
+model calls give the same partition — same rows, same order, same accounting, same quarantine,
+and predictions equal bit for bit — for a model whose result cannot depend on padding (a byte
+"tokenizer" and an ONNX model that sums exact small integers over a row's real tokens). The
+transformer case, where padding changes float rounding, is in test_text_embeddings.py.
+Rerun with ``.venv/bin/pytest tests/e2e/test_token_batches.py -q``.
+"""
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from factories import DS, REPO, one_line_error, read_partition, run_cli, save_onnx, write_job
+
+VOCAB = 128            # ids 1..127 are bytes; DEL (0x7f) becomes id 128, which the model rejects
+EXECUTION = {"_inference_id", "_compute_ms"}
+
+PREPROCESS = textwrap.dedent(f'''\
+    """Bytes as tokens: id = byte + 1 (non-ASCII bytes folded to 127), DEL → {VOCAB} (out of
+    the model's vocabulary), right-padded with 0 to the batch's longest row, 300 at most."""
+    import numpy as np
+
+    def transform(batch):
+        texts = [t.encode("utf-8")[:300] for t in batch.column("text").to_pylist()]
+        width = max([len(t) for t in texts] + [1])
+        ids = np.zeros((len(texts), width), np.int64)
+        mask = np.zeros_like(ids)
+        for row, text in enumerate(texts):
+            codes = np.minimum(np.frombuffer(text, np.uint8).astype(np.int64), 126) + 1
+            codes[np.frombuffer(text, np.uint8) == 0x7F] = {VOCAB}
+            ids[row, :len(codes)] = codes
+            mask[row, :len(codes)] = 1
+        return {{"input_ids": ids, "attention_mask": mask}}
+    ''')
+
+
+def byte_model(path: Path) -> Path:
+    """``total`` = sum of a row's real ids (a Gather on a table of 0..127, so an id ≥ 128 fails
+    in ONNX Runtime), ``length`` = its real tokens: small integers, exact in float32 in any
+    summation order, so padding and batch shape cannot change them."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = numpy_helper.from_array(np.arange(VOCAB, dtype=np.float32), "table")
+    nodes = [helper.make_node("Gather", ["table", "input_ids"], ["values"]),
+             helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["values", "maskf"], ["masked"]),
+             helper.make_node("ReduceSum", ["masked", "axis"], ["total"], keepdims=0),
+             helper.make_node("ReduceSum", ["maskf", "axis"], ["length"], keepdims=0)]
+    axis = numpy_helper.from_array(np.array([1], np.int64), "axis")
+    graph = helper.make_graph(
+        nodes, "bytes",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["N", "L"]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["N", "L"])],
+        [helper.make_tensor_value_info("total", TensorProto.FLOAT, ["N"]),
+         helper.make_tensor_value_info("length", TensorProto.FLOAT, ["N"])],
+        [table, axis])
+    return save_onnx(graph, path)
+
+
+def documents(rng: np.random.Generator, n: int) -> list[str | None]:
+    words = "token batches sort rows by length and cut model calls by padded tokens".split()
+    lengths = np.clip(np.exp(rng.normal(2.5, 1.0, n)), 0, 80).astype(int)
+    texts: list[str | None] = [" ".join(rng.choice(words, k)) for k in lengths]
+    texts[7] = texts[300] = None                          # bad input: quarantined by the schema
+    texts[11] = "ok \x7f rejected by the model"            # quarantined by the model
+    texts[402] = "\x7f"
+    texts[5] = ""                                          # a real, empty document
+    return texts
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("tokens")
+    (folder / "byte_preprocess.py").write_text(PREPROCESS)
+    byte_model(folder / "models" / "bytes.onnx")
+    data = folder / "data" / f"dt={DS}"
+    data.mkdir(parents=True)
+    texts = documents(np.random.default_rng(8), 700)
+    ids = [f"doc-{i}" for i in range(len(texts))]
+    for shard, (lo, hi) in enumerate([(0, 450), (450, 700)]):
+        pq.write_table(pa.table({"doc_id": ids[lo:hi], "text": pa.array(texts[lo:hi], pa.string())}),
+                       data / f"part-{shard}.parquet")
+    write_job(folder, name="bytes", schema="documents@1", preprocess="byte_preprocess:transform",
+              model="models/bytes.onnx", schemas={"root": str(REPO / "schemas")},
+              output={"path": "out/{ds}", "id_columns": ["doc_id"]},
+              quarantine={"max_bad_fraction": 0.05}, batch={"rows": 64})
+    stamped = run_cli("stamp", "models/bytes.onnx", "--job", "job.yaml", "--model-version", "bytes:1",
+                      cwd=folder)
+    assert stamped.returncode == 0, stamped.stderr
+    return folder
+
+
+def _run(project: Path, out: str, *extra: str):
+    result = run_cli("run", "job.yaml", "--ds", DS, "--set", f"output.path={out}", *extra, cwd=project)
+    assert result.returncode == 0, result.stderr
+    metrics = json.loads((project / out / "_metrics.json").read_text())["metrics"]
+    return (*read_partition(project / out), metrics)
+
+
+@pytest.fixture(scope="module")
+def by_rows(project):
+    return _run(project, "out/rows")
+
+
+@pytest.fixture(scope="module")
+def by_tokens(project):
+    return _run(project, "out/tokens", "--set", "batch.tokens=200")
+
+
+def test_same_partition_bit_for_bit(by_rows, by_tokens):
+    preds_r, quar_r, manifest_r, _ = by_rows
+    preds_t, quar_t, manifest_t, _ = by_tokens
+    assert manifest_t["totals"] == manifest_r["totals"]
+    assert manifest_r["totals"]["rows_in"] == 700 and manifest_r["totals"]["rows_quarantined"] == 4
+    for shard_r, shard_t in zip(manifest_r["shards"], manifest_t["shards"]):
+        assert [f["rows"] for f in shard_t["files"]] == [f["rows"] for f in shard_r["files"]]
+        assert {k: v for k, v in shard_t.items() if k != "files"} == \
+               {k: v for k, v in shard_r.items() if k != "files"}
+    # Rows in the same order, file by file, and every column equal but the execution's own.
+    columns = [c for c in preds_r.column_names if c not in EXECUTION]
+    assert preds_t.select(columns).equals(preds_r.select(columns))
+    assert quar_t.equals(quar_r)
+
+
+def test_results_are_the_rows_own(by_tokens, project):
+    preds, quarantine, _, _ = by_tokens
+    texts = pq.read_table(project / "data" / f"dt={DS}").to_pydict()
+    by_id = dict(zip(texts["doc_id"], texts["text"]))
+    for doc_id, total, length in zip(preds.column("doc_id").to_pylist(),
+                                     preds.column("total").to_pylist(),
+                                     preds.column("length").to_pylist()):
+        raw = by_id[doc_id].encode("utf-8")[:300]
+        assert length == len(raw)
+        assert total == float(sum(min(b, 126) + 1 for b in raw))
+    reasons = {(json.loads(r["_values"])["doc_id"], r["_check"]) for r in quarantine.to_pylist()}
+    assert reasons == {("doc-7", "not_nullable"), ("doc-300", "not_nullable"),
+                       ("doc-11", "model"), ("doc-402", "model")}
+
+
+def test_padding_is_measured_and_token_batches_pad_less(by_rows, by_tokens):
+    rows, tokens = by_rows[3], by_tokens[3]
+    assert rows["model_tokens"] == tokens["model_tokens"] > 0
+    assert tokens["model_padding_ratio"] < 1.3 < 2 < rows["model_padding_ratio"], rows["model_padding_ratio"]
+
+
+def test_tokens_need_the_lengths_input(project):
+    result = run_cli("run", "job.yaml", "--ds", DS, "--set", "output.path=out/never",
+                     "--set", "batch.tokens=200", "--set", "batch.lengths_from=token_type_ids",
+                     cwd=project)
+    assert result.returncode == 2
+    error = one_line_error(result)
+    assert "batch.tokens" in error and "'token_type_ids'" in error and "attention_mask" in error
+    assert not (project / "out" / "never").exists()
