@@ -157,3 +157,22 @@ def test_tokens_need_the_lengths_input(project):
     error = one_line_error(result)
     assert "batch.tokens" in error and "'token_type_ids'" in error and "attention_mask" in error
     assert not (project / "out" / "never").exists()
+
+
+@pytest.mark.parametrize("fault", ["mid_write", "write:3", "before_commit"])
+def test_killed_token_run_commits_nothing_and_its_rerun_is_the_row_partition(project, by_rows, fault):
+    """Crash safety is the batch's, whatever sizes the model calls: killed (SIGKILL) while
+    writing or before the commit, nothing is committed; rerun, the partition is the one the
+    row-sized run committed."""
+    out = f"out/killed-{fault.replace(':', '-')}"
+    args = ("run", "job.yaml", "--ds", DS, "--set", f"output.path={out}", "--set", "batch.tokens=200")
+    killed = run_cli(*args, cwd=project, env={"BATCHINFER_FAULT": fault}, fresh=True)
+    assert killed.returncode == -9, killed.stderr
+    assert not (project / out / "_manifest.json").exists()
+    rerun = run_cli(*args, cwd=project)
+    assert rerun.returncode == 0, rerun.stderr
+    preds, quarantine, manifest = read_partition(project / out)
+    columns = [c for c in by_rows[0].column_names if c not in EXECUTION]
+    assert manifest["totals"] == by_rows[2]["totals"]
+    assert preds.select(columns).equals(by_rows[0].select(columns))
+    assert quarantine.equals(by_rows[1])
