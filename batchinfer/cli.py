@@ -413,6 +413,11 @@ def cmd_inspect(args) -> int:
             print(f"  {shard.status:<12} {shard.path}: {shard.reason or ''}")
     files = [f for s in manifest.shards for f in s.files]
     print(f"files: {len(files)} ({sum(f.rows for f in files)} rows)")
+    for c in manifest.challengers:
+        print(f"challenger {c.name}: {c.triple.get('model_version')} ({c.backend}, {c.device}): "
+              f"{c.rows_scored} rows scored, {c.rows_rejected} rejected, "
+              f"{sum(len(s.files) for s in c.shards)} files; compare with `batchinfer diff "
+              f"{args.output} --challenger {c.name}`")
     return 0
 
 
