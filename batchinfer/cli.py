@@ -385,7 +385,13 @@ def cmd_plan(args) -> int:
     print(f"model:      {job.display(spec.model.uri)}  ({spec.model.backend}, device {spec.model.device})")
     for key, value in resolved.triple.as_dict().items():
         print(f"  {key:<16} {value}")
-    print("contract:   ok (declaration matches)")
+    for challenger in resolved.challengers:
+        its = challenger.spec
+        print(f"challenger: {challenger.name}  {job.display(its.uri)}  ({its.backend}, device "
+              f"{its.device}; {challenger.triple.model_version}, digest "
+              f"{challenger.triple.model_digest[:16]}…)")
+    print("contract:   ok (declaration matches)" if not resolved.challengers
+          else "contract:   ok (declarations match)")
     print(f"output:     {job.display(spec.output.path)}")
     print(f"runner:     {spec.runner.name}")
     return 0

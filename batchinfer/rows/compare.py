@@ -86,9 +86,9 @@ class TopMovers:
                       "_source_row": int(rows[i]), "a": float(a[i]), "b": float(b[i]),
                       "abs_diff": float(gap[i])})
             if len(self._heap) < self.n:
-                heapq.heappush(self._heap, entry)  # type: ignore[misc]
+                heapq.heappush(self._heap, entry)
             elif entry[:2] > self._heap[0][:2]:
-                heapq.heapreplace(self._heap, entry)  # type: ignore[misc]
+                heapq.heapreplace(self._heap, entry)
 
     def rows(self) -> list[dict]:
         """The movers, largest move first."""
