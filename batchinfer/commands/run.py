@@ -259,24 +259,37 @@ def load_handler(resolved: Resolved) -> "tuple[BatchModelHandler, str]":
     process workers reuse this load, see handlers.base.shared_model). The model's outputs must
     name prediction columns that collide with nothing (exit 2). Returns the handler and the
     device the model runs on."""
-    return _load(resolved, resolved.job.spec.model, resolved.model, resolved.triple.model_digest)
+    handler, device, _ = _load(resolved, resolved.job.spec.model, resolved.model,
+                               resolved.triple.model_digest)
+    return handler, device
 
 
 def load_challengers(resolved: Resolved) -> "list[tuple[BatchModelHandler, str]]":
     """Each challenger's handler and device, loaded before any work like the champion's; an
-    error names the challenger (the exit code stays the champion's: 5 not loading, 2 outputs)."""
+    error names the challenger (the exit code stays the champion's: 5 not loading, 2 outputs).
+    A challenger writes the champion's prediction columns, so without ``output.predictions``
+    its outputs must be named as the champion's (exit 2)."""
+    if not resolved.challengers:
+        return []
+    champion = _load(resolved, resolved.job.spec.model, resolved.model,
+                     resolved.triple.model_digest)[2]  # loaded already: a cache look-up
     loaded = []
     for challenger in resolved.challengers:
         try:
-            loaded.append(_load(resolved, challenger.spec, challenger.model,
-                                challenger.triple.model_digest))
+            handler, device, outputs = _load(resolved, challenger.spec, challenger.model,
+                                             challenger.triple.model_digest)
+            if not resolved.job.spec.output.predictions and outputs != champion:
+                raise SpecError(f"its outputs {outputs} are not the champion's {champion}: "
+                                f"map both with output.predictions, or export it with the "
+                                f"champion's output names")
         except BatchInferError as exc:
             raise type(exc)(f"challenger {challenger.name}: {exc.message}") from None
+        loaded.append((handler, device))
     return loaded
 
 
 def _load(resolved: Resolved, spec: ModelFields, found: "ResolvedModel",
-          digest: str) -> "tuple[BatchModelHandler, str]":
+          digest: str) -> "tuple[BatchModelHandler, str, list[str]]":
     batch = resolved.job.spec.batch   # a challenger gets the champion's batches: sized alike
     cls = handler_class(spec.backend)
     options = {k: v for k, v in spec.options.items() if k != "allow_pickle"}
@@ -308,7 +321,7 @@ def _load(resolved: Resolved, spec: ModelFields, found: "ResolvedModel",
     else:  # each output becomes a column of its own name: it must not take an id's or ours
         check_output_columns(output_spec.id_columns, {o: o for o in outputs},
                              source="the model's outputs (output.predictions maps none)")
-    return handler, handler.ask(model, "device_used")
+    return handler, handler.ask(model, "device_used"), list(outputs)
 
 
 def _header(job: Job, resolved: Resolved, attempt: Attempt, device: str, started: datetime,

@@ -323,6 +323,20 @@ def test_bad_challenger_specs_exit_2(project, challengers, message):
     assert not (project / "out").exists()
 
 
+def test_a_challenger_with_other_output_names_exits_2_before_any_work(project):
+    make_mlp_onnx(project / "models" / "named.onnx", seed=2, output_name="score")
+    stamp(project, "models/named.onnx", "named:1")
+    set_challengers(project, [{"uri": "models/named.onnx", "device": "cpu"}])
+    result = run_cli("run", "job.yaml", "--ds", DS, cwd=project)
+    assert result.returncode == 2
+    assert "challenger named: its outputs ['score'] are not the champion's ['y']" in one_line_error(result)
+    assert not (project / "out").exists()
+    mapped = run_cli("run", "job.yaml", "--ds", DS, "--set", "output.predictions={score: y}",
+                     cwd=project)
+    assert mapped.returncode == 2   # mapped: the champion has no output `score`
+    assert "output.predictions names ['score']" in one_line_error(mapped)
+
+
 def test_a_challenger_that_breaks_the_batch_contract_exits_5_and_commits_nothing(project):
     from onnx import TensorProto, helper
 
