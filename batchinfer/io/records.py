@@ -25,6 +25,13 @@ class FileRecord:
         return cls(path=data["path"], rows=data["rows"], sha256=data["sha256"])
 
 
+def _with_files(record: Any) -> dict:
+    """A record with a ``files`` tuple as JSON-ready data (``files`` a list, as in the manifest)."""
+    data = asdict(record)
+    data["files"] = [asdict(f) for f in record.files]
+    return data
+
+
 @dataclass(frozen=True)
 class ShardRecord:
     """One input shard in the manifest (SPEC §4)."""
@@ -39,9 +46,7 @@ class ShardRecord:
     files: tuple[FileRecord, ...] = ()
 
     def to_dict(self) -> dict:
-        data = asdict(self)
-        data["files"] = [asdict(f) for f in self.files]
-        return data
+        return _with_files(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> "ShardRecord":
@@ -86,9 +91,7 @@ class ChallengerShard:
     files: tuple[FileRecord, ...] = ()
 
     def to_dict(self) -> dict:
-        data = asdict(self)
-        data["files"] = [asdict(f) for f in self.files]
-        return data
+        return _with_files(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> "ChallengerShard":
