@@ -106,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="model file or models:/name/version")
     p.add_argument("--job", required=True, help="the job whose schema and preprocessing to declare")
     p.add_argument("--model-version", help="e.g. credit_risk:3 (default: the job's model.version)")
+    p.add_argument("--challenger", metavar="NAME",
+                   help="stamp MODEL as the job's challenger NAME (its backend, options, version)")
     _spec_options(p, "the partition date, if the spec's paths need one")
 
     p = sub.add_parser("track", help="upload metrics that MLflow missed at run time")
@@ -431,7 +433,7 @@ def cmd_stamp(args) -> int:
     from .commands.stamp import stamp
 
     job = _load(args, require_ds=False)
-    triple, where = stamp(job, args.model, args.model_version)
+    triple, where = stamp(job, args.model, args.model_version, args.challenger)
     print(f"declared {args.model} in {where}:")
     for key, value in triple.as_dict().items():
         print(f"  {key:<16} {value}")

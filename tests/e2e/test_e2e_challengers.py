@@ -394,3 +394,22 @@ def test_a_rerun_with_other_challengers_needs_overwrite(project):
     manifest = json.loads((out / "_manifest.json").read_text())
     assert [c["name"] for c in manifest["challengers"]] == ["twin"]
     assert {p.name for p in (out / "challengers").iterdir()} == {"twin"}   # other's files went
+
+
+def test_stamp_a_challenger_by_name_and_without_the_other_models(project):
+    make_mlp_onnx(project / "models" / "v3.onnx", seed=3)
+    set_challengers(project, [{"name": "v3", "uri": "models/v3.onnx", "version": "model:3",
+                               "device": "cpu"},
+                              {"name": "later", "uri": "models/not_yet.onnx"}])
+    stamped = run_cli("stamp", "models/v3.onnx", "--job", "job.yaml", "--challenger", "v3",
+                      cwd=project)
+    assert stamped.returncode == 0, stamped.stderr   # the missing challenger's file is not needed
+    declared = json.loads((project / "models" / "v3.onnx.batchinfer.json").read_text())
+    assert declared["model_version"] == "model:3"   # the challenger's version, not the champion's
+    unknown = run_cli("stamp", "models/v3.onnx", "--job", "job.yaml", "--challenger", "v4",
+                      cwd=project)
+    assert unknown.returncode == 2
+    assert "no challenger 'v4' (its challengers: v3, later)" in one_line_error(unknown, "stamp")
+    set_challengers(project, [{"name": "v3", "uri": "models/v3.onnx", "device": "cpu"}])
+    run = run_cli("run", "job.yaml", "--ds", DS, cwd=project)
+    assert run.returncode == 0, run.stderr
