@@ -217,7 +217,7 @@ class _Models:
 
     def add(self, shard: str, rows: np.ndarray, a: pa.Table, b: pa.Table, names: list[str]) -> None:
         kinds = {n: _kind(a.schema.field(n).type, b.schema.field(n).type) for n in names}
-        keys = {n: _values(a.column(n)).tolist() for n, kind in kinds.items() if kind == "label"}
+        keys = {n: _values(a.column(n)) for n, kind in kinds.items() if kind == "label"}
         for name, kind in kinds.items():
             if kind == "score":
                 x = _values(a.column(name)).astype(np.float64)

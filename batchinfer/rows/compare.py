@@ -69,9 +69,9 @@ class TopMovers:
         self._heap: list[tuple[float, tuple[str, int], dict]] = []   # smallest kept move first
 
     def add(self, shard: str, rows: np.ndarray, a: np.ndarray, b: np.ndarray,
-            keys: dict[str, list]) -> None:
+            keys: dict[str, Any]) -> None:
         """Offer one shard's matched rows; ``keys`` are columns to show beside each mover (ids),
-        aligned with ``rows``."""
+        arrays aligned with ``rows`` (only the movers' values are taken out of them)."""
         if self.n <= 0 or not rows.size:
             return
         gap = np.abs(a.astype(np.float64) - b.astype(np.float64))
@@ -82,7 +82,7 @@ class TopMovers:
         for i in moved[np.argpartition(-gap[moved], take - 1)[:take]]:
             # the heap orders by move, then prefers the lower (shard, row): keep the key negated
             entry = (float(gap[i]), _negated(shard, int(rows[i])),
-                     {**{k: v[i] for k, v in keys.items()}, "_source_shard": shard,
+                     {**{k: _plain(v[i]) for k, v in keys.items()}, "_source_shard": shard,
                       "_source_row": int(rows[i]), "a": float(a[i]), "b": float(b[i]),
                       "abs_diff": float(gap[i])})
             if len(self._heap) < self.n:
@@ -93,6 +93,11 @@ class TopMovers:
     def rows(self) -> list[dict]:
         """The movers, largest move first."""
         return [e[2] for e in sorted(self._heap, key=lambda e: e[:2], reverse=True)]
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar as the Python value (JSON-ready); other values as they are."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _negated(shard: str, row: int) -> tuple:

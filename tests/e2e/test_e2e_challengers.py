@@ -224,11 +224,13 @@ def test_metrics_name_each_challenger(scored):
     assert metrics["challenger.other.compute_ms"] > 0
 
 
-def test_inspect_lists_the_challengers(scored):
+def test_inspect_and_the_report_list_the_challengers(scored):
     result = run_cli("inspect", str(scored["out"]), cwd=scored["root"])
     assert result.returncode == 0, result.stderr
     assert "challenger sqrt: sqrt:1" in result.stdout
     assert "rejected" in result.stdout
+    report = (scored["out"] / "report.html").read_text()
+    assert "<h2>Challengers</h2>" in report and "<code>sqrt:1</code>" in report
 
 
 # -- diff ----------------------------------------------------------------------------------------
