@@ -83,9 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("output")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
 
-    p = sub.add_parser("diff", help="compare two committed outputs of the same partition")
+    p = sub.add_parser("diff", help="compare two committed outputs of the same partition, or an "
+                                    "output's champion with one of its challengers")
     p.add_argument("output_a")
-    p.add_argument("output_b")
+    p.add_argument("output_b", nargs="?", help="the other output (not with --challenger)")
+    p.add_argument("--challenger", metavar="NAME",
+                   help="compare OUTPUT_A's champion (A) with its challenger NAME (B)")
+    p.add_argument("--top", type=int, default=10, metavar="N",
+                   help="top movers to list per score column (default 10)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
     p = sub.add_parser("export", help="convert a model (.pt2 to ONNX, ONNX to TensorRT) and check parity")
@@ -101,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="model file or models:/name/version")
     p.add_argument("--job", required=True, help="the job whose schema and preprocessing to declare")
     p.add_argument("--model-version", help="e.g. credit_risk:3 (default: the job's model.version)")
+    p.add_argument("--challenger", metavar="NAME",
+                   help="stamp MODEL as the job's challenger NAME (its backend, options, version)")
     _spec_options(p, "the partition date, if the spec's paths need one")
 
     p = sub.add_parser("track", help="upload metrics that MLflow missed at run time")
@@ -257,16 +264,17 @@ def cmd_report(args) -> int:
 def cmd_diff(args) -> int:
     from .commands.diff import diff_outputs
 
-    report = diff_outputs(args.output_a, args.output_b)
+    report = diff_outputs(args.output_a, args.output_b, challenger=args.challenger, top=args.top)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
     for side in ("a", "b"):
         about = report[side]
         t = about["totals"]
+        dropped = "rejected" if "challenger" in about else "quarantined"
         print(f"{side.upper()}: {about['output']} (job {about['job']}, ds {about['ds']}, attempt "
               f"{about['attempt']}; {t['rows_in']} rows in, {t['rows_scored']} scored, "
-              f"{t['rows_quarantined']} quarantined)")
+              f"{t['rows_quarantined']} {dropped})")
     if not report["same_partition"]:
         print("note: the two outputs are of different jobs or dates")
     if report["triple_differs"]:
@@ -288,8 +296,29 @@ def cmd_diff(args) -> int:
         gap = (f", max |A - B| {column['max_abs_diff']:.6g}"
                if column["max_abs_diff"] is not None else "")
         print(f"column {name}: {column['differ']} row(s) differ{gap}")
+    _print_model_comparison(report)
     print(f"verdict: {'identical' if report['identical'] else 'different'}")
     return 0
+
+
+def _print_model_comparison(report: dict) -> None:
+    """Scores: rank correlation, |A - B| quantiles, top movers; labels: agreement."""
+    def number(value) -> str:
+        return "-" if value is None else f"{value:.6g}"
+
+    for name, score in report["scores"].items():
+        gap = score["abs_diff"]
+        print(f"score {name}: spearman {number(score['spearman'])}; |A - B| p50 {number(gap['p50'])}, "
+              f"p90 {number(gap['p90'])}, p99 {number(gap['p99'])}, max {number(gap['max'])} "
+              f"({score['rows']} rows)")
+        for mover in report["top_movers"].get(name, []):
+            keys = ", ".join(f"{k}={v}" for k, v in mover.items()
+                             if k not in ("a", "b", "abs_diff", "_source_shard", "_source_row"))
+            print(f"  moved {number(mover['abs_diff'])}: A {number(mover['a'])} → B "
+                  f"{number(mover['b'])}  ({keys + '; ' if keys else ''}"
+                  f"{mover['_source_shard']} row {mover['_source_row']})")
+    for name, label in report["labels"].items():
+        print(f"label {name}: agreement {number(label['agreement'])} ({label['rows']} rows)")
 
 
 def cmd_export(args) -> int:
@@ -358,7 +387,13 @@ def cmd_plan(args) -> int:
     print(f"model:      {job.display(spec.model.uri)}  ({spec.model.backend}, device {spec.model.device})")
     for key, value in resolved.triple.as_dict().items():
         print(f"  {key:<16} {value}")
-    print("contract:   ok (declaration matches)")
+    for challenger in resolved.challengers:
+        its = challenger.spec
+        print(f"challenger: {challenger.name}  {job.display(its.uri)}  ({its.backend}, device "
+              f"{its.device}; {challenger.triple.model_version}, digest "
+              f"{challenger.triple.model_digest[:16]}…)")
+    print("contract:   ok (declaration matches)" if not resolved.challengers
+          else "contract:   ok (declarations match)")
     print(f"output:     {job.display(spec.output.path)}")
     print(f"runner:     {spec.runner.name}")
     return 0
@@ -386,6 +421,11 @@ def cmd_inspect(args) -> int:
             print(f"  {shard.status:<12} {shard.path}: {shard.reason or ''}")
     files = [f for s in manifest.shards for f in s.files]
     print(f"files: {len(files)} ({sum(f.rows for f in files)} rows)")
+    for c in manifest.challengers:
+        print(f"challenger {c.name}: {c.triple.get('model_version')} ({c.backend}, {c.device}): "
+              f"{c.rows_scored} rows scored, {c.rows_rejected} rejected, "
+              f"{sum(len(s.files) for s in c.shards)} files; compare with `batchinfer diff "
+              f"{args.output} --challenger {c.name}`")
     return 0
 
 
@@ -393,7 +433,7 @@ def cmd_stamp(args) -> int:
     from .commands.stamp import stamp
 
     job = _load(args, require_ds=False)
-    triple, where = stamp(job, args.model, args.model_version)
+    triple, where = stamp(job, args.model, args.model_version, args.challenger)
     print(f"declared {args.model} in {where}:")
     for key, value in triple.as_dict().items():
         print(f"  {key:<16} {value}")

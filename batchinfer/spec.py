@@ -55,7 +55,9 @@ class SchemasSpec(_Strict):
     root: str = "schemas"
 
 
-class ModelSpec(_Strict):
+class ModelFields(_Strict):
+    """What names a model and how it runs: the champion's keys, and each challenger's."""
+
     uri: str = Field(min_length=1)
     backend: str = "onnxruntime"       # a name in batchinfer.backends
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -65,11 +67,58 @@ class ModelSpec(_Strict):
     options: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _known_backend_and_options(self) -> "ModelSpec":
+    def _known_backend_and_options(self) -> "ModelFields":
         try:
             backends.check_options(self.backend, self.options)
         except SpecError as exc:
             raise ValueError(exc.message) from None
+        return self
+
+
+# A challenger's name is a folder under output.path (challengers/<name>/): one safe path segment.
+CHALLENGER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+
+class ChallengerSpec(ModelFields):
+    """A model scored beside the champion on the same prepared batches (SPEC §6 "Challengers").
+
+    ``name`` defaults to the model file's stem (``models/credit_v4.onnx`` → ``credit_v4``; a
+    registry URI ``models:/credit/4`` → ``credit-4``)."""
+
+    name: str = ""
+
+    @model_validator(mode="after")
+    def _safe_name(self) -> "ChallengerSpec":
+        name = self.name or default_challenger_name(self.uri)
+        if not CHALLENGER_NAME.match(name):
+            what = f"name {self.name!r}" if self.name else f"name {name!r} (from its uri)"
+            raise ValueError(f"model.challengers: {what} is not a safe folder name (letters, "
+                             f"digits, '_', '.', '-'; starting with a letter or digit): set name")
+        object.__setattr__(self, "name", name)  # frozen: filled in once, here
+        return self
+
+
+def default_challenger_name(uri: str) -> str:
+    """The name a challenger gets without ``name``: its file's stem, or ``<name>-<version>`` of
+    a registry URI."""
+    registry = re.match(r"^models:/([^/]+)/([^/]+)$", uri)
+    if registry:
+        return f"{registry[1]}-{registry[2]}"
+    last = uri.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+    return last.rsplit(".", 1)[0] if "." in last.lstrip(".") else last
+
+
+class ModelSpec(ModelFields):
+    challengers: list[ChallengerSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique_challengers(self) -> "ModelSpec":
+        seen: set[str] = set()
+        for challenger in self.challengers:
+            if challenger.name in seen:
+                raise ValueError(f"model.challengers: two challengers are named "
+                                 f"{challenger.name!r}: give each a distinct name")
+            seen.add(challenger.name)
         return self
 
 
@@ -374,7 +423,10 @@ def _resolve_paths(spec: JobSpec, folder: Path) -> JobSpec:
         "monitor": monitor,
         "input": spec.input.model_copy(update={"path": resolve_path(spec.input.path, folder)}),
         "schemas": spec.schemas.model_copy(update={"root": resolve_path(spec.schemas.root, folder)}),
-        "model": spec.model.model_copy(update={"uri": resolve_path(spec.model.uri, folder)}),
+        "model": spec.model.model_copy(update={
+            "uri": resolve_path(spec.model.uri, folder),
+            "challengers": [c.model_copy(update={"uri": resolve_path(c.uri, folder)})
+                            for c in spec.model.challengers]}),
         "output": spec.output.model_copy(update={"path": resolve_path(spec.output.path, folder)}),
         "tracking": spec.tracking.model_copy(update={
             "uri": _resolve_tracking_uri(spec.tracking.uri, folder),

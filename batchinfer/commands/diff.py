@@ -1,12 +1,17 @@
-"""``batchinfer diff``: compare two committed outputs of the same partition (SPEC §2).
+"""``batchinfer diff``: compare two committed outputs of the same partition, or a partition's
+champion with one of its challengers (``--challenger NAME``) (SPEC §2, §6 "Challengers").
 
 Both sides are read through their manifests only (files a manifest does not list are not part
 of a partition). Rows are matched by ``(_source_shard, _source_row)``, one shard at a time, so
-memory is bounded by the largest shard, not the partition. Compared: the triple, the inputs
-(each shard's sha256), which rows were scored or quarantined on each side, ``_input_hash``, and
-every other column the two prediction tables share — bit for bit, with the largest absolute
-difference for numbers. ``_inference_id`` and ``_compute_ms`` describe an execution and are
-not compared (SPEC §5.4); the triple columns are compared once, from the manifests.
+memory is bounded by the largest shard, not the partition — except for the rank correlation,
+which needs every matched value of a score column: two float64 arrays per column (16 bytes a
+row; 128 MiB for 8M rows). Compared: the triple, the inputs (each shard's sha256), which rows
+were scored or quarantined on each side, ``_input_hash``, and every other column the two
+prediction tables share — bit for bit, with the largest absolute difference for numbers — and,
+as models are compared (:mod:`batchinfer.rows.compare`): per float column Spearman's rank
+correlation, |A − B| quantiles and the top movers; per integer, boolean or string column the
+agreement. ``_inference_id`` and ``_compute_ms`` describe an execution and are not compared
+(SPEC §5.4); the triple columns are compared once, from the manifests.
 """
 from __future__ import annotations
 
@@ -19,31 +24,44 @@ import pyarrow.parquet as pq
 
 from ..errors import SpecError, StorageError
 from ..io.manifest import read_manifest
-from ..io.records import FileRecord, Manifest, ShardRecord
+from ..io.outputs import PREDICTIONS, QUARANTINE, challenger_folder
+from ..io.records import FileRecord, ShardRecord, Totals
 from ..io.storage import join, url_to_fs
+from ..rows.compare import TopMovers, agreement, score_summary
 
 EXEMPT = {"_source_shard", "_source_row", "_inference_id", "_compute_ms", "_model_version",
           "_model_digest", "_schema_version", "_preprocess_hash"}
 
 
-def diff_outputs(url_a: str, url_b: str) -> dict[str, Any]:
-    """A report (plain data, JSON-ready) of how output B differs from output A.
+TOP_MOVERS = 10
+
+
+def diff_outputs(url_a: str, url_b: str | None = None, *, challenger: str | None = None,
+                 top: int = TOP_MOVERS) -> dict[str, Any]:
+    """A report (plain data, JSON-ready) of how output B differs from output A; with
+    ``challenger``, B is that challenger of output A (and A its champion).
+
+    Args:
+        top: how many top movers to list per score column.
 
     Raises:
-        SpecError: either side holds no committed partition.
+        SpecError: either side holds no committed partition, or no challenger of that name.
         StorageError: a listed file cannot be read.
     """
-    sides = [_Side(url) for url in (url_a, url_b)]
-    a, b = sides
-    triple = {part: {"a": a.manifest.triple.get(part), "b": b.manifest.triple.get(part)}
-              for part in sorted(set(a.manifest.triple) | set(b.manifest.triple))
-              if a.manifest.triple.get(part) != b.manifest.triple.get(part)}
+    if (url_b is None) == (challenger is None):
+        raise SpecError("diff compares OUTPUT_A OUTPUT_B, or OUTPUT --challenger NAME")
+    a = _Side(url_a)
+    b = _Side(url_a, challenger) if challenger is not None else _Side(str(url_b))
+    triple = {part: {"a": a.triple.get(part), "b": b.triple.get(part)}
+              for part in sorted(set(a.triple) | set(b.triple))
+              if a.triple.get(part) != b.triple.get(part)}
     shards_a, shards_b = a.shards(), b.shards()
     rows = dict.fromkeys(["scored_both", "scored_only_a", "scored_only_b", "quarantined_both",
                           "input_hash_differs"], 0)
     columns: dict[str, dict[str, Any]] = {}
+    models = _Models(top)
     for name in sorted(set(shards_a) & set(shards_b)):
-        _compare_shard(a, b, shards_a[name], shards_b[name], rows, columns)
+        _compare_shard(a, b, shards_a[name], shards_b[name], rows, columns, models)
     changed = sorted(n for n in set(shards_a) & set(shards_b)
                      if shards_a[n].sha256 != shards_b[n].sha256)
     identical = (not triple and not changed and shards_a.keys() == shards_b.keys()
@@ -51,7 +69,7 @@ def diff_outputs(url_a: str, url_b: str) -> dict[str, Any]:
                  and rows["input_hash_differs"] == 0
                  and all(c["differ"] == 0 for c in columns.values()))
     return {
-        "a": {"output": url_a, **_about(a.manifest)}, "b": {"output": url_b, **_about(b.manifest)},
+        "a": {"output": a.shown, **a.about()}, "b": {"output": b.shown, **b.about()},
         "same_partition": (a.manifest.job, a.manifest.ds) == (b.manifest.job, b.manifest.ds),
         "triple_differs": triple,
         "shards": {"both": len(set(shards_a) & set(shards_b)),
@@ -60,33 +78,61 @@ def diff_outputs(url_a: str, url_b: str) -> dict[str, Any]:
                    "input_changed": changed},
         "rows": rows,
         "columns": columns,
+        **models.report(),
         "identical": identical,
     }
 
 
-def _about(manifest: Manifest) -> dict:
-    return {"job": manifest.job, "ds": manifest.ds, "attempt": manifest.attempt,
-            "totals": manifest.totals.to_dict()}
-
-
 class _Side:
-    def __init__(self, url: str):
+    """One side of a diff: a partition's champion, or one of its challengers."""
+
+    def __init__(self, url: str, challenger: str | None = None):
         self.url = url
         self.fs, self.root = url_to_fs(url)
         manifest = read_manifest(self.fs, self.root)
         if manifest is None:
             raise SpecError(f"{url} holds no committed partition (no _manifest.json)")
         self.manifest = manifest
+        self.shown = url
+        self.challenger = challenger
+        self.triple = manifest.triple
+        self.predictions = PREDICTIONS
+        self._shards = {s.path: s for s in manifest.shards}
+        if challenger is not None:
+            found = manifest.challenger(challenger)
+            if found is None:
+                known = ", ".join(c.name for c in manifest.challengers) or "none"
+                raise SpecError(f"{url} has no challenger {challenger!r} (its challengers: {known})")
+            self.shown = f"{url} challenger {challenger}"
+            self.triple = found.triple
+            self.predictions = challenger_folder(challenger)
+            # The challenger's rows, per shard, as shard records: what it rejected stands where
+            # the champion's quarantine would (it has no quarantine files).
+            self._shards = {s.path: ShardRecord(s.path, self._shards[s.path].sha256,
+                                                self._shards[s.path].rows_in, s.rows_scored,
+                                                s.rows_rejected, self._shards[s.path].status,
+                                                s.reason, s.files)
+                            for s in found.shards}
+
+    def about(self) -> dict:
+        manifest = self.manifest
+        about = {"job": manifest.job, "ds": manifest.ds, "attempt": manifest.attempt,
+                 "totals": manifest.totals.to_dict()}
+        if self.challenger is not None:  # its rows_quarantined are the rows it rejected
+            about.update(challenger=self.challenger,
+                         totals=Totals.of(list(self._shards.values())).to_dict())
+        return about
 
     def shards(self) -> dict[str, ShardRecord]:
-        return {s.path: s for s in self.manifest.shards}
+        return self._shards
 
     def read(self, files: tuple[FileRecord, ...], kind: str,
              columns: list[str] | None) -> pa.Table | None:
         """The shard's files of one kind (predictions | quarantine), concatenated."""
+        folder = self.predictions if kind == PREDICTIONS else kind
         tables = []
         for f in files:
-            if not f.path.startswith(f"{kind}/"):
+            if not f.path.startswith(f"{folder}/"):
                 continue
             path = join(self.root, f.path)
             try:
@@ -104,11 +150,11 @@ def _rows(table: pa.Table | None) -> np.ndarray:
 
 
 def _compare_shard(a: _Side, b: _Side, shard_a: ShardRecord, shard_b: ShardRecord, rows: dict,
-                   columns: dict) -> None:
-    pred_a = a.read(shard_a.files, "predictions", None)
-    pred_b = b.read(shard_b.files, "predictions", None)
-    quar_a = _rows(a.read(shard_a.files, "quarantine", ["_source_row"]))
-    quar_b = _rows(b.read(shard_b.files, "quarantine", ["_source_row"]))
+                   columns: dict, models: "_Models") -> None:
+    pred_a = a.read(shard_a.files, PREDICTIONS, None)
+    pred_b = b.read(shard_b.files, PREDICTIONS, None)
+    quar_a = _rows(a.read(shard_a.files, QUARANTINE, ["_source_row"]))
+    quar_b = _rows(b.read(shard_b.files, QUARANTINE, ["_source_row"]))
     rows_a, rows_b = _rows(pred_a), _rows(pred_b)
     common, ia, ib = np.intersect1d(rows_a, rows_b, assume_unique=True, return_indices=True)
     rows["scored_both"] += int(common.size)
@@ -118,9 +164,13 @@ def _compare_shard(a: _Side, b: _Side, shard_a: ShardRecord, shard_b: ShardRecor
     if not common.size or pred_a is None or pred_b is None:
         return
     names = [n for n in pred_a.column_names if n in pred_b.column_names and n not in EXEMPT]
+    matched_a = pred_a.take(pa.array(ia))
+    matched_b = pred_b.take(pa.array(ib))
+    models.add(shard_a.path, common, matched_a, matched_b,
+               [n for n in names if not n.startswith("_")])
     for name in names:
-        col_a = pred_a.column(name).take(pa.array(ia))
-        col_b = pred_b.column(name).take(pa.array(ib))
+        col_a = matched_a.column(name)
+        col_b = matched_b.column(name)
         differ, max_abs = _column_difference(col_a, col_b)
         if name == "_input_hash":
             rows["input_hash_differs"] += differ
@@ -149,3 +199,64 @@ def _column_difference(col_a: pa.ChunkedArray, col_b: pa.ChunkedArray) -> tuple[
     equal = pc.fill_null(pc.equal(values_a, values_b), False)
     same = pc.or_(equal, pc.and_(pc.is_null(values_a), pc.is_null(values_b)))
     return int((~same.to_numpy(zero_copy_only=False).reshape(rows, width).all(axis=1)).sum()), None
+
+
+class _Models:
+    """The model comparison, fed shard by shard: every matched value of each score column
+    (for the rank correlation), label agreement counts, and each score column's top movers.
+
+    Columns batchinfer writes (``_…``) are not predictions. A float column is a score; an
+    integer, boolean or string column a label (id columns are such columns too: their
+    agreement says the rows line up). A top mover shows the label and id columns beside it."""
+
+    def __init__(self, top: int):
+        self.top = top
+        self.scores: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+        self.labels: dict[str, list[int]] = {}   # column -> [rows, agreeing]
+        self.movers: dict[str, TopMovers] = {}
+
+    def add(self, shard: str, rows: np.ndarray, a: pa.Table, b: pa.Table, names: list[str]) -> None:
+        kinds = {n: _kind(a.schema.field(n).type, b.schema.field(n).type) for n in names}
+        keys = {n: _values(a.column(n)) for n, kind in kinds.items() if kind == "label"}
+        for name, kind in kinds.items():
+            if kind == "score":
+                x = _values(a.column(name)).astype(np.float64)
+                y = _values(b.column(name)).astype(np.float64)
+                seen = self.scores.setdefault(name, ([], []))
+                seen[0].append(x)
+                seen[1].append(y)
+                self.movers.setdefault(name, TopMovers(self.top)).add(shard, rows, x, y, keys)
+            elif kind == "label":
+                counts = self.labels.setdefault(name, [0, 0])
+                counts[0] += a.num_rows
+                counts[1] += agreement(_values(a.column(name)), _values(b.column(name)))
+
+    def report(self) -> dict[str, Any]:
+        scores = {}
+        for name, (xs, ys) in self.scores.items():
+            scores[name] = score_summary(np.concatenate(xs), np.concatenate(ys))
+        labels = {name: {"rows": n, "agreement": (same / n if n else None)}
+                  for name, (n, same) in self.labels.items()}
+        return {"scores": scores, "labels": labels,
+                "top_movers": {name: movers.rows() for name, movers in self.movers.items()}}
+
+
+def _kind(type_a: pa.DataType, type_b: pa.DataType) -> str | None:
+    """score (float), label (integer, boolean, string) or None (lists, mixed types)."""
+    if type_a != type_b:
+        return None
+    if pa.types.is_dictionary(type_a):
+        type_a = type_a.value_type
+    if pa.types.is_floating(type_a):
+        return "score"
+    if (pa.types.is_integer(type_a) or pa.types.is_boolean(type_a) or pa.types.is_string(type_a)
+            or pa.types.is_large_string(type_a)):
+        return "label"
+    return None
+
+
+def _values(column: pa.ChunkedArray) -> np.ndarray:
+    array = column.combine_chunks()
+    if pa.types.is_dictionary(array.type):
+        array = array.dictionary_decode()
+    return array.to_numpy(zero_copy_only=False)

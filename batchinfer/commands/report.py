@@ -176,6 +176,7 @@ def render_report(manifest: Manifest | None, record: Mapping[str, Any], profile:
         out.append("<section><h2>Accounting per shard</h2>" + _table(
             ["shard", "status", "rows in", "scored", "quarantined", "reason"], shard_rows, (2, 3, 4))
             + "</section>")
+        out.append(_challengers_section(manifest))
     out.append(_drift_section(profile, level))
     out.append(_histograms(profile))
     out.append(_quarantine_section(profile, metrics))
@@ -199,6 +200,21 @@ def render_report(manifest: Manifest | None, record: Mapping[str, Any], profile:
     out.append('<p class="muted">batchinfer job report · self-contained: no script, no network</p>'
                "</main></body></html>")
     return "".join(out)
+
+
+def _challengers_section(manifest: Manifest) -> str:
+    """The challengers scored beside the champion (none: nothing shown)."""
+    if not manifest.challengers:
+        return ""
+    rows = [(c.name, Raw(f"<code>{_e(c.triple.get('model_version', ''))}</code>"),
+             Raw(f"<code>{_e(c.triple.get('model_digest', '')[:16])}</code>"),
+             f"{c.backend}, {c.device}", c.rows_scored, c.rows_rejected, _num(c.compute_ms / 1000.0))
+            for c in manifest.challengers]
+    return ("<section><h2>Challengers</h2>" + _table(
+        ["challenger", "model version", "digest", "backend, device", "scored", "rejected",
+         "model s"], rows, (4, 5, 6))
+        + '<p class="muted">same prepared batches as the champion; compare with '
+        "<code>batchinfer diff OUTPUT --challenger NAME</code></p></section>")
 
 
 def _quarantine_section(profile: Mapping[str, Any], metrics: Mapping[str, float]) -> str:

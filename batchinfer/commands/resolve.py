@@ -7,13 +7,28 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..backends import declared_options
-from ..errors import SpecError
+from ..errors import ContractError, SpecError
 from ..io.shards import Shard, list_input
-from ..spec import Job
+from ..spec import ChallengerSpec, Job, ModelFields
 from ..triple.contract import Triple, check_contract, model_digest, refuse_pickle
 from ..triple.models import ResolvedModel, resolve_model
 from ..triple.preprocess import Preprocessor, load_preprocessor
 from ..triple.schemas import SchemaVersion, resolve_schema
+
+
+@dataclass(frozen=True)
+class ResolvedChallenger:
+    """A challenger model, found and checked: it scores the champion's prepared batches, so its
+    triple shares the job's schema version and preprocess hash; its model version and digest
+    are its own."""
+
+    spec: ChallengerSpec
+    model: ResolvedModel
+    triple: Triple
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
 
 
 @dataclass
@@ -28,6 +43,7 @@ class Resolved:
     triple: Triple
     shards: list[Shard] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)   # metadata files input.path matched
+    challengers: tuple[ResolvedChallenger, ...] = ()
 
     def shard_names(self) -> tuple[str, ...]:
         """What ``_source_shard`` records for each shard (``${NAME}`` values put back)."""
@@ -55,14 +71,30 @@ def resolve(job: Job, *, list_input_files: bool = True, check: bool = True) -> R
     """
     spec = job.spec
     schema, features, preprocessor = resolve_inputs(job)
-    refuse_pickle(spec.model.uri, bool(spec.model.options.get("allow_pickle", False)))
-    model = resolve_model(spec.model.uri, spec.model.backend, spec.tracking.uri)
-    digest = model_digest(model.path)
-    declared_version = (model.declaration or {}).get("model_version") or spec.model.version or ""
-    triple = Triple(declared_version, digest, schema.ref, preprocessor.hash)
-    if check:
-        check_contract(job.display(spec.model.uri), model.declaration, triple, spec.model.version,
-                       declared_options(spec.model.backend, spec.model.options))
+    model, triple = _resolve_model(job, spec.model, schema, preprocessor, check)
+    challengers = []
+    for challenger in spec.model.challengers:
+        try:
+            found, its_triple = _resolve_model(job, challenger, schema, preprocessor, check)
+        except ContractError as exc:  # which model: the champion's message would look the same
+            raise ContractError(f"challenger {challenger.name}: {exc.message}") from None
+        challengers.append(ResolvedChallenger(challenger, found, its_triple))
     listing = list_input(spec.input.path) if list_input_files else None
     return Resolved(job, schema, preprocessor, features, model, triple,
-                    listing.shards if listing else [], listing.ignored if listing else [])
+                    listing.shards if listing else [], listing.ignored if listing else [],
+                    tuple(challengers))
+
+
+def _resolve_model(job: Job, model_spec: ModelFields, schema: SchemaVersion,
+                   preprocessor: Preprocessor, check: bool) -> tuple[ResolvedModel, Triple]:
+    """Find one model (the champion or a challenger), compute its triple and check it against
+    its declaration."""
+    refuse_pickle(model_spec.uri, bool(model_spec.options.get("allow_pickle", False)))
+    model = resolve_model(model_spec.uri, model_spec.backend, job.spec.tracking.uri)
+    digest = model_digest(model.path)
+    declared_version = (model.declaration or {}).get("model_version") or model_spec.version or ""
+    triple = Triple(declared_version, digest, schema.ref, preprocessor.hash)
+    if check:
+        check_contract(job.display(model_spec.uri), model.declaration, triple, model_spec.version,
+                       declared_options(model_spec.backend, model_spec.options))
+    return model, triple

@@ -23,22 +23,23 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from ..backends import declared_options, handler_class
 from ..errors import BatchInferError, ContractError, DataQualityError, ModelError, RuntimeFailure, SpecError
 from ..io.commit import Attempt, CommitOutcome, PartitionCommit
 from ..io.outputs import METRICS, PROFILE, REPORT, write_json
-from ..io.records import Manifest, ModelStats, ShardResult, Totals
+from ..io.records import Challenger, Manifest, ModelStats, ShardResult, Totals
 from ..pipeline.runners import check as check_runner
 from ..rows.columns import check_output_columns
-from ..spec import Job
+from ..spec import Job, ModelFields
 from .monitor import Baseline, DriftGate, Monitoring, health_metrics, load_baseline, monitor
-from .resolve import Resolved, resolve
+from .resolve import Resolved, ResolvedChallenger, resolve
 
 if TYPE_CHECKING:
     from ..handlers.base import BatchModelHandler
     from ..io.tracking import TrackingRun
+    from ..triple.models import ResolvedModel
 
 log = logging.getLogger("batchinfer")
 
@@ -110,13 +111,15 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
             message = f"dry run: would score {len(resolved.shards)} shards into {shown}"
             if spec.runner.name in BUILDS_JOB:  # build the runner's job too, submit nothing
                 handler, device = load_handler(resolved)
+                challengers = load_challengers(resolved)
                 attempt = partition.begin(new_attempt(started), replacing=existing)
-                header = _header(job, resolved, attempt, device, started, None)
-                message += f"\n{_build_job(resolved, handler, attempt, header)}"
+                header = _header(job, resolved, attempt, device, started, None, challengers)
+                message += f"\n{_build_job(resolved, handler, attempt, header, challengers)}"
             return Outcome("dry_run", message, None, shown)
         assert tracking is not None
         t_load = time.perf_counter()
         handler, device = load_handler(resolved)
+        challengers = load_challengers(resolved)
         load_s = time.perf_counter() - t_load
         tracking.prepare()  # the checks passed: the store may be touched
         attempt = partition.begin(new_attempt(started), replacing=existing)
@@ -130,10 +133,10 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
                  f"{attempt.attempt}, {spec.runner.name} runner, {device})")
         # 3. score into the attempt and commit, in the pipeline. The manifest names the MLflow
         # run, so its id is needed before the pipeline starts (the helper opened it meanwhile).
-        header = _header(job, resolved, attempt, device, started, tracking.wait())
+        header = _header(job, resolved, attempt, device, started, tracking.wait(), challengers)
         t_pipeline = time.perf_counter()
         try:
-            _score(resolved, handler, attempt, header, baseline, watch)
+            _score(resolved, handler, attempt, header, baseline, watch, challengers)
         except KeyboardInterrupt:  # Ctrl-C: leave nothing, and say so in MLflow
             winner = attempt.committed_meanwhile()
             if winner is None or winner.attempt != attempt.attempt:  # never undo a commit
@@ -223,32 +226,76 @@ def _look_at(partition: PartitionCommit, job: Job, resolved: Resolved, shown: st
             f"to score the partition as it is now")
     if existing.triple != resolved.triple.as_dict():
         raise ContractError(_triple_conflict(shown, existing.triple, resolved.triple.as_dict()))
-    declared = _declared(job)
+    declared = _declared(job.spec.model)
     if existing.model_options != declared:
         raise ContractError(
             f"{shown} was committed with model.options {existing.model_options or '{}'}, which "
             f"change predictions; this run has {declared}: pass --overwrite to replace it")
+    committed_runs = [c.as_run() for c in existing.challengers]
+    wanted_runs = [_challenger_run(c) for c in resolved.challengers]
+    if committed_runs != wanted_runs:
+        # The job asks for challenger predictions the partition does not have (or has others):
+        # a silent no-op would leave the user without them.
+        names = ", ".join(c.name for c in existing.challengers) or "none"
+        wanted = ", ".join(c.name for c in resolved.challengers) or "none"
+        raise ContractError(
+            f"{shown} was committed with other challengers (committed: {names}; this run: "
+            f"{wanted}, or the same names with another triple or declared options): pass "
+            f"--overwrite to score the partition with this run's challengers")
     return existing
 
 
-def _declared(job: Job) -> dict[str, str]:
-    """The job's values of its backend's declared options (they change predictions)."""
-    return declared_options(job.spec.model.backend, job.spec.model.options)
+def _declared(model: ModelFields) -> dict[str, str]:
+    """The values of a model's backend's declared options (they change predictions)."""
+    return declared_options(model.backend, model.options)
+
+
+def _challenger_run(challenger: ResolvedChallenger) -> tuple[str, dict[str, str], dict[str, str]]:
+    return challenger.name, challenger.triple.as_dict(), _declared(challenger.spec)
 
 
 def load_handler(resolved: Resolved) -> "tuple[BatchModelHandler, str]":
-    """Build the backend's handler and load the model once before any work (exit 5 early; in-
+    """Build the champion's handler and load the model once before any work (exit 5 early; in-
     process workers reuse this load, see handlers.base.shared_model). The model's outputs must
     name prediction columns that collide with nothing (exit 2). Returns the handler and the
     device the model runs on."""
-    spec = resolved.job.spec.model
-    batch = resolved.job.spec.batch
+    handler, device, _ = _load(resolved, resolved.job.spec.model, resolved.model,
+                               resolved.triple.model_digest)
+    return handler, device
+
+
+def load_challengers(resolved: Resolved) -> "list[tuple[BatchModelHandler, str]]":
+    """Each challenger's handler and device, loaded before any work like the champion's; an
+    error names the challenger (the exit code stays the champion's: 5 not loading, 2 outputs).
+    A challenger writes the champion's prediction columns, so without ``output.predictions``
+    its outputs must be named as the champion's (exit 2)."""
+    if not resolved.challengers:
+        return []
+    champion = _load(resolved, resolved.job.spec.model, resolved.model,
+                     resolved.triple.model_digest)[2]  # loaded already: a cache look-up
+    loaded = []
+    for challenger in resolved.challengers:
+        try:
+            handler, device, outputs = _load(resolved, challenger.spec, challenger.model,
+                                             challenger.triple.model_digest)
+            if not resolved.job.spec.output.predictions and outputs != champion:
+                raise SpecError(f"its outputs {outputs} are not the champion's {champion}: "
+                                f"map both with output.predictions, or export it with the "
+                                f"champion's output names")
+        except BatchInferError as exc:
+            raise type(exc)(f"challenger {challenger.name}: {exc.message}") from None
+        loaded.append((handler, device))
+    return loaded
+
+
+def _load(resolved: Resolved, spec: ModelFields, found: "ResolvedModel",
+          digest: str) -> "tuple[BatchModelHandler, str, list[str]]":
+    batch = resolved.job.spec.batch   # a challenger gets the champion's batches: sized alike
     cls = handler_class(spec.backend)
     options = {k: v for k, v in spec.options.items() if k != "allow_pickle"}
-    handler = cls(str(resolved.model.path), digest=resolved.triple.model_digest,
-                  device=spec.device, options=options, tokens=batch.tokens,
-                  lengths_from=batch.lengths_from)
-    declared = resolved.model.declaration or {}
+    handler = cls(str(found.path), digest=digest, device=spec.device, options=options,
+                  tokens=batch.tokens, lengths_from=batch.lengths_from)
+    declared = found.declaration or {}
     for key, here in handler.runtime_facts().items():
         # e.g. a TensorRT engine runs only under the TensorRT version and on the GPU
         # architecture it was built for; loading it elsewhere fails, or worse, does not.
@@ -274,18 +321,24 @@ def load_handler(resolved: Resolved) -> "tuple[BatchModelHandler, str]":
     else:  # each output becomes a column of its own name: it must not take an id's or ours
         check_output_columns(output_spec.id_columns, {o: o for o in outputs},
                              source="the model's outputs (output.predictions maps none)")
-    return handler, handler.ask(model, "device_used")
+    return handler, handler.ask(model, "device_used"), list(outputs)
 
 
 def _header(job: Job, resolved: Resolved, attempt: Attempt, device: str, started: datetime,
-            mlflow_run_id: str | None) -> Manifest:
-    """The manifest as known before any work; the commit step adds shards, totals, end time."""
+            mlflow_run_id: str | None,
+            challengers: "Sequence[tuple[BatchModelHandler, str]]" = ()) -> Manifest:
+    """The manifest as known before any work; the commit step adds shards, totals, end time
+    (and each challenger's shards)."""
     spec = job.spec
+    entries = tuple(Challenger(c.name, c.triple.as_dict(), c.spec.backend, its_device,
+                               _declared(c.spec))
+                    for c, (_, its_device) in zip(resolved.challengers, challengers, strict=True))
     return Manifest(job=spec.name, ds=job.ds, attempt=attempt.attempt,
                     triple=resolved.triple.as_dict(), job_spec_sha256=job.spec_sha256,
                     runner=spec.runner.name, device=device, backend=spec.model.backend,
-                    model_options=_declared(job), started_at=rfc3339(started),
-                    finished_at="", mlflow_run_id=mlflow_run_id, totals=Totals.of([]), shards=())
+                    model_options=_declared(spec.model), started_at=rfc3339(started),
+                    finished_at="", mlflow_run_id=mlflow_run_id, totals=Totals.of([]), shards=(),
+                    challengers=entries)
 
 
 # Runners whose job `run --dry-run` builds for real (Beam's dry_run option: the job graph is
@@ -295,7 +348,7 @@ BUILDS_JOB = {"dataflow"}
 
 
 def _build_job(resolved: Resolved, handler: "BatchModelHandler", attempt: Attempt,
-               header: Manifest) -> str:
+               header: Manifest, challengers: "Sequence[tuple[BatchModelHandler, str]]") -> str:
     """Build the runner's job without submitting it; return a summary of its graph."""
     from ..beam_compat import beam
     from ..pipeline.runners import job_summary, pipeline_options
@@ -305,7 +358,8 @@ def _build_job(resolved: Resolved, handler: "BatchModelHandler", attempt: Attemp
     options = pipeline_options(spec.runner.name, {**spec.runner.options, "dry_run": "true"})
     try:
         pipeline = beam.Pipeline(options=options)
-        build(pipeline, *_plans(resolved, attempt, header, load_baseline(resolved.job)), handler=handler)
+        build(pipeline, *_plans(resolved, attempt, header, load_baseline(resolved.job)), handler=handler,
+              challenger_handlers=[h for h, _ in challengers])
         result = pipeline.run()
     except (ImportError, ValueError) as exc:  # a missing extra, options Beam refuses
         raise SpecError(f"runner {spec.runner.name}: {_last_line(exc)}") from exc
@@ -313,7 +367,8 @@ def _build_job(resolved: Resolved, handler: "BatchModelHandler", attempt: Attemp
 
 
 def _score(resolved: Resolved, handler: "BatchModelHandler", attempt: Attempt, header: Manifest,
-           baseline: Baseline | None = None, watch: "Callable[[int], Any] | None" = None) -> None:
+           baseline: Baseline | None = None, watch: "Callable[[int], Any] | None" = None,
+           challengers: "Sequence[tuple[BatchModelHandler, str]]" = ()) -> None:
     """Run the Beam pipeline into ``attempt``, up to and including its commit step.
 
     Raises:
@@ -330,7 +385,8 @@ def _score(resolved: Resolved, handler: "BatchModelHandler", attempt: Attempt, h
     try:
         with watch(len(resolved.shards)) if watch else contextlib.nullcontext():
             with beam.Pipeline(options=options) as pipeline:
-                build(pipeline, *_plans(resolved, attempt, header, baseline), handler=handler)
+                build(pipeline, *_plans(resolved, attempt, header, baseline), handler=handler,
+                      challenger_handlers=[h for h, _ in challengers])
     except Exception as exc:
         if _interrupted(exc):  # Beam wraps a Ctrl-C inside a transform in an Exception
             raise KeyboardInterrupt from None
@@ -346,7 +402,7 @@ def _plans(resolved: Resolved, attempt: Attempt, header: Manifest,
     baseline, the writer stage counts columns into its cuts and the commit step refuses a
     partition that drifted above the ``fail`` limits (:class:`~.monitor.DriftGate`)."""
     from ..pipeline.commit import CommitPlan
-    from ..pipeline.transforms import ScoringPlan
+    from ..pipeline.transforms import ChallengerPlan, ScoringPlan
 
     spec = resolved.job.spec
     plan = ScoringPlan(
@@ -356,7 +412,8 @@ def _plans(resolved: Resolved, attempt: Attempt, header: Manifest,
         id_columns=tuple(spec.output.id_columns),
         prediction_names=dict(spec.output.predictions) if spec.output.predictions else None,
         hash_columns=resolved.schema.columns, profile_features=tuple(resolved.features),
-        profile_cuts=baseline.cuts() if baseline else {})
+        profile_cuts=baseline.cuts() if baseline else {},
+        challengers=tuple(ChallengerPlan(c.name, c.triple) for c in resolved.challengers))
     gate = DriftGate(resolved.job, tuple(resolved.features), baseline) if baseline is not None else None
     commit = CommitPlan(output_url=spec.output.path, attempt=attempt.attempt,
                         replacing=attempt.replacing, shard_count=len(resolved.shards),
@@ -469,6 +526,20 @@ def _metrics(totals: Totals, pipeline_s: float, wall_s: float,
         metrics["wall_seconds"] = wall_s
         metrics["rows_per_second"] = totals.rows_in / wall_s
     metrics.update(health_metrics(results, load_s))
+    metrics.update(challenger_metrics(results))
+    return metrics
+
+
+def challenger_metrics(results: list[ShardResult]) -> dict[str, float]:
+    """``challenger.<name>.rows_scored``, ``.rows_rejected`` and ``.compute_ms`` (its model
+    time, summed over batches) for each challenger."""
+    metrics: dict[str, float] = {}
+    for result in results:
+        for name, shard in result.challengers.items():
+            for key, value in (("rows_scored", shard.rows_scored),
+                               ("rows_rejected", shard.rows_rejected),
+                               ("compute_ms", shard.compute_ms)):
+                metrics[f"challenger.{name}.{key}"] = metrics.get(f"challenger.{name}.{key}", 0.0) + value
     return metrics
 
 

@@ -12,9 +12,20 @@ from ..triple.models import declare
 from .resolve import resolve
 
 
-def stamp(job: Job, model_uri: str | None, model_version: str | None) -> tuple[Triple, str]:
+def stamp(job: Job, model_uri: str | None, model_version: str | None,
+          challenger: str | None = None) -> tuple[Triple, str]:
     """Write the model's declaration for this job's schema and preprocessing; return the triple
-    and where the declaration went."""
+    and where the declaration went.
+
+    Args:
+        challenger: stamp for the job's challenger of this name: its backend, declared options
+            and ``version`` instead of the champion's (the schema and preprocessing are the
+            job's either way).
+
+    Raises:
+        SpecError: no challenger of that name.
+    """
+    job = _one_model(job, challenger)
     spec = job.spec
     if model_uri is not None:
         job = _with_model(job, model_uri)
@@ -33,6 +44,21 @@ def stamp(job: Job, model_uri: str | None, model_version: str | None) -> tuple[T
     extra.update(handler_class(model.backend).build_facts(str(resolved.model.path)))
     where = declare(resolved.model, triple, job.spec.tracking.uri, extra)
     return triple, where
+
+
+def _one_model(job: Job, challenger: str | None) -> Job:
+    """``job`` with one model to stamp: the champion, or the named challenger in its place.
+    Challengers are dropped: stamping one model must not need the others' files."""
+    model = job.spec.model
+    if challenger is not None:
+        found = next((c for c in model.challengers if c.name == challenger), None)
+        if found is None:
+            known = ", ".join(c.name for c in model.challengers) or "none"
+            raise SpecError(f"the job has no challenger {challenger!r} (its challengers: {known})")
+        model = model.model_copy(update={key: getattr(found, key) for key in
+                                         ("uri", "backend", "device", "version", "options")})
+    model = model.model_copy(update={"challengers": []})
+    return dataclasses.replace(job, spec=job.spec.model_copy(update={"model": model}))
 
 
 def _with_model(job: Job, model_uri: str) -> Job:

@@ -15,7 +15,7 @@ from fsspec import AbstractFileSystem
 
 from .. import faults
 from ..errors import StorageError
-from .outputs import ATTEMPT, MANIFEST, PREDICTIONS, QUARANTINE, TMP, Layout, write_file
+from .outputs import ATTEMPT, CHALLENGERS, MANIFEST, PREDICTIONS, QUARANTINE, TMP, Layout, challenger_folder, write_file
 from .records import Manifest
 from .storage import is_local, join
 
@@ -71,17 +71,34 @@ def create_manifest(layout: Layout, manifest: Manifest, *, replace: bool = False
     return True
 
 
+def data_folders(layout: Layout) -> list[str]:
+    """The folders (relative) whose sub-folders are attempts: predictions/, quarantine/ and each
+    challengers/<name>/ there is now (whichever run wrote it: a crashed run's challenger may no
+    longer be in the job)."""
+    folders = [PREDICTIONS, QUARANTINE]
+    base = join(layout.root, CHALLENGERS)
+    try:
+        entries = layout.fs.ls(base, detail=True) if layout.fs.exists(base) else []
+    except OSError:
+        entries = []
+    for entry in sorted(entries, key=lambda e: e["name"]):
+        if entry.get("type") == "directory":
+            folders.append(challenger_folder(entry["name"].rstrip("/").rsplit("/", 1)[-1]))
+    return folders
+
+
 def remove_attempt(layout: Layout, attempt: str) -> None:
     """Delete an attempt's data files and scratch (best effort: debris is never part of a
     partition, and the next run cleans what this one could not)."""
     fs = layout.fs
-    for kind in (PREDICTIONS, QUARANTINE, TMP):
+    for kind in (*data_folders(layout), TMP):
         path = join(layout.root, kind, attempt)
         try:
             if fs.exists(path):
                 fs.rm(path, recursive=True)
         except OSError:
             pass
+    _remove_empty_challengers(layout)
     _remove_if_empty(fs, join(layout.root, TMP))
 
 
@@ -96,10 +113,18 @@ def _remove_if_empty(fs: AbstractFileSystem, path: str) -> None:
         pass
 
 
+def _remove_empty_challengers(layout: Layout) -> None:
+    """challengers/<name>/ folders left empty (their attempts removed), then challengers/."""
+    for kind in data_folders(layout)[2:]:
+        _remove_if_empty(layout.fs, join(layout.root, kind))
+    _remove_if_empty(layout.fs, join(layout.root, CHALLENGERS))
+
+
 def clean_after_commit(layout: Layout, manifest: Manifest) -> None:
     """Remove every attempt but the committed one, scratch, and unlisted files of this attempt."""
     fs, committed = layout.fs, manifest.attempt
-    for kind in (PREDICTIONS, QUARANTINE, TMP):
+    folders = data_folders(layout)
+    for kind in (*folders, TMP):
         base = join(layout.root, kind)
         try:
             entries = fs.ls(base, detail=False) if fs.exists(base) else []
@@ -107,14 +132,15 @@ def clean_after_commit(layout: Layout, manifest: Manifest) -> None:
             continue
         for entry in entries:
             name = entry.rstrip("/").rsplit("/", 1)[-1]
-            # _tmp/ is ours alone (SPEC §4); in predictions/ and quarantine/ only attempts are.
+            # _tmp/ is ours alone (SPEC §4); in predictions/, quarantine/ and challengers/<name>/
+            # only attempts are.
             if kind == TMP or (ATTEMPT.match(name) and name != committed):
                 try:
                     fs.rm(entry, recursive=True)
                 except OSError:
                     pass
     listed = manifest.files()
-    for kind in (PREDICTIONS, QUARANTINE):
+    for kind in folders:
         base = join(layout.root, kind, committed)
         try:
             present = fs.find(base) if fs.exists(base) else []
@@ -127,4 +153,5 @@ def clean_after_commit(layout: Layout, manifest: Manifest) -> None:
                     fs.rm(path)
                 except OSError:
                     pass
+    _remove_empty_challengers(layout)
     _remove_if_empty(fs, join(layout.root, TMP))

@@ -3,6 +3,7 @@
     <output.path>/_manifest.json                                   the commit
     <output.path>/predictions/<attempt>/part-SSSSS-BBBBB.parquet   shard S, batch B
     <output.path>/quarantine/<attempt>/part-SSSSS-BBBBB.parquet
+    <output.path>/challengers/<name>/<attempt>/part-SSSSS-BBBBB.parquet   a challenger's predictions
     <output.path>/_tmp/<attempt>/shards/SSSSS.json                 per-shard results (scratch)
 
 Files are serialised in memory, hashed, then written with one put: the sha256 recorded in the
@@ -26,6 +27,7 @@ from .storage import join, url_to_fs
 MANIFEST = "_manifest.json"
 PREDICTIONS = "predictions"
 QUARANTINE = "quarantine"
+CHALLENGERS = "challengers"   # challengers/<name>/<attempt>/…: each challenger model's predictions
 TMP = "_tmp"
 METRICS = "_metrics.json"
 PROFILE = "_profile.json"     # the run's column statistics and drift (monitoring), beside METRICS
@@ -54,7 +56,8 @@ class Layout:
         return join(self.root, MANIFEST)
 
     def part(self, kind: str, shard: int, batch: int) -> str:
-        """Relative path of a data file (``kind`` is predictions or quarantine)."""
+        """Relative path of a data file (``kind``: predictions, quarantine, or a challenger's
+        folder, :func:`challenger_folder`)."""
         return f"{kind}/{self.attempt}/part-{shard:05d}-{batch:05d}.parquet"
 
     def shard_result(self, shard: int) -> str:
@@ -67,6 +70,12 @@ class Layout:
 
     def abs(self, relative: str) -> str:
         return join(self.root, relative)
+
+
+def challenger_folder(name: str) -> str:
+    """The folder (relative to ``output.path``) that holds challenger ``name``'s attempts; a
+    ``kind`` for :meth:`Layout.part`."""
+    return f"{CHALLENGERS}/{name}"
 
 
 def parquet_bytes(table: pa.Table, *, dictionary: list[str] | None = None,

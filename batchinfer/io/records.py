@@ -5,7 +5,7 @@ Plain dataclasses with ``to_dict``/``from_dict``; JSON is only made and parsed a
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 MANIFEST_VERSION = 1
@@ -25,6 +25,13 @@ class FileRecord:
         return cls(path=data["path"], rows=data["rows"], sha256=data["sha256"])
 
 
+def _with_files(record: Any) -> dict:
+    """A record with a ``files`` tuple as JSON-ready data (``files`` a list, as in the manifest)."""
+    data = asdict(record)
+    data["files"] = [asdict(f) for f in record.files]
+    return data
+
+
 @dataclass(frozen=True)
 class ShardRecord:
     """One input shard in the manifest (SPEC §4)."""
@@ -39,9 +46,7 @@ class ShardRecord:
     files: tuple[FileRecord, ...] = ()
 
     def to_dict(self) -> dict:
-        data = asdict(self)
-        data["files"] = [asdict(f) for f in self.files]
-        return data
+        return _with_files(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> "ShardRecord":
@@ -72,6 +77,72 @@ class Totals:
 
 
 @dataclass(frozen=True)
+class ChallengerShard:
+    """A challenger's rows of one input shard: those its model scored (written to its files) and
+    those it rejected (it raised on them, or gave a non-finite output). A rejection is the
+    challenger's own business: the input row is not quarantined and the champion's accounting
+    is untouched."""
+
+    path: str                     # the input shard, as the manifest's shards name it
+    rows_scored: int
+    rows_rejected: int
+    reason: str | None = None     # the first rejection's message
+    compute_ms: float = 0.0       # the challenger's model time on this shard
+    files: tuple[FileRecord, ...] = ()
+
+    def to_dict(self) -> dict:
+        return _with_files(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ChallengerShard":
+        return cls(path=data["path"], rows_scored=data["rows_scored"],
+                   rows_rejected=data["rows_rejected"], reason=data.get("reason"),
+                   compute_ms=float(data.get("compute_ms", 0.0)),
+                   files=tuple(FileRecord.from_dict(f) for f in data.get("files", [])))
+
+
+@dataclass(frozen=True)
+class Challenger:
+    """A challenger model in the manifest (SPEC §6 "Challengers"): its triple, how it ran, and
+    its files under ``challengers/<name>/<attempt>/``, shard by shard in the manifest's order."""
+
+    name: str
+    triple: dict[str, str]
+    backend: str
+    device: str
+    model_options: dict[str, str] = field(default_factory=dict)
+    shards: tuple[ChallengerShard, ...] = ()
+
+    @property
+    def rows_scored(self) -> int:
+        return sum(s.rows_scored for s in self.shards)
+
+    @property
+    def rows_rejected(self) -> int:
+        return sum(s.rows_rejected for s in self.shards)
+
+    @property
+    def compute_ms(self) -> float:
+        return sum(s.compute_ms for s in self.shards)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "triple": dict(self.triple), "backend": self.backend,
+                "device": self.device, "model_options": dict(self.model_options),
+                "rows_scored": self.rows_scored, "rows_rejected": self.rows_rejected,
+                "compute_ms": self.compute_ms, "shards": [s.to_dict() for s in self.shards]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Challenger":
+        return cls(name=data["name"], triple=dict(data["triple"]), backend=data.get("backend", ""),
+                   device=data.get("device", ""), model_options=dict(data.get("model_options") or {}),
+                   shards=tuple(ChallengerShard.from_dict(s) for s in data.get("shards", [])))
+
+    def as_run(self) -> "tuple[str, dict[str, str], dict[str, str]]":
+        """What makes two runs of this challenger the same: name, triple, declared options."""
+        return self.name, dict(self.triple), dict(self.model_options)
+
+
+@dataclass(frozen=True)
 class Manifest:
     """``_manifest.json``: the commit of a partition (SPEC §4)."""
 
@@ -90,10 +161,15 @@ class Manifest:
     manifest_version: int = MANIFEST_VERSION
     backend: str = ""
     model_options: dict[str, str] = field(default_factory=dict)   # the declared ones (precision)
+    challengers: tuple[Challenger, ...] = ()
 
     def files(self) -> set[str]:
-        """Every data file the partition consists of (relative paths)."""
-        return {f.path for shard in self.shards for f in shard.files}
+        """Every data file the partition consists of (relative paths), challengers' included."""
+        return ({f.path for shard in self.shards for f in shard.files}
+                | {f.path for c in self.challengers for s in c.shards for f in s.files})
+
+    def challenger(self, name: str) -> Challenger | None:
+        return next((c for c in self.challengers if c.name == name), None)
 
     def to_dict(self) -> dict:
         return {"manifest_version": self.manifest_version, "job": self.job, "ds": self.ds,
@@ -102,7 +178,10 @@ class Manifest:
                 "device": self.device, "backend": self.backend,
                 "model_options": dict(self.model_options), "started_at": self.started_at,
                 "finished_at": self.finished_at, "mlflow_run_id": self.mlflow_run_id,
-                "totals": self.totals.to_dict(), "shards": [s.to_dict() for s in self.shards]}
+                "totals": self.totals.to_dict(), "shards": [s.to_dict() for s in self.shards],
+                # Only a job with challengers has the key: a manifest without them reads as before.
+                **({"challengers": [c.to_dict() for c in self.challengers]}
+                   if self.challengers else {})}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Manifest":
@@ -117,7 +196,8 @@ class Manifest:
                    totals=Totals(**totals) if totals else Totals.of(shards), shards=shards,
                    manifest_version=data.get("manifest_version", MANIFEST_VERSION),
                    backend=data.get("backend", ""),
-                   model_options=dict(data.get("model_options") or {}))
+                   model_options=dict(data.get("model_options") or {}),
+                   challengers=tuple(Challenger.from_dict(c) for c in data.get("challengers", [])))
 
 
 @dataclass(frozen=True)
@@ -158,16 +238,30 @@ class ShardResult:
     profile: dict[str, dict] = field(default_factory=dict)
     quarantine: tuple[tuple[str | None, str, int], ...] = ()
     batches: tuple[tuple[int, float], ...] = ()
+    challengers: dict[str, ChallengerShard] = field(default_factory=dict)   # by challenger name
 
     def to_dict(self) -> dict[str, Any]:
         return {"record": self.record.to_dict(), "seconds": dict(self.seconds),
                 "model": asdict(self.model), "profile": dict(self.profile),
                 "quarantine": [list(q) for q in self.quarantine],
-                "batches": [list(b) for b in self.batches]}
+                "batches": [list(b) for b in self.batches],
+                "challengers": {k: v.to_dict() for k, v in self.challengers.items()}}
 
     @classmethod
     def from_dict(cls, data: dict) -> "ShardResult":
         return cls(ShardRecord.from_dict(data["record"]), dict(data.get("seconds", {})),
                    ModelStats(**data.get("model", {})), dict(data.get("profile", {})),
                    tuple((c, k, int(n)) for c, k, n in data.get("quarantine", [])),
-                   tuple((int(r), float(ms)) for r, ms in data.get("batches", [])))
+                   tuple((int(r), float(ms)) for r, ms in data.get("batches", [])),
+                   {k: ChallengerShard.from_dict(v) for k, v in data.get("challengers", {}).items()})
+
+
+def with_challenger_shards(challengers: tuple[Challenger, ...],
+                           results: "list[ShardResult] | tuple[ShardResult, ...]") -> tuple[Challenger, ...]:
+    """The manifest's challenger entries (known before any work) with each shard's rows and
+    files from the shards' results, in shard order. A shard without an entry for a challenger
+    (unreadable) gets an empty one."""
+    return tuple(
+        replace(c, shards=tuple(r.challengers.get(c.name) or ChallengerShard(r.record.path, 0, 0)
+                                for r in results))
+        for c in challengers)

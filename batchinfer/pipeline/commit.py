@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Tuple
 from ..beam_compat import beam
 from ..errors import BatchInferError, DataQualityError, ModelError
 from ..io.commit import Attempt, CommitOutcome, PartitionCommit
-from ..io.records import Manifest, ModelStats, ShardResult, Totals
+from ..io.records import Manifest, ModelStats, ShardResult, Totals, with_challenger_shards
 
 # The quarantine thresholds: (rows_in, rows quarantined, unreadable shards) → why the partition
 # must not commit, or None (spec.QuarantineSpec.breach; a bound method of a pydantic model pickles).
@@ -93,7 +93,8 @@ class CommitPartition(beam.DoFn):
         else:
             records = tuple(r.record for r in results)
             manifest = dataclasses.replace(plan.header, finished_at=rfc3339(datetime.now(timezone.utc)),
-                                           totals=Totals.of(records), shards=records)
+                                           totals=Totals.of(records), shards=records,
+                                           challengers=with_challenger_shards(plan.header.challengers, results))
             outcome = dataclasses.replace(attempt.commit(manifest), results=tuple(results))
         attempt.record(outcome)
         yield outcome.status

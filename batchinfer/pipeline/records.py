@@ -1,15 +1,16 @@
 """What the pipeline's stages say about a shard, and folding it into the shard's result (pure).
 
 ``ReadShard`` emits one :class:`ShardInfo` per shard (after its batches), ``WriteBatch`` one
-:class:`BatchRecord` per batch; ``FinishShard`` groups them by shard and :func:`fold_shard` turns
-them into the :class:`~batchinfer.io.records.ShardResult` the commit reads.
+:class:`BatchRecord` per batch, each challenger's writer one :class:`ChallengerBatchRecord` per
+batch; ``FinishShard`` groups them by shard and :func:`fold_shard` turns them into the
+:class:`~batchinfer.io.records.ShardResult` the commit reads.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Sequence, Union
 
-from ..io.records import FileRecord, ModelStats, ShardRecord, ShardResult, ShardStatus
+from ..io.records import ChallengerShard, FileRecord, ModelStats, ShardRecord, ShardResult, ShardStatus
 from ..rows.profile import ColumnStats, merge_columns
 
 
@@ -40,14 +41,31 @@ class BatchRecord:
     compute_ms: float | None = None   # model time; None when no row reached the model
 
 
-Record = Union[ShardInfo, BatchRecord]
+@dataclass(frozen=True)
+class ChallengerBatchRecord:
+    """One batch as a challenger scored it: the prepared rows it was given, those it scored (in
+    ``files``) and those it rejected (raised on, or non-finite output)."""
+
+    name: str
+    batch: int
+    rows_in: int
+    rows_scored: int
+    rows_rejected: int
+    files: tuple[FileRecord, ...] = ()
+    first_reason: str | None = None
+    compute_ms: float = 0.0
 
 
-def fold_shard(name: str, records: Sequence[Record]) -> ShardResult:
-    """One shard's result from its info record(s) and batch records.
+Record = Union[ShardInfo, BatchRecord, ChallengerBatchRecord]
+
+
+def fold_shard(name: str, records: Sequence[Record], challengers: Sequence[str] = ()) -> ShardResult:
+    """One shard's result from its info record(s), batch records and, for each challenger named
+    in ``challengers``, its batch records.
 
     Raises:
-        RuntimeError: the batches do not account for every row (a bug, never bad data).
+        RuntimeError: the batches do not account for every row, or a challenger was not given
+            every batch the champion was (a bug, never bad data).
     """
     infos = [r for r in records if isinstance(r, ShardInfo)]
     batches = sorted((r for r in records if isinstance(r, BatchRecord)), key=lambda r: r.batch)
@@ -76,7 +94,7 @@ def fold_shard(name: str, records: Sequence[Record]) -> ShardResult:
     else:
         status = "scored"
     seconds: dict[str, float] = {}
-    parts: list[Record] = [*infos, *batches]
+    parts: list[ShardInfo | BatchRecord] = [*infos, *batches]
     for part in parts:
         for stage, value in part.seconds.items():
             seconds[stage] = seconds.get(stage, 0.0) + value
@@ -91,4 +109,25 @@ def fold_shard(name: str, records: Sequence[Record]) -> ShardResult:
             by_check[key] = by_check.get(key, 0) + n
     return ShardResult(record, seconds, model, {k: v.to_dict() for k, v in profile.items()},
                        tuple((c, k, n) for (c, k), n in sorted(by_check.items(), key=str)),
-                       tuple((b.model.rows, b.compute_ms) for b in batches if b.compute_ms is not None))
+                       tuple((b.model.rows, b.compute_ms) for b in batches if b.compute_ms is not None),
+                       _fold_challengers(name, batches, records, challengers))
+
+
+def _fold_challengers(name: str, batches: list[BatchRecord], records: Sequence[Record],
+                      challengers: Sequence[str]) -> dict[str, ChallengerShard]:
+    """Each challenger's part of the shard. It must have scored exactly the batches, and the
+    rows, that reached the champion's model: the same prepared batches went to both."""
+    given = {b.batch: b.model.rows for b in batches}
+    folded = {}
+    for challenger in challengers:
+        mine = sorted((r for r in records if isinstance(r, ChallengerBatchRecord)
+                       and r.name == challenger), key=lambda r: r.batch)
+        if {r.batch: r.rows_in for r in mine} != given:
+            raise RuntimeError(f"accounting failed for challenger {challenger} on shard {name}: "
+                               f"it was given batches {[(r.batch, r.rows_in) for r in mine]}, "
+                               f"the champion {sorted(given.items())}")
+        folded[challenger] = ChallengerShard(
+            name, sum(r.rows_scored for r in mine), sum(r.rows_rejected for r in mine),
+            next((r.first_reason for r in mine if r.first_reason), None),
+            sum(r.compute_ms for r in mine), tuple(f for r in mine for f in r.files))
+    return folded

@@ -1,9 +1,15 @@
 """The Beam pipeline that scores one partition (DESIGN "Data flow").
 
     Create(shards) → Reshuffle → ReadShard ──batches──→ Prepare → RunInference → WriteBatch ─┐
-                                   └────shard info────────────────────────────────────────────┴→
+                                   │                        └─→ RunInference[c] → WriteChallenger[c] ─┤
+                                   └────shard info───────────────────────────────────────────────────┴→
                                       GroupByKey(shard) → FinishShard (per-shard JSON in _tmp)
                                       → GroupByKey(one key) → CommitPartition (pipeline/commit.py)
+
+Each challenger ``c`` (``model.challengers``) gets the same prepared batches as the champion —
+one read, one validation, one preprocessing — and its own RunInference and writer, whose files
+go to ``challengers/<c>/<attempt>/`` and whose records meet the champion's at FinishShard, so
+they are committed (or not) with the partition.
 
 Elements are Arrow RecordBatches of ``batch.rows`` rows, never single rows. Nothing here raises
 for bad data: bad rows become quarantine rows and unreadable shards become shard records, so the
@@ -23,7 +29,7 @@ import collections
 import concurrent.futures
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Tuple, cast
+from typing import Any, Iterable, Iterator, Sequence, Tuple, cast
 
 import numpy as np
 import pyarrow as pa
@@ -31,7 +37,7 @@ import pyarrow as pa
 from .. import faults
 from ..beam_compat import PredictionResult, RunInference, beam, in_global_window
 from ..handlers.base import BatchModelHandler, Inference, Prepared
-from ..io.outputs import PREDICTIONS, QUARANTINE, Layout, parquet_bytes, write_file, write_json
+from ..io.outputs import PREDICTIONS, QUARANTINE, Layout, challenger_folder, parquet_bytes, write_file, write_json
 from ..io.records import FileRecord, ModelStats
 from ..io.shards import ShardReader, Unreadable
 from ..rows.hashing import row_hashes
@@ -45,7 +51,7 @@ from ..triple.schemas import SchemaVersion
 from . import progress
 from .coders import register_coders
 from .commit import CommitPlan, add_commit
-from .records import BatchRecord, ShardInfo, fold_shard
+from .records import BatchRecord, ChallengerBatchRecord, ShardInfo, fold_shard
 
 # Prediction files: dictionary-encode only the columns that repeat one value per batch, keep
 # statistics only where readers prune by them (measured: 36 → 13 ms CPU per 65,536-row file).
@@ -54,6 +60,14 @@ PREDICTION_ENCODING = {
                    "_preprocess_hash", "_inference_id"],
     "statistics": ["_source_row"],
 }
+
+
+@dataclass(frozen=True)
+class ChallengerPlan:
+    """A challenger as its writer needs it: its name (its folder) and the triple its rows carry."""
+
+    name: str
+    triple: Triple
 
 
 @dataclass(frozen=True)
@@ -90,6 +104,7 @@ class ScoringPlan:
     # moments only.
     profile_features: tuple[str, ...] = field(default=())
     profile_cuts: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    challengers: tuple[ChallengerPlan, ...] = ()
 
 
 @dataclass
@@ -118,9 +133,10 @@ class Payload:
     seconds: dict[str, float] = field(default_factory=dict)   # time spent per stage
 
 
-def build(pipeline: beam.Pipeline, plan: ScoringPlan, commit: CommitPlan, *, handler: BatchModelHandler):
+def build(pipeline: beam.Pipeline, plan: ScoringPlan, commit: CommitPlan, *, handler: BatchModelHandler,
+          challenger_handlers: Sequence[BatchModelHandler] = ()):
     """Add the scoring transforms and the commit step to ``pipeline``; returns the commit step's
-    output (one status string)."""
+    output (one status string). ``challenger_handlers`` go with ``plan.challengers``, in order."""
     shards = (pipeline
               | "Shards" >> beam.Create(list(enumerate(plan.shard_urls)))
               | "Spread" >> beam.Reshuffle())
@@ -137,7 +153,13 @@ def build(pipeline: beam.Pipeline, plan: ScoringPlan, commit: CommitPlan, *, han
                | "RunInference" >> RunInference(handler)
                .with_output_types(PredictionResult)
                | "WriteBatch" >> beam.ParDo(WriteBatch(plan)).with_output_types(Tuple[int, Any]))
-    finished = ((infos, written)
+    challengers = [
+        prepared
+        | f"RunInference[{c.name}]" >> RunInference(h).with_output_types(PredictionResult)
+        | f"WriteChallenger[{c.name}]" >> beam.ParDo(WriteChallenger(plan, c))
+        .with_output_types(Tuple[int, Any])
+        for c, h in zip(plan.challengers, challenger_handlers, strict=True)]
+    finished = ((infos, written, *challengers)
                 | "Merge" >> beam.Flatten().with_output_types(Tuple[int, Any])
                 | "ByShard" >> beam.GroupByKey().with_output_types(Tuple[int, Iterable[Any]])
                 | "FinishShard" >> beam.ParDo(FinishShard(plan)).with_output_types(int))
@@ -237,13 +259,14 @@ class PrepareBatch(beam.DoFn):
                                        seconds))
 
 
-class WriteBatch(beam.DoFn):
-    """Model results → prediction and quarantine files of this attempt; one batch record out.
+class _Writer(beam.DoFn):
+    """Model results → this attempt's files; one record per batch out (see :class:`WriteBatch`
+    and :class:`WriteChallenger`).
 
-    The work here (row hashes, the predictions table, Parquet encoding, the put and its sha256)
-    runs on one writer thread while this worker's main thread reads, validates and scores the
-    next batches: that work is mostly single-threaded and releases the GIL, so it fills the
-    core that scoring leaves idle (bench/README.md). At most ``IN_FLIGHT`` batches wait for the
+    The work (row hashes, the predictions table, Parquet encoding, the put and its sha256) runs
+    on one writer thread while this worker's main thread reads, validates and scores the next
+    batches: that work is mostly single-threaded and releases the GIL, so it fills the core
+    that scoring leaves idle (bench/README.md). At most ``IN_FLIGHT`` batches wait for the
     writer; records come out in order, the last ones at the end of the bundle.
     """
 
@@ -273,6 +296,50 @@ class WriteBatch(beam.DoFn):
         if writer is not None:
             writer.shutdown(wait=True, cancel_futures=True)
 
+    def _complete(self, result: PredictionResult) -> tuple[int, Any]:
+        """One batch's files and its record, on the writer thread."""
+        raise NotImplementedError
+
+    def _write(self, kind: str, index: int, number: int, table: pa.Table,
+               encoding: dict | None = None) -> FileRecord:
+        relative = self.layout.part(kind, index, number)
+        if encoding is not None:
+            encoding = {"dictionary": encoding["dictionary"],
+                        "statistics": [*self.plan.id_columns, *encoding["statistics"]]}
+        data = parquet_bytes(table, **(encoding or {}))
+        if faults.armed("mid_write"):
+            write_file(self.layout.fs, self.layout.abs(relative), data[: len(data) // 2])
+            faults.point("mid_write")
+        digest = write_file(self.layout.fs, self.layout.abs(relative), data)
+        faults.point("write")
+        return FileRecord(relative, table.num_rows, digest)
+
+    def _predictions(self, payload: Payload, scored: pa.RecordBatch, ok: np.ndarray,
+                     input_hash: pa.Array, outputs: dict[str, np.ndarray], shard_name: str,
+                     inference_id: str, compute_ms: float, triple: Triple) -> pa.Table:
+        """``scored``: the valid rows the model scored (``ok`` indexes them in the batch)."""
+        plan = self.plan
+        n = int(ok.size)
+        columns: dict[str, pa.Array] = {}
+        for column in plan.id_columns:
+            columns[column] = scored.column(column)
+        mapping = plan.prediction_names or {k: k for k in outputs}
+        for output, column in mapping.items():
+            columns[column] = prediction_array(outputs[output])
+        columns["_source_shard"] = pa.repeat(shard_name, n).cast(pa.string())
+        columns["_source_row"] = pa.array(payload.source_rows[ok], pa.int64())
+        columns["_input_hash"] = input_hash
+        for part, value in triple.as_dict().items():
+            columns[f"_{part}"] = _constant_dictionary(value, n)
+        columns["_inference_id"] = pa.repeat(inference_id, n).cast(pa.string())
+        columns["_compute_ms"] = pa.repeat(float(compute_ms), n).cast(pa.float64())
+        return pa.table(columns)
+
+
+class WriteBatch(_Writer):
+    """The champion's results → prediction and quarantine files of this attempt; one
+    :class:`BatchRecord` out per batch."""
+
     def _complete(self, result: PredictionResult) -> tuple[int, BatchRecord]:
         plan = self.plan
         t0 = time.perf_counter()
@@ -283,19 +350,8 @@ class WriteBatch(beam.DoFn):
         name = plan.shard_names[index]
         quarantine = list(payload.quarantine)
 
-        ok = inference.ok_rows
-        outputs = inference.outputs
-        failed = list(inference.failed)
-        if ok.size:
-            finite = _finite_rows(outputs, ok.size)
-            if not finite.all():
-                bad_outputs = {k for k, v in outputs.items() if not _finite_rows({k: v}, ok.size).all()}
-                failed.extend((int(r), f"non-finite model output in {', '.join(sorted(bad_outputs))}")
-                              for r in ok[~finite])
-                outputs = {k: v[finite] for k, v in outputs.items()}
-                ok = ok[finite]
+        ok, outputs, failed = screen_outputs(inference)
         if failed:
-            failed.sort()
             rows = np.array([r for r, _ in failed], dtype=np.int64)
             quarantine.append(build_quarantine(
                 name, payload.source_rows[rows],
@@ -307,7 +363,7 @@ class WriteBatch(beam.DoFn):
         hash_s = profile_s = 0.0
         profile: dict[str, ColumnStats] = {}
         if ok.size:
-            scored = payload.valid if ok.size == payload.valid.num_rows else payload.valid.take(pa.array(ok))
+            scored = _scored_rows(payload, ok)
             t1 = time.perf_counter()
             input_hash = row_hashes(scored, plan.hash_columns)
             t2 = time.perf_counter()
@@ -315,7 +371,7 @@ class WriteBatch(beam.DoFn):
             profile = self._profile(scored, outputs)
             profile_s = time.perf_counter() - t2
             table = self._predictions(payload, scored, ok, input_hash, outputs, name, inference_id,
-                                      inference.compute_ms)
+                                      inference.compute_ms, plan.triple)
             files.append(self._write(PREDICTIONS, index, number, table, PREDICTION_ENCODING))
         quarantined = 0
         first_reason = None
@@ -357,40 +413,38 @@ class WriteBatch(beam.DoFn):
                 stats[column] = ColumnStats.of(values, plan.profile_cuts.get(column))
         return stats
 
-    def _write(self, kind: str, index: int, number: int, table: pa.Table,
-               encoding: dict | None = None) -> FileRecord:
-        relative = self.layout.part(kind, index, number)
-        if encoding is not None:
-            encoding = {"dictionary": encoding["dictionary"],
-                        "statistics": [*self.plan.id_columns, *encoding["statistics"]]}
-        data = parquet_bytes(table, **(encoding or {}))
-        if faults.armed("mid_write"):
-            write_file(self.layout.fs, self.layout.abs(relative), data[: len(data) // 2])
-            faults.point("mid_write")
-        digest = write_file(self.layout.fs, self.layout.abs(relative), data)
-        faults.point("write")
-        return FileRecord(relative, table.num_rows, digest)
 
-    def _predictions(self, payload: Payload, scored: pa.RecordBatch, ok: np.ndarray,
-                     input_hash: pa.Array, outputs: dict[str, np.ndarray], shard_name: str,
-                     inference_id: str, compute_ms: float) -> pa.Table:
-        """``scored``: the valid rows the model scored (``ok`` indexes them in the batch)."""
+class WriteChallenger(_Writer):
+    """A challenger's results → its prediction files, with the champion's columns and its own
+    triple; one :class:`ChallengerBatchRecord` out per batch.
+
+    Rows the challenger rejects are counted, not quarantined: the input row is the champion's
+    business, and a challenger must never change what the partition commits.
+    """
+
+    def __init__(self, plan: ScoringPlan, challenger: ChallengerPlan):
+        super().__init__(plan)
+        self.challenger = challenger
+        self.folder = challenger_folder(challenger.name)
+
+    def _complete(self, result: PredictionResult) -> tuple[int, ChallengerBatchRecord]:
         plan = self.plan
-        n = int(ok.size)
-        columns: dict[str, pa.Array] = {}
-        for column in plan.id_columns:
-            columns[column] = scored.column(column)
-        mapping = plan.prediction_names or {k: k for k in outputs}
-        for output, column in mapping.items():
-            columns[column] = prediction_array(outputs[output])
-        columns["_source_shard"] = pa.repeat(shard_name, n).cast(pa.string())
-        columns["_source_row"] = pa.array(payload.source_rows[ok], pa.int64())
-        columns["_input_hash"] = input_hash
-        for part, value in plan.triple.as_dict().items():
-            columns[f"_{part}"] = _constant_dictionary(value, n)
-        columns["_inference_id"] = pa.repeat(inference_id, n).cast(pa.string())
-        columns["_compute_ms"] = pa.repeat(float(compute_ms), n).cast(pa.float64())
-        return pa.table(columns)
+        item = cast(Prepared, result.example)
+        inference = cast(Inference, result.inference)
+        payload: Payload = item.payload
+        index, number = item.key
+        ok, outputs, failed = screen_outputs(inference)
+        files = []
+        if ok.size:
+            scored = _scored_rows(payload, ok)
+            table = self._predictions(payload, scored, ok, row_hashes(scored, plan.hash_columns),
+                                      outputs, plan.shard_names[index],
+                                      f"{plan.attempt}-{index:05d}-{number:05d}",
+                                      inference.compute_ms, self.challenger.triple)
+            files.append(self._write(self.folder, index, number, table, PREDICTION_ENCODING))
+        return (index, ChallengerBatchRecord(
+            self.challenger.name, number, item.rows, int(ok.size), len(failed), tuple(files),
+            failed[0][1] if failed else None, inference.compute_ms if item.rows else 0.0))
 
 
 class FinishShard(beam.DoFn):
@@ -404,7 +458,8 @@ class FinishShard(beam.DoFn):
 
     def process(self, element) -> Iterator[int]:
         index, records = element
-        result = fold_shard(self.plan.shard_names[index], list(records))
+        result = fold_shard(self.plan.shard_names[index], list(records),
+                            [c.name for c in self.plan.challengers])
         write_json(self.layout.fs, self.layout.shard_result(index), result.to_dict())
         progress.add(shards_done=1)
         faults.point("shard_done")
@@ -422,6 +477,29 @@ def prediction_array(values: np.ndarray) -> pa.Array:
     for size in reversed(values.shape[1:]):
         flat = pa.FixedSizeListArray.from_arrays(flat, size)
     return flat
+
+
+def screen_outputs(inference: Inference) -> tuple[np.ndarray, dict[str, np.ndarray], list[tuple[int, str]]]:
+    """(rows scored, their outputs, rows rejected with why): the rows the model raised on, and
+    those whose outputs are not finite, are rejected; ascending row order."""
+    ok = inference.ok_rows
+    outputs = inference.outputs
+    failed = list(inference.failed)
+    if ok.size:
+        finite = _finite_rows(outputs, ok.size)
+        if not finite.all():
+            bad_outputs = {k for k, v in outputs.items() if not _finite_rows({k: v}, ok.size).all()}
+            failed.extend((int(r), f"non-finite model output in {', '.join(sorted(bad_outputs))}")
+                          for r in ok[~finite])
+            outputs = {k: v[finite] for k, v in outputs.items()}
+            ok = ok[finite]
+    failed.sort()
+    return ok, outputs, failed
+
+
+def _scored_rows(payload: Payload, ok: np.ndarray) -> pa.RecordBatch:
+    """The valid rows the model scored (``ok`` indexes them in the batch)."""
+    return payload.valid if ok.size == payload.valid.num_rows else payload.valid.take(pa.array(ok))
 
 
 def _finite_rows(outputs: dict[str, np.ndarray], n: int) -> np.ndarray:
