@@ -108,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-version", help="e.g. credit_risk:3 (default: the job's model.version)")
     p.add_argument("--challenger", metavar="NAME",
                    help="stamp MODEL as the job's challenger NAME (its backend, options, version)")
+    p.add_argument("--baseline", metavar="PROFILE",
+                   help="declare this profile (batchinfer profile) as the model's drift baseline")
     _spec_options(p, "the partition date, if the spec's paths need one")
 
     p = sub.add_parser("track", help="upload metrics that MLflow missed at run time")
@@ -433,7 +435,7 @@ def cmd_stamp(args) -> int:
     from .commands.stamp import stamp
 
     job = _load(args, require_ds=False)
-    triple, where = stamp(job, args.model, args.model_version, args.challenger)
+    triple, where = stamp(job, args.model, args.model_version, args.challenger, args.baseline)
     print(f"declared {args.model} in {where}:")
     for key, value in triple.as_dict().items():
         print(f"  {key:<16} {value}")

@@ -154,9 +154,10 @@ class DriftLimits(_Strict):
 
 class MonitorSpec(_Strict):
     """Drift against a baseline profile (``batchinfer profile``): above ``warn`` a warning and
-    an MLflow tag; above ``fail`` exit 4, nothing committed."""
+    an MLflow tag; above ``fail`` exit 4, nothing committed. Without ``baseline``, the one the
+    model's declaration names (``stamp --baseline``): a new model version brings its own."""
 
-    baseline: str = Field(min_length=1)
+    baseline: str | None = Field(default=None, min_length=1)
     warn: DriftLimits = Field(default_factory=lambda: DriftLimits(psi=0.1))
     fail: DriftLimits = Field(default_factory=lambda: DriftLimits(psi=0.25))
 
@@ -418,7 +419,7 @@ def _resolve_tracking_uri(uri: str, folder: Path) -> str:
 
 def _resolve_paths(spec: JobSpec, folder: Path) -> JobSpec:
     monitor = spec.monitor and spec.monitor.model_copy(
-        update={"baseline": resolve_path(spec.monitor.baseline, folder)})
+        update={"baseline": spec.monitor.baseline and resolve_path(spec.monitor.baseline, folder)})
     return spec.model_copy(update={
         "monitor": monitor,
         "input": spec.input.model_copy(update={"path": resolve_path(spec.input.path, folder)}),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..errors import SpecError
 from ..io.outputs import DRIFT, write_json
@@ -43,7 +43,7 @@ class Baseline:
         return {name: col.cuts for name, col in self.columns.items() if col.cuts}
 
 
-def read_profile(url: str, shown: str) -> Baseline:
+def read_profile(url: str, shown: str, what: str = "monitor.baseline") -> Baseline:
     """Read a profile file (a baseline, or a run's ``_profile.json``).
 
     Raises:
@@ -55,21 +55,32 @@ def read_profile(url: str, shown: str) -> Baseline:
         fs, path = url_to_fs(url)
         data = json.loads(fs.cat_file(path))
     except (OSError, ValueError) as exc:
-        raise SpecError(f"monitor.baseline {shown} cannot be read ({type(exc).__name__}: "
+        raise SpecError(f"{what} {shown} cannot be read ({type(exc).__name__}: "
                         f"{str(exc)[:160]}): write one with `batchinfer profile JOB.yaml --ds D "
                         f"--out {shown}`") from None
     if not isinstance(data, dict) or data.get("profile_version") != PROFILE_VERSION:
-        raise SpecError(f"monitor.baseline {shown} is not a batchinfer profile (profile_version "
+        raise SpecError(f"{what} {shown} is not a batchinfer profile (profile_version "
                         f"{PROFILE_VERSION}): write one with `batchinfer profile`")
     columns = {name: ColumnProfile.from_dict(col) for name, col in data.get("columns", {}).items()}
     return Baseline(url, columns, {k: v for k, v in data.items() if k != "columns"})
 
 
-def load_baseline(job: Job) -> Baseline | None:
+def load_baseline(job: Job, declaration: Mapping[str, str] | None = None) -> Baseline | None:
+    """The job's baseline: ``monitor.baseline``, else the one the model's declaration names.
+
+    Raises:
+        SpecError: ``monitor`` without a baseline anywhere, or one that cannot be read (exit 2).
+    """
     monitor = job.spec.monitor
     if monitor is None:
         return None
-    return read_profile(monitor.baseline, job.display(monitor.baseline))
+    if monitor.baseline:
+        return read_profile(monitor.baseline, job.display(monitor.baseline))
+    url = (declaration or {}).get("baseline")
+    if not url:
+        raise SpecError("monitor has no baseline: set monitor.baseline, or stamp the model with "
+                        "`batchinfer stamp MODEL --job JOB.yaml --baseline PROFILE`")
+    return read_profile(url, url, "the model's declared baseline")
 
 
 def run_columns(results: Sequence[ShardResult], features: Sequence[str],

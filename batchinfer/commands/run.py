@@ -97,7 +97,8 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
         # 1. resolve and check the contract, and the runner's options
         resolved = resolve(job)
         check_runner(spec.runner.name, spec.runner.options)
-        baseline = load_baseline(job)  # exit 2 before any work when it cannot be read
+        # exit 2 before any work when it cannot be read
+        baseline = load_baseline(job, resolved.model.declaration)
         # 2. the partition as it is
         partition = PartitionCommit(spec.output.path)
         shown = job.display(spec.output.path)
@@ -358,7 +359,8 @@ def _build_job(resolved: Resolved, handler: "BatchModelHandler", attempt: Attemp
     options = pipeline_options(spec.runner.name, {**spec.runner.options, "dry_run": "true"})
     try:
         pipeline = beam.Pipeline(options=options)
-        build(pipeline, *_plans(resolved, attempt, header, load_baseline(resolved.job)), handler=handler,
+        build(pipeline, *_plans(resolved, attempt, header, load_baseline(resolved.job, resolved.model.declaration)),
+              handler=handler,
               challenger_handlers=[h for h, _ in challengers])
         result = pipeline.run()
     except (ImportError, ValueError) as exc:  # a missing extra, options Beam refuses

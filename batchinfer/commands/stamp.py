@@ -9,11 +9,12 @@ from ..errors import SpecError
 from ..spec import Job, resolve_path
 from ..triple.contract import Triple
 from ..triple.models import declare
+from .monitor import read_profile
 from .resolve import resolve
 
 
 def stamp(job: Job, model_uri: str | None, model_version: str | None,
-          challenger: str | None = None) -> tuple[Triple, str]:
+          challenger: str | None = None, baseline: str | None = None) -> tuple[Triple, str]:
     """Write the model's declaration for this job's schema and preprocessing; return the triple
     and where the declaration went.
 
@@ -21,9 +22,11 @@ def stamp(job: Job, model_uri: str | None, model_version: str | None,
         challenger: stamp for the job's challenger of this name: its backend, declared options
             and ``version`` instead of the champion's (the schema and preprocessing are the
             job's either way).
+        baseline: a profile (``batchinfer profile``) to declare as the model's drift baseline:
+            jobs whose ``monitor`` names none use it. A local path is stored absolute.
 
     Raises:
-        SpecError: no challenger of that name.
+        SpecError: no challenger of that name; a baseline that is not a readable profile.
     """
     job = _one_model(job, challenger)
     spec = job.spec
@@ -42,6 +45,10 @@ def stamp(job: Job, model_uri: str | None, model_version: str | None,
     model = job.spec.model
     extra = declared_options(model.backend, model.options)
     extra.update(handler_class(model.backend).build_facts(str(resolved.model.path)))
+    if baseline is not None:
+        url = resolve_path(baseline, Path.cwd())
+        read_profile(url, baseline, "--baseline")   # a profile, readable now (exit 2 otherwise)
+        extra["baseline"] = url
     where = declare(resolved.model, triple, job.spec.tracking.uri, extra)
     return triple, where
 

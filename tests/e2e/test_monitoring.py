@@ -183,7 +183,7 @@ def test_report_of_an_uncommitted_output_exits_2(project):
     ({"baseline": "missing.json"}, "monitor.baseline"),
     ({"baseline": "baseline.json", "warn": {"psi": 0.1, "kl": 1}}, "unknown key 'monitor.warn.kl'"),
     ({"baseline": "baseline.json", "fail": {"ks": 2.0}}, "monitor.fail.ks"),
-    ({"warn": {"psi": 0.1}}, "missing required key 'monitor.baseline'"),
+    ({"warn": {"psi": 0.1}}, "monitor has no baseline: set monitor.baseline, or stamp the model"),
 ])
 def test_monitor_spec_errors_exit_2(project, monitor, message):
     text = (project / "job.yaml").read_text()
@@ -191,6 +191,30 @@ def test_monitor_spec_errors_exit_2(project, monitor, message):
     result = run_cli("run", "bad.yaml", "--ds", WARN_DS, cwd=project)
     assert result.returncode == 2
     assert message in one_line_error(result)
+
+
+def test_baseline_declared_by_the_model(project):
+    """``stamp --baseline``: a job whose ``monitor`` names no baseline uses the model's; the
+    same drift that fails against monitor.baseline fails against the declared one."""
+    shutil.copy(project / "models" / "model.onnx", project / "models" / "declared.onnx")
+    bad = run_cli("stamp", "models/declared.onnx", "--job", "job.yaml", "--model-version", "model:1",
+                  "--baseline", "nowhere.json", cwd=project)
+    assert bad.returncode == 2 and "--baseline nowhere.json cannot be read" in one_line_error(bad, "stamp")
+    stamped = run_cli("stamp", "models/declared.onnx", "--job", "job.yaml", "--model-version", "model:1",
+                      "--baseline", "baseline.json", cwd=project)
+    assert stamped.returncode == 0, stamped.stderr
+    sidecar = json.loads((project / "models" / "declared.onnx.batchinfer.json").read_text())
+    assert sidecar["baseline"] == str(project / "baseline.json")
+    text = (project / "job.yaml").read_text().replace("models/model.onnx", "models/declared.onnx")
+    limits = {k: v for k, v in MONITOR.items() if k != "baseline"}
+    (project / "declared.yaml").write_text(text + "monitor: " + json.dumps(limits) + "\n")
+    failed = run_cli("run", "declared.yaml", "--ds", FAIL_DS, "--set", "output.path=out/declared",
+                     cwd=project)
+    assert failed.returncode == 4, failed.stderr
+    assert "f0" in one_line_error(failed) and not (project / "out" / "declared" / "_manifest.json").exists()
+    same = run_cli("run", "declared.yaml", "--ds", SAME_DS, "--set", "output.path=out/declared-same",
+                   cwd=project)
+    assert same.returncode == 0, same.stderr
 
 
 def test_progress_lines_when_stdout_is_not_a_terminal(project):
