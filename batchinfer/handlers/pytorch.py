@@ -178,12 +178,13 @@ class TorchModelHandler(BatchModelHandler[TorchModel]):
             host = torch.from_numpy(value)
         if model.stream is None:
             return host
+        # Flat, so that a call of another shape reuses it (calls sized by tokens change the
+        # sequence length every call); pinning memory costs far more than copying into it.
         buffer = model.pinned.get(name)
-        if buffer is None or buffer.shape[0] < host.shape[0] or buffer.shape[1:] != host.shape[1:] \
-                or buffer.dtype != host.dtype:
-            buffer = torch.empty(host.shape, dtype=host.dtype, pin_memory=True)
+        if buffer is None or buffer.numel() < host.numel() or buffer.dtype != host.dtype:
+            buffer = torch.empty(host.numel(), dtype=host.dtype, pin_memory=True)
             model.pinned[name] = buffer
-        staged = buffer[: host.shape[0]]
+        staged = buffer[: host.numel()].view(host.shape)
         staged.copy_(host)
         with torch.cuda.stream(model.stream):
             return staged.to(model.device, non_blocking=True)

@@ -122,20 +122,27 @@ class TensorRTModelHandler(BatchModelHandler[TrtModel]):
         with torch.cuda.stream(model.stream):
             for name in model.inputs:
                 value = np.ascontiguousarray(cast_input(name, inputs[name], model.dtypes[name]))
-                device = model.buffers[name][:rows]
+                device = _front(model.buffers[name], value.shape)
                 device.copy_(torch.from_numpy(value), non_blocking=True)
                 context.set_input_shape(name, tuple(value.shape))
                 context.set_tensor_address(name, device.data_ptr())
             views = {}
             for name in model.outputs:
                 shape = tuple(context.get_tensor_shape(name))
-                views[name] = model.buffers[name][:shape[0]]
+                views[name] = _front(model.buffers[name], shape)
                 context.set_tensor_address(name, views[name].data_ptr())
             if not context.execute_async_v3(model.stream.cuda_stream):
                 raise ModelError(f"TensorRT failed to run {self.model_path} on {rows} rows")
             host = {name: view.to("cpu", non_blocking=True) for name, view in views.items()}
         model.stream.synchronize()
         return {name: tensor.numpy() for name, tensor in host.items()}
+
+
+def _front(buffer: Any, shape: tuple) -> Any:
+    """A contiguous ``shape`` view of the front of ``buffer`` (allocated at the profile's max
+    shape): a call may be smaller on any axis — fewer rows, or a shorter sequence when calls
+    are sized by tokens — and TensorRT reads a dense tensor of the call's shape at the address."""
+    return buffer.view(-1)[: int(np.prod(shape))].view(shape)
 
 
 def _here() -> dict[str, str]:
