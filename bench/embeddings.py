@@ -2,7 +2,7 @@
 """Text embeddings: row-sized batches vs token-sized batches vs sentence-transformers' ``encode``,
 on the same documents, in one run (issue 13; see bench/README.md).
 
-  python bench/embeddings.py [--docs 200000] [--rounds 1] [--tokens 8192] [--window 4096]
+  python bench/embeddings.py [--docs 200000] [--rounds 1] [--tokens 4096] [--window 8192]
                              [--workdir bench/out/embeddings] [--programs rows tokens st_encode]
 
 Data: ``--docs`` documents whose token counts (special tokens included) are log-normal —
@@ -17,7 +17,8 @@ process (``bench/rss.py``: wall, CPU, peak RSS):
 - ``rows``: ``python -m batchinfer run pipelines/text_embeddings/job.yaml`` with row-sized
   batches as the job had them before ``batch.tokens``: ``batch.rows=256``, ``chunk_rows=32``
   (each 256-row batch padded to its longest document, scored 32 rows a call);
-- ``tokens``: the same job with ``batch.rows=WINDOW`` and ``batch.tokens=TOKENS`` (its default);
+- ``tokens``: the same job with ``batch.rows=WINDOW`` and ``batch.tokens=TOKENS`` (the job's own
+  values by default);
 - ``st_encode``: ``peer_st_encode.py``, sentence-transformers' ``encode(batch_size=32,
   normalize_embeddings=True)`` on the same texts, its time printed apart (``encode_s``).
 
@@ -160,8 +161,8 @@ def main() -> int:
     ap.add_argument("--median", type=float, default=64.0, help="median tokens per document")
     ap.add_argument("--sigma", type=float, default=0.9, help="log-normal sigma of the lengths")
     ap.add_argument("--shard-docs", type=int, default=25_000)
-    ap.add_argument("--tokens", type=int, default=8192, help="batch.tokens of the token program")
-    ap.add_argument("--window", type=int, default=4096, help="its batch.rows")
+    ap.add_argument("--tokens", type=int, default=4096, help="batch.tokens of the token program")
+    ap.add_argument("--window", type=int, default=8192, help="its batch.rows")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--programs", nargs="+", choices=PROGRAMS, default=list(PROGRAMS))
     ap.add_argument("--workdir", type=Path, default=HERE / "out" / "embeddings")
