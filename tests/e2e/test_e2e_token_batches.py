@@ -3,7 +3,7 @@ model calls give the same partition — same rows, same order, same accounting, 
 and predictions equal bit for bit — for a model whose result cannot depend on padding (a byte
 "tokenizer" and an ONNX model that sums exact small integers over a row's real tokens). The
 transformer case, where padding changes float rounding, is in test_text_embeddings.py.
-Rerun with ``.venv/bin/pytest tests/e2e/test_token_batches.py -q``.
+Rerun with ``.venv/bin/pytest tests/e2e/test_e2e_token_batches.py -q``.
 """
 from __future__ import annotations
 
