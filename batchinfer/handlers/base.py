@@ -317,9 +317,21 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
                          tally.padded_tokens)
 
     def _lengths(self, inputs: dict[str, np.ndarray]) -> Optional[np.ndarray]:
-        """Each row's real tokens, if the model takes the lengths input (else None)."""
+        """Each row's real tokens, if the model takes the lengths input (else None).
+
+        Raises:
+            PreprocessError: calls are sized by tokens and the lengths input is not
+                ``[rows, length]`` (sizing them by rows instead would not be what was asked).
+        """
         mask = inputs.get(self.lengths_from)
-        if mask is None or np.ndim(mask) != 2:
+        if mask is None:
+            return None
+        if np.ndim(mask) != 2:
+            if self.tokens:
+                raise PreprocessError(
+                    f"batch.tokens sizes model calls by the lengths in model input "
+                    f"{self.lengths_from!r}, which the preprocessing returned as "
+                    f"{list(np.shape(mask))}, not [rows, length]; nothing committed")
             return None
         return token_calls.sequence_lengths(mask)
 

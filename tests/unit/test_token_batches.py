@@ -186,3 +186,19 @@ def test_any_lengths_any_budget_same_results_as_rows(lengths, budget, poison):
     assert by_tokens.ok_rows.tolist() == by_rows.ok_rows.tolist()
     for name in ("total", "length"):
         assert np.array_equal(by_tokens.outputs.get(name, []), by_rows.outputs.get(name, []))
+
+
+def test_a_lengths_input_that_is_not_rows_by_length_is_refused():
+    """``batch.tokens`` with a lengths input of another rank is a usage error (exit 2), not
+    quietly sized by rows; without ``batch.tokens`` such an input is just another input."""
+    from batchinfer.errors import PreprocessError
+
+    features = padded([4, 9, 2])
+    features["attention_mask"] = features["attention_mask"].sum(1)      # [rows]: counts
+    with pytest.raises(PreprocessError, match=r"'attention_mask'.*\[3\], not \[rows, length\]"):
+        infer(FakeEncoder(tokens=100), features)
+    assert PreprocessError("x").exit_code == 2
+    handler = FakeEncoder(chunk_rows=8)
+    handler.predict = lambda model, inputs: {"total": inputs["input_ids"].sum(1), "length": inputs["attention_mask"]}
+    result = infer(handler, features)
+    assert result.tokens == 0 and result.outputs["length"].tolist() == [4, 9, 2]
