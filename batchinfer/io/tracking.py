@@ -12,10 +12,12 @@ import contextlib
 import io
 import json
 import os
+import re
 import select
 import subprocess
 import sys
 import time
+from datetime import datetime
 from typing import Any, Mapping
 
 from ..errors import one_line
@@ -91,13 +93,19 @@ class TrackingRun:
             self.error = short_error(exc)
             self._close()
 
-    def open(self, run_name: str, tags: Mapping[str, str]) -> None:
-        """Ask the helper to create the run (returns at once; :meth:`wait` gets its id)."""
+    def open(self, run_name: str, tags: Mapping[str, str], started: datetime | None = None) -> None:
+        """Ask the helper to create the run (returns at once; :meth:`wait` gets its id).
+
+        Args:
+            started: when the job started (the run's start time in MLflow; default: when the
+                helper creates it, which is seconds later: after MLflow's import, the
+                checks and the model's load)."""
         if self._child is None:
             return
         try:
             self._send({"open": {"uri": self.uri, "experiment": self.experiment,
-                                 "run_name": run_name, "tags": dict(tags)}})
+                                 "run_name": run_name, "tags": dict(tags),
+                                 "start_time": _millis(started) if started else None}})
         except OSError as exc:
             self.error = short_error(exc)
             self._close()
@@ -144,15 +152,18 @@ class TrackingRun:
                timeout: float = 120.0, tags: Mapping[str, str] | None = None,
                dataset: Mapping[str, str] | None = None) -> bool:
         """Log params, metrics, tags and text artifacts (and the input partition as an MLflow
-        dataset, see :func:`log_dataset`); close the run. True if all was uploaded.
+        dataset, see :func:`log_dataset`); close the run, ending it now (the time of this call,
+        not of the helper's upload). True if all was uploaded.
         ``timeout`` bounds each wait for the helper (the run's opening, then the upload)."""
+        ended = int(time.time() * 1000)
         if self.wait(timeout) is None:
             self._close()
             return False
         try:
             self._send({"finish": {"params": dict(params), "metrics": dict(metrics),
                                    "artifacts": dict(artifacts), "status": status,
-                                   "tags": dict(tags or {}), "dataset": dict(dataset or {})}})
+                                   "tags": dict(tags or {}), "dataset": dict(dataset or {}),
+                                   "end_time": ended}})
             reply = self._receive(timeout)
             self.error = reply.get("error")
         except (TimeoutError, ConnectionError, ValueError, OSError) as exc:
@@ -205,12 +216,13 @@ def _serve() -> None:
                 elif "error" in prepared:  # not retried: MLflow's client already retried
                     raise prepared["error"]
                 run_id = client.create_run(experiment_id, run_name=req["run_name"],
-                                           tags=req["tags"]).info.run_id
+                                           tags=req["tags"],
+                                           start_time=req.get("start_time")).info.run_id
                 reply: dict = {"run_id": run_id}
             else:
                 req = message["finish"]
                 args = (client, run_id, req["params"], req["metrics"], req["artifacts"],
-                        req["status"], req.get("tags"), req.get("dataset"))
+                        req["status"], req.get("tags"), req.get("dataset"), req.get("end_time"))
                 try:
                     upload(*args)
                 except Exception:
@@ -258,16 +270,41 @@ def connect(uri: str, experiment: str):
     """An MLflow client for ``uri`` and the id of ``experiment`` (created if missing)."""
     with sqlite_first_use_lock(uri):
         client = mlflow_client(uri)
-        return client, experiment_id_for(client, experiment)
+        return client, experiment_id_for(client, experiment, artifact_location(uri, experiment))
 
 
-def experiment_id_for(client, name: str) -> str:
-    """Get or create the experiment; concurrent jobs may race to create it (the loser reads it)."""
+def artifact_location(uri: str, experiment: str) -> str | None:
+    """Where a new experiment of store ``uri`` keeps its runs' artifacts: for a sqlite store,
+    ``mlartifacts/<experiment>/`` in the database file's folder (the name with characters other
+    than letters, digits, ``_``, ``.`` and ``-`` as ``_``); None for any other store, whose
+    server or folder decides.
+
+    Without it MLflow puts a sqlite store's artifacts under ``./mlruns`` of the working
+    directory of whichever process created the experiment, away from the store.
+
+    Example:
+        >>> artifact_location("sqlite:////data/mlflow.db", "credit risk")
+        '/data/mlartifacts/credit_risk'
+    """
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///"):].split("?", 1)[0]
+    if not path or path == ":memory:":
+        return None
+    folder = os.path.dirname(os.path.abspath(path))
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", experiment).lstrip(".") or "_"
+    return os.path.join(folder, "mlartifacts", safe)
+
+
+def experiment_id_for(client, name: str, location: str | None = None) -> str:
+    """Get or create the experiment (its artifacts at ``location``, or where the store puts
+    them); concurrent jobs may race to create it (the loser reads it). An experiment that exists
+    keeps the location it was created with."""
     found = client.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
     try:
-        return client.create_experiment(name)
+        return client.create_experiment(name, artifact_location=location)
     except Exception:
         found = client.get_experiment_by_name(name)
         if found is None:
@@ -314,8 +351,10 @@ def _log_dataset_once(client, run_id: str, dataset: Mapping[str, str]) -> None:
 
 def upload(client, run_id: str, params: Mapping[str, Any], metrics: Mapping[str, float],
            artifacts: Mapping[str, str], status: str = "FINISHED",
-           tags: Mapping[str, str] | None = None, dataset: Mapping[str, str] | None = None) -> None:
-    import time
+           tags: Mapping[str, str] | None = None, dataset: Mapping[str, str] | None = None,
+           end_time: int | None = None) -> None:
+    """Log everything to run ``run_id`` and end it with ``status`` at ``end_time`` (epoch
+    milliseconds; default now)."""
 
     from mlflow.entities import Metric, Param, RunTag
 
@@ -332,21 +371,40 @@ def upload(client, run_id: str, params: Mapping[str, Any], metrics: Mapping[str,
         client.log_text(run_id, text, name)
     # MLflow prints "View run … at: <tracking URI>" here, which may hold a ${NAME} value.
     with contextlib.redirect_stdout(io.StringIO()):
-        client.set_terminated(run_id, status)
+        client.set_terminated(run_id, status, end_time=end_time)
 
 
 def upload_pending(uri: str, experiment: str, record: dict) -> str:
     """Upload a ``_metrics.json`` record that could not be uploaded at run time; return run id."""
     client, experiment_id = connect(uri, experiment)
     run_id = record.get("mlflow_run_id")
+    # The run spans the job, as at run time: from the manifest's start to its commit.
+    manifest = json.loads(record.get("manifest_text") or "{}")
+    started, finished = (_millis_of(manifest.get(k)) for k in ("started_at", "finished_at"))
     if run_id is None:
         run_id = client.create_run(experiment_id, run_name=record.get("run_name"),
-                                   tags=record.get("tags", {})).info.run_id
+                                   tags=record.get("tags", {}), start_time=started).info.run_id
     artifacts = {"manifest.json": record.get("manifest_text", "")}
     if record.get("report_text"):
         artifacts["report.html"] = record["report_text"]
-    upload(client, run_id, record["params"], record["metrics"], artifacts, tags=record.get("tags"))
+    upload(client, run_id, record["params"], record["metrics"], artifacts, tags=record.get("tags"),
+           end_time=finished)
     return run_id
+
+
+def _millis(moment: datetime) -> int:
+    """Epoch milliseconds, as MLflow keeps a run's start and end."""
+    return int(moment.timestamp() * 1000)
+
+
+def _millis_of(text: str | None) -> int | None:
+    """Epoch milliseconds of an RFC 3339 time (a manifest's ``started_at``), None if none."""
+    if not text:
+        return None
+    try:
+        return _millis(datetime.fromisoformat(text.replace("Z", "+00:00")))
+    except ValueError:
+        return None
 
 
 if __name__ == "__main__":
