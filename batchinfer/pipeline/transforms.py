@@ -40,6 +40,7 @@ from ..handlers.base import BatchModelHandler, Inference, Prepared
 from ..io.outputs import PREDICTIONS, QUARANTINE, Layout, challenger_folder, parquet_bytes, write_file, write_json
 from ..io.records import FileRecord, ModelStats
 from ..io.shards import ShardReader, Unreadable
+from ..rows.arrow_types import plain_array
 from ..rows.hashing import row_hashes
 from ..rows.isolation import run_isolating
 from ..rows.profile import ColumnStats, numeric_values
@@ -323,8 +324,8 @@ class _Writer(beam.DoFn):
         plan = self.plan
         n = int(ok.size)
         columns: dict[str, pa.Array] = {}
-        for column in plan.id_columns:
-            columns[column] = scored.column(column)
+        for column in plan.id_columns:  # one type per column in every file of the partition
+            columns[column] = plain_array(scored.column(column))
         mapping = plan.prediction_names or {k: k for k in outputs}
         for output, column in mapping.items():
             columns[column] = prediction_array(outputs[output])
