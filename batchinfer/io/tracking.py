@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any, Mapping
 
 from ..errors import one_line
+from ..redaction import redact
 
 # MLflow's HTTP client retries for minutes by default; a nightly job should say "tracking is
 # down" in seconds and commit anyway. MLflow logs store migrations at INFO; batchinfer reports
@@ -68,6 +69,7 @@ class TrackingRun:
     def __init__(self, uri: str, experiment: str):
         self.uri = uri
         self.experiment = experiment
+        self.artifacts = spec_free(artifact_location(uri, experiment))
         self.run_id: str | None = None
         self.error: str | None = None
         self._opened = False
@@ -88,7 +90,8 @@ class TrackingRun:
         if self._child is None:
             return
         try:
-            self._send({"prepare": {"uri": self.uri, "experiment": self.experiment}})
+            self._send({"prepare": {"uri": self.uri, "experiment": self.experiment,
+                                    "artifacts": self.artifacts}})
         except OSError as exc:
             self.error = short_error(exc)
             self._close()
@@ -104,7 +107,7 @@ class TrackingRun:
             return
         try:
             self._send({"open": {"uri": self.uri, "experiment": self.experiment,
-                                 "run_name": run_name, "tags": dict(tags),
+                                 "artifacts": self.artifacts, "run_name": run_name, "tags": dict(tags),
                                  "start_time": _millis(started) if started else None}})
         except OSError as exc:
             self.error = short_error(exc)
@@ -204,7 +207,8 @@ def _serve() -> None:
             if "prepare" in message:  # no reply: the outcome is the answer to "open"
                 prepared = message["prepare"]
                 try:
-                    client, experiment_id = connect(prepared["uri"], prepared["experiment"])
+                    client, experiment_id = connect(prepared["uri"], prepared["experiment"],
+                                                    prepared.get("artifacts"))
                 except Exception as exc:
                     prepared["error"] = exc
                 continue
@@ -212,7 +216,7 @@ def _serve() -> None:
                 req = message["open"]
                 if prepared is None or (prepared["uri"], prepared["experiment"]) != (
                         req["uri"], req["experiment"]):
-                    client, experiment_id = connect(req["uri"], req["experiment"])
+                    client, experiment_id = connect(req["uri"], req["experiment"], req.get("artifacts"))
                 elif "error" in prepared:  # not retried: MLflow's client already retried
                     raise prepared["error"]
                 run_id = client.create_run(experiment_id, run_name=req["run_name"],
@@ -266,11 +270,18 @@ def sqlite_first_use_lock(uri: str):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def connect(uri: str, experiment: str):
-    """An MLflow client for ``uri`` and the id of ``experiment`` (created if missing)."""
+def connect(uri: str, experiment: str, artifacts: str | None = None):
+    """An MLflow client for ``uri`` and the id of ``experiment`` (created if missing, with its
+    artifacts at ``artifacts``: see :func:`artifact_location`)."""
     with sqlite_first_use_lock(uri):
         client = mlflow_client(uri)
-        return client, experiment_id_for(client, experiment, artifact_location(uri, experiment))
+        return client, experiment_id_for(client, experiment, artifacts)
+
+
+def spec_free(location: str | None) -> str | None:
+    """``location`` unless it holds a ``${NAME}`` value of the job spec: MLflow receives no spec
+    values (SPEC §3), so such a store's experiment gets MLflow's default location instead."""
+    return location if location is None or redact(location) == location else None
 
 
 def artifact_location(uri: str, experiment: str) -> str | None:
@@ -376,7 +387,12 @@ def upload(client, run_id: str, params: Mapping[str, Any], metrics: Mapping[str,
 
 def upload_pending(uri: str, experiment: str, record: dict) -> str:
     """Upload a ``_metrics.json`` record that could not be uploaded at run time; return run id."""
-    client, experiment_id = connect(uri, experiment)
+    # The record shows ${NAME} where the job's tracking.uri had a value from the environment;
+    # such a value is not sent to MLflow (a --tracking-uri given to `track` is no spec value).
+    shown = record.get("tracking_uri", "")
+    from_spec = "${" in shown and uri == os.path.expandvars(shown)
+    location = None if from_spec else artifact_location(uri, experiment)
+    client, experiment_id = connect(uri, experiment, location)
     run_id = record.get("mlflow_run_id")
     # The run spans the job, as at run time: from the manifest's start to its commit.
     manifest = json.loads(record.get("manifest_text") or "{}")
