@@ -297,7 +297,9 @@ def cmd_diff(args) -> int:
     for name, column in report["columns"].items():
         gap = (f", max |A - B| {column['max_abs_diff']:.6g}"
                if column["max_abs_diff"] is not None else "")
-        print(f"column {name}: {column['differ']} row(s) differ{gap}")
+        types = (f" (types differ: A {column['types']['a']}, B {column['types']['b']})"
+                 if "types" in column else "")
+        print(f"column {name}: {column['differ']} row(s) differ{gap}{types}")
     _print_model_comparison(report)
     print(f"verdict: {'identical' if report['identical'] else 'different'}")
     return 0

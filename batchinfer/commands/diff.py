@@ -27,6 +27,7 @@ from ..io.manifest import read_manifest
 from ..io.outputs import PREDICTIONS, QUARANTINE, challenger_folder
 from ..io.records import FileRecord, ShardRecord, Totals
 from ..io.storage import join, url_to_fs
+from ..rows.arrow_types import plain_array, plain_type
 from ..rows.compare import TopMovers, agreement, score_summary
 
 EXEMPT = {"_source_shard", "_source_row", "_inference_id", "_compute_ms", "_model_version",
@@ -67,7 +68,7 @@ def diff_outputs(url_a: str, url_b: str | None = None, *, challenger: str | None
     identical = (not triple and not changed and shards_a.keys() == shards_b.keys()
                  and rows["scored_only_a"] == rows["scored_only_b"] == 0
                  and rows["input_hash_differs"] == 0
-                 and all(c["differ"] == 0 for c in columns.values()))
+                 and all(c["differ"] == 0 and "types" not in c for c in columns.values()))
     return {
         "a": {"output": a.shown, **a.about()}, "b": {"output": b.shown, **b.about()},
         "same_partition": (a.manifest.job, a.manifest.ds) == (b.manifest.job, b.manifest.ds),
@@ -177,25 +178,39 @@ def _compare_shard(a: _Side, b: _Side, shard_a: ShardRecord, shard_b: ShardRecor
             continue
         entry = columns.setdefault(name, {"differ": 0, "max_abs_diff": None})
         entry["differ"] += differ
+        if plain_type(col_a.type) != plain_type(col_b.type):  # compared by value, if at all
+            entry["types"] = {"a": str(col_a.type), "b": str(col_b.type)}
         if max_abs is not None:
             entry["max_abs_diff"] = max(entry["max_abs_diff"] or 0.0, max_abs)
 
 
+def _numeric(arrow_type: pa.DataType) -> bool:
+    return pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type)
+
+
 def _column_difference(col_a: pa.ChunkedArray, col_b: pa.ChunkedArray) -> tuple[int, float | None]:
-    """(rows that are not identical, largest |a - b| for numeric columns or None)."""
-    if col_a.type != col_b.type:
-        return len(col_a), None
+    """(rows that are not identical, largest |a - b| for numeric columns or None).
+
+    Numbers are compared by value whatever their widths (a float32 score against a float64 one,
+    int32 against int64: numpy compares them exactly, the gap is taken in float64); the physical
+    kinds of one type (``string``, ``large_string``…) compare by value too. Columns of other
+    types that differ have every row differ."""
     rows, width = len(col_a), 1
-    values_a, values_b = col_a.combine_chunks(), col_b.combine_chunks()
-    while pa.types.is_fixed_size_list(values_a.type):  # model outputs of shape [N, K, ...]
+    values_a, values_b = plain_array(col_a.combine_chunks()), plain_array(col_b.combine_chunks())
+    while (pa.types.is_fixed_size_list(values_a.type) and pa.types.is_fixed_size_list(values_b.type)
+           and values_a.type.list_size == values_b.type.list_size):  # outputs of shape [N, K, ...]
         width *= values_a.type.list_size
         values_a, values_b = values_a.flatten(), values_b.flatten()
-    if pa.types.is_integer(values_a.type) or pa.types.is_floating(values_a.type):
+    if _numeric(values_a.type) and _numeric(values_b.type):
         x = values_a.to_numpy(zero_copy_only=False).reshape(rows, width)
         y = values_b.to_numpy(zero_copy_only=False).reshape(rows, width)
-        same = (x == y) | (np.isnan(x) & np.isnan(y)) if x.dtype.kind == "f" else x == y
+        same = x == y
+        if "f" in (x.dtype.kind, y.dtype.kind):
+            same |= np.isnan(x) & np.isnan(y)
         gap = np.abs(x.astype(np.float64) - y.astype(np.float64))
         return int((~same.all(axis=1)).sum()), float(np.nanmax(gap)) if gap.size else 0.0
+    if values_a.type != values_b.type:
+        return rows, None
     equal = pc.fill_null(pc.equal(values_a, values_b), False)
     same = pc.or_(equal, pc.and_(pc.is_null(values_a), pc.is_null(values_b)))
     return int((~same.to_numpy(zero_copy_only=False).reshape(rows, width).all(axis=1)).sum()), None
@@ -242,15 +257,14 @@ class _Models:
 
 
 def _kind(type_a: pa.DataType, type_b: pa.DataType) -> str | None:
-    """score (float), label (integer, boolean, string) or None (lists, mixed types)."""
+    """score (float; a float against an integer or a float of another width too), label
+    (integer of any width, boolean, string) or None (lists, other mixed types)."""
+    type_a, type_b = plain_type(type_a), plain_type(type_b)   # dictionaries decoded
+    if _numeric(type_a) and _numeric(type_b):
+        return "score" if pa.types.is_floating(type_a) or pa.types.is_floating(type_b) else "label"
     if type_a != type_b:
         return None
-    if pa.types.is_dictionary(type_a):
-        type_a = type_a.value_type
-    if pa.types.is_floating(type_a):
-        return "score"
-    if (pa.types.is_integer(type_a) or pa.types.is_boolean(type_a) or pa.types.is_string(type_a)
-            or pa.types.is_large_string(type_a)):
+    if pa.types.is_boolean(type_a) or pa.types.is_string(type_a):
         return "label"
     return None
 

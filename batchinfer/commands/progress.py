@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 import time
-from typing import IO, Callable, Iterator
+from typing import IO, Any, Callable, Iterator
 
 from ..pipeline import progress as counters
 
@@ -34,41 +34,65 @@ def _eta(seconds: float | None) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
-def describe(snap: counters.Counts, shards: int, elapsed: float) -> tuple[str, int, int]:
-    """The progress line, rows done and rows expected in all (estimated from the shards opened
-    until every footer is read)."""
-    total = snap.rows_known
-    if snap.shards_opened and snap.shards_opened < shards:
-        total = int(snap.rows_known / snap.shards_opened * shards)
+BAR_WIDTH = 40
+
+
+def describe(snap: counters.Counts, shards: int, elapsed: float) -> tuple[str, int, int | None]:
+    """The progress line, rows done and rows expected in all: estimated from the shards opened
+    until every footer is read, and None (unknown) before the first footer is read."""
+    total: int | None = None
+    if snap.shards_opened:
+        total = snap.rows_known
+        if snap.shards_opened < shards:
+            total = int(snap.rows_known / snap.shards_opened * shards)
+        total = max(total, snap.rows_done)
     rate = snap.rows_done / elapsed if elapsed > 0 else 0.0
-    left = (total - snap.rows_done) / rate if rate > 0 and total >= snap.rows_done else None
-    line = (f"shards {snap.shards_done}/{shards}, rows {snap.rows_done:,}/"
-            f"{'~' if snap.shards_opened < shards else ''}{total:,}, {rate:,.0f} rows/s, ETA "
-            f"{_eta(left)}, {snap.rows_quarantined:,} quarantined")
-    return line, snap.rows_done, max(total, snap.rows_done, 1)
+    left = (total - snap.rows_done) / rate if rate > 0 and total is not None else None
+    shown = "?" if total is None else f"{'~' if snap.shards_opened < shards else ''}{total:,}"
+    line = (f"shards {snap.shards_done}/{shards}, rows {snap.rows_done:,}/{shown}, "
+            f"{rate:,.0f} rows/s, ETA {_eta(left)}, {snap.rows_quarantined:,} quarantined")
+    return line, snap.rows_done, total
+
+
+def bar(done: int, total: int | None, width: int = BAR_WIDTH) -> str:
+    """The bar, as rich markup: ``━`` for the share of rows done, a thin ``─`` for the rest.
+
+    Drawn by us rather than by rich's BarColumn, whose empty part is the same ``━`` in grey: on
+    many terminals (and in any captured text) a bar that has not started looks full. While the
+    row total is unknown (no footer read yet) the bar is empty."""
+    filled = min(width, width * done // total) if total else 0
+    parts = []
+    if filled:
+        parts.append(f"[bar.complete]{'━' * filled}[/]")
+    if filled < width:
+        parts.append(f"[bar.back]{'─' * (width - filled)}[/]")
+    return "".join(parts)
 
 
 @contextlib.contextmanager
 def watch(shards: int, mode: str, *, label: str = "scoring",
-          emit: Callable[[str], None] = lambda line: print(line, flush=True)) -> Iterator[None]:
-    """Show progress while the block runs (the pipeline), in ``mode`` (see :data:`MODES`)."""
+          emit: Callable[[str], None] = lambda line: print(line, flush=True),
+          console: Any = None) -> Iterator[None]:
+    """Show progress while the block runs (the pipeline), in ``mode`` (see :data:`MODES`);
+    ``console``: the rich Console to draw on (default: stdout's)."""
     if mode == "quiet":
         yield
         return
     counters.reset()
     start = time.perf_counter()
     if mode == "rich":
-        from rich.progress import BarColumn, Progress, TextColumn
+        from rich.progress import Progress, TextColumn
 
-        bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[line]}"),
-                       transient=True, refresh_per_second=4)
-        task = bar.add_task(label, total=1, line="starting")
+        progress = Progress(TextColumn("{task.description}"), TextColumn("{task.fields[bar]}"),
+                            TextColumn("{task.fields[line]}"), transient=True,
+                            refresh_per_second=4, console=console)
+        task = progress.add_task(label, total=None, bar=bar(0, None), line="starting")
 
         def tick() -> None:
             line, done, total = describe(counters.snapshot(), shards, time.perf_counter() - start)
-            bar.update(task, completed=done, total=total, line=line)
+            progress.update(task, bar=bar(done, total), line=line)
 
-        with bar, _polling(tick, 0.25):
+        with progress, _polling(tick, 0.25):
             yield
         return
     every = float(os.environ.get("BATCHINFER_PROGRESS_SECONDS", "30"))

@@ -126,7 +126,7 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
         attempt = partition.begin(new_attempt(started), replacing=existing)
         tracking.open(f"{spec.name}-{job.ds or attempt.attempt}",
                       {"batchinfer.job": spec.name, "batchinfer.attempt": attempt.attempt,
-                       "batchinfer.ds": job.ds or ""})
+                       "batchinfer.ds": job.ds or ""}, started=started)
         if resolved.ignored:
             progress(f"ignoring {len(resolved.ignored)} metadata file(s) that input.path matched "
                      f"(names starting with _ or .; `batchinfer plan` lists them)")

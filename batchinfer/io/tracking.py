@@ -12,13 +12,16 @@ import contextlib
 import io
 import json
 import os
+import re
 import select
 import subprocess
 import sys
 import time
+from datetime import datetime
 from typing import Any, Mapping
 
 from ..errors import one_line
+from ..redaction import redact
 
 # MLflow's HTTP client retries for minutes by default; a nightly job should say "tracking is
 # down" in seconds and commit anyway. MLflow logs store migrations at INFO; batchinfer reports
@@ -66,6 +69,7 @@ class TrackingRun:
     def __init__(self, uri: str, experiment: str):
         self.uri = uri
         self.experiment = experiment
+        self.artifacts = spec_free(artifact_location(uri, experiment))
         self.run_id: str | None = None
         self.error: str | None = None
         self._opened = False
@@ -86,18 +90,25 @@ class TrackingRun:
         if self._child is None:
             return
         try:
-            self._send({"prepare": {"uri": self.uri, "experiment": self.experiment}})
+            self._send({"prepare": {"uri": self.uri, "experiment": self.experiment,
+                                    "artifacts": self.artifacts}})
         except OSError as exc:
             self.error = short_error(exc)
             self._close()
 
-    def open(self, run_name: str, tags: Mapping[str, str]) -> None:
-        """Ask the helper to create the run (returns at once; :meth:`wait` gets its id)."""
+    def open(self, run_name: str, tags: Mapping[str, str], started: datetime | None = None) -> None:
+        """Ask the helper to create the run (returns at once; :meth:`wait` gets its id).
+
+        Args:
+            started: when the job started (the run's start time in MLflow; default: when the
+                helper creates it, which is seconds later: after MLflow's import, the
+                checks and the model's load)."""
         if self._child is None:
             return
         try:
             self._send({"open": {"uri": self.uri, "experiment": self.experiment,
-                                 "run_name": run_name, "tags": dict(tags)}})
+                                 "artifacts": self.artifacts, "run_name": run_name, "tags": dict(tags),
+                                 "start_time": _millis(started) if started else None}})
         except OSError as exc:
             self.error = short_error(exc)
             self._close()
@@ -144,15 +155,18 @@ class TrackingRun:
                timeout: float = 120.0, tags: Mapping[str, str] | None = None,
                dataset: Mapping[str, str] | None = None) -> bool:
         """Log params, metrics, tags and text artifacts (and the input partition as an MLflow
-        dataset, see :func:`log_dataset`); close the run. True if all was uploaded.
+        dataset, see :func:`log_dataset`); close the run, ending it now (the time of this call,
+        not of the helper's upload). True if all was uploaded.
         ``timeout`` bounds each wait for the helper (the run's opening, then the upload)."""
+        ended = int(time.time() * 1000)
         if self.wait(timeout) is None:
             self._close()
             return False
         try:
             self._send({"finish": {"params": dict(params), "metrics": dict(metrics),
                                    "artifacts": dict(artifacts), "status": status,
-                                   "tags": dict(tags or {}), "dataset": dict(dataset or {})}})
+                                   "tags": dict(tags or {}), "dataset": dict(dataset or {}),
+                                   "end_time": ended}})
             reply = self._receive(timeout)
             self.error = reply.get("error")
         except (TimeoutError, ConnectionError, ValueError, OSError) as exc:
@@ -193,7 +207,8 @@ def _serve() -> None:
             if "prepare" in message:  # no reply: the outcome is the answer to "open"
                 prepared = message["prepare"]
                 try:
-                    client, experiment_id = connect(prepared["uri"], prepared["experiment"])
+                    client, experiment_id = connect(prepared["uri"], prepared["experiment"],
+                                                    prepared.get("artifacts"))
                 except Exception as exc:
                     prepared["error"] = exc
                 continue
@@ -201,16 +216,17 @@ def _serve() -> None:
                 req = message["open"]
                 if prepared is None or (prepared["uri"], prepared["experiment"]) != (
                         req["uri"], req["experiment"]):
-                    client, experiment_id = connect(req["uri"], req["experiment"])
+                    client, experiment_id = connect(req["uri"], req["experiment"], req.get("artifacts"))
                 elif "error" in prepared:  # not retried: MLflow's client already retried
                     raise prepared["error"]
                 run_id = client.create_run(experiment_id, run_name=req["run_name"],
-                                           tags=req["tags"]).info.run_id
+                                           tags=req["tags"],
+                                           start_time=req.get("start_time")).info.run_id
                 reply: dict = {"run_id": run_id}
             else:
                 req = message["finish"]
                 args = (client, run_id, req["params"], req["metrics"], req["artifacts"],
-                        req["status"], req.get("tags"), req.get("dataset"))
+                        req["status"], req.get("tags"), req.get("dataset"), req.get("end_time"))
                 try:
                     upload(*args)
                 except Exception:
@@ -254,20 +270,52 @@ def sqlite_first_use_lock(uri: str):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def connect(uri: str, experiment: str):
-    """An MLflow client for ``uri`` and the id of ``experiment`` (created if missing)."""
+def connect(uri: str, experiment: str, artifacts: str | None = None):
+    """An MLflow client for ``uri`` and the id of ``experiment`` (created if missing, with its
+    artifacts at ``artifacts``: see :func:`artifact_location`)."""
     with sqlite_first_use_lock(uri):
         client = mlflow_client(uri)
-        return client, experiment_id_for(client, experiment)
+        return client, experiment_id_for(client, experiment, artifacts)
 
 
-def experiment_id_for(client, name: str) -> str:
-    """Get or create the experiment; concurrent jobs may race to create it (the loser reads it)."""
+def spec_free(location: str | None) -> str | None:
+    """``location`` unless it holds a ``${NAME}`` value of the job spec: MLflow receives no spec
+    values (SPEC §3), so such a store's experiment gets MLflow's default location instead."""
+    return location if location is None or redact(location) == location else None
+
+
+def artifact_location(uri: str, experiment: str) -> str | None:
+    """Where a new experiment of store ``uri`` keeps its runs' artifacts: for a sqlite store,
+    ``mlartifacts/<experiment>/`` in the database file's folder (the name with characters other
+    than letters, digits, ``_``, ``.`` and ``-`` as ``_``); None for any other store, whose
+    server or folder decides.
+
+    Without it MLflow puts a sqlite store's artifacts under ``./mlruns`` of the working
+    directory of whichever process created the experiment, away from the store.
+
+    Example:
+        >>> artifact_location("sqlite:////data/mlflow.db", "credit risk")
+        '/data/mlartifacts/credit_risk'
+    """
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///"):].split("?", 1)[0]
+    if not path or path == ":memory:":
+        return None
+    folder = os.path.dirname(os.path.abspath(path))
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", experiment).lstrip(".") or "_"
+    return os.path.join(folder, "mlartifacts", safe)
+
+
+def experiment_id_for(client, name: str, location: str | None = None) -> str:
+    """Get or create the experiment (its artifacts at ``location``, or where the store puts
+    them); concurrent jobs may race to create it (the loser reads it). An experiment that exists
+    keeps the location it was created with."""
     found = client.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
     try:
-        return client.create_experiment(name)
+        return client.create_experiment(name, artifact_location=location)
     except Exception:
         found = client.get_experiment_by_name(name)
         if found is None:
@@ -314,8 +362,10 @@ def _log_dataset_once(client, run_id: str, dataset: Mapping[str, str]) -> None:
 
 def upload(client, run_id: str, params: Mapping[str, Any], metrics: Mapping[str, float],
            artifacts: Mapping[str, str], status: str = "FINISHED",
-           tags: Mapping[str, str] | None = None, dataset: Mapping[str, str] | None = None) -> None:
-    import time
+           tags: Mapping[str, str] | None = None, dataset: Mapping[str, str] | None = None,
+           end_time: int | None = None) -> None:
+    """Log everything to run ``run_id`` and end it with ``status`` at ``end_time`` (epoch
+    milliseconds; default now)."""
 
     from mlflow.entities import Metric, Param, RunTag
 
@@ -332,21 +382,45 @@ def upload(client, run_id: str, params: Mapping[str, Any], metrics: Mapping[str,
         client.log_text(run_id, text, name)
     # MLflow prints "View run … at: <tracking URI>" here, which may hold a ${NAME} value.
     with contextlib.redirect_stdout(io.StringIO()):
-        client.set_terminated(run_id, status)
+        client.set_terminated(run_id, status, end_time=end_time)
 
 
 def upload_pending(uri: str, experiment: str, record: dict) -> str:
     """Upload a ``_metrics.json`` record that could not be uploaded at run time; return run id."""
-    client, experiment_id = connect(uri, experiment)
+    # The record shows ${NAME} where the job's tracking.uri had a value from the environment;
+    # such a value is not sent to MLflow (a --tracking-uri given to `track` is no spec value).
+    shown = record.get("tracking_uri", "")
+    from_spec = "${" in shown and uri == os.path.expandvars(shown)
+    location = None if from_spec else artifact_location(uri, experiment)
+    client, experiment_id = connect(uri, experiment, location)
     run_id = record.get("mlflow_run_id")
+    # The run spans the job, as at run time: from the manifest's start to its commit.
+    manifest = json.loads(record.get("manifest_text") or "{}")
+    started, finished = (_millis_of(manifest.get(k)) for k in ("started_at", "finished_at"))
     if run_id is None:
         run_id = client.create_run(experiment_id, run_name=record.get("run_name"),
-                                   tags=record.get("tags", {})).info.run_id
+                                   tags=record.get("tags", {}), start_time=started).info.run_id
     artifacts = {"manifest.json": record.get("manifest_text", "")}
     if record.get("report_text"):
         artifacts["report.html"] = record["report_text"]
-    upload(client, run_id, record["params"], record["metrics"], artifacts, tags=record.get("tags"))
+    upload(client, run_id, record["params"], record["metrics"], artifacts, tags=record.get("tags"),
+           end_time=finished)
     return run_id
+
+
+def _millis(moment: datetime) -> int:
+    """Epoch milliseconds, as MLflow keeps a run's start and end."""
+    return int(moment.timestamp() * 1000)
+
+
+def _millis_of(text: str | None) -> int | None:
+    """Epoch milliseconds of an RFC 3339 time (a manifest's ``started_at``), None if none."""
+    if not text:
+        return None
+    try:
+        return _millis(datetime.fromisoformat(text.replace("Z", "+00:00")))
+    except ValueError:
+        return None
 
 
 if __name__ == "__main__":

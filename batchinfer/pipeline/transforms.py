@@ -40,6 +40,7 @@ from ..handlers.base import BatchModelHandler, Inference, Prepared
 from ..io.outputs import PREDICTIONS, QUARANTINE, Layout, challenger_folder, parquet_bytes, write_file, write_json
 from ..io.records import FileRecord, ModelStats
 from ..io.shards import ShardReader, Unreadable
+from ..rows.arrow_types import plain_array
 from ..rows.hashing import row_hashes
 from ..rows.isolation import run_isolating
 from ..rows.profile import ColumnStats, numeric_values
@@ -198,10 +199,11 @@ class ReadShard(beam.DoFn):
         try:
             reader = ShardReader(url, hasher=self._hasher)
         except Unreadable as exc:
+            progress.shard_finished(index)
             yield index, ShardInfo(None, None, str(exc))
             return
         faults.point("read")
-        progress.add(shards_opened=1, rows_known=reader.num_rows or 0)
+        progress.shard_opened(index, reader.num_rows or 0)
         opened_s = time.perf_counter() - t0
         first_row = 0
         try:
@@ -216,6 +218,7 @@ class ReadShard(beam.DoFn):
                 first_row += batch.num_rows
         except Unreadable as exc:
             # Batches already sent on are dropped by FinishShard: the shard counts as unreadable.
+            progress.shard_finished(index)
             yield index, ShardInfo(reader.sha256, None, str(exc))
             return
         info = ShardInfo(reader.sha256, reader.num_rows, None, {"read": opened_s})
@@ -321,8 +324,8 @@ class _Writer(beam.DoFn):
         plan = self.plan
         n = int(ok.size)
         columns: dict[str, pa.Array] = {}
-        for column in plan.id_columns:
-            columns[column] = scored.column(column)
+        for column in plan.id_columns:  # one type per column in every file of the partition
+            columns[column] = plain_array(scored.column(column))
         mapping = plan.prediction_names or {k: k for k in outputs}
         for output, column in mapping.items():
             columns[column] = prediction_array(outputs[output])
@@ -387,7 +390,7 @@ class WriteBatch(_Writer):
             files.append(self._write(QUARANTINE, index, number, table))
         seconds = dict(payload.seconds, infer=inference.compute_ms / 1000.0, hash=hash_s,
                        profile=profile_s, write=time.perf_counter() - t0 - hash_s - profile_s)
-        progress.add(rows_done=payload.rows_in, rows_quarantined=quarantined)
+        progress.rows_written(index, payload.rows_in, quarantined)
         model = ModelStats(item.rows, len(inference.failed),
                            inference.failed[0][1] if inference.failed else None,
                            inference.oom_backoffs, inference.chunk_rows, inference.warmup_ms,
@@ -461,7 +464,7 @@ class FinishShard(beam.DoFn):
         result = fold_shard(self.plan.shard_names[index], list(records),
                             [c.name for c in self.plan.challengers])
         write_json(self.layout.fs, self.layout.shard_result(index), result.to_dict())
-        progress.add(shards_done=1)
+        progress.shard_finished(index)
         faults.point("shard_done")
         yield index
 

@@ -39,6 +39,7 @@ import pyarrow as pa
 
 from batchinfer.errors import UsageError
 from batchinfer.imports import without
+from batchinfer.rows.arrow_types import plain_type
 from batchinfer.rows.precheck import Precheck
 from batchinfer.rows.quarantine import Failure, build_quarantine, empty_quarantine
 
@@ -58,6 +59,7 @@ __all__ = [
     "schema_kind",
     "to_pandas_frame",
     "validate_batch",
+    "with_absent_columns",
 ]
 
 #: Longest failing value quoted in a message, and longest message, in characters.
@@ -70,7 +72,8 @@ class ValidationResult:
     """The outcome of validating one batch.
 
     Attributes:
-        valid: the original Arrow rows that passed, untouched (the batch itself when all pass).
+        valid: the original Arrow rows that passed, untouched (the batch itself when all pass),
+            plus the optional schema columns the batch lacks, all null.
         valid_rows: int64 row indices (within the input batch) of the valid rows, ascending.
         quarantine: one row per rejected input row (QUARANTINE_SCHEMA), ``_source_row`` =
             ``first_row`` + row index in the batch, in ascending row order.
@@ -107,10 +110,46 @@ class CompiledSchema:
         to_schema = getattr(schema, "to_schema", None) if isinstance(schema, type) else None
         self.schema: Any = to_schema() if to_schema is not None else schema
         self.columns: tuple[str, ...] = tuple(self.schema.columns)
+        # Columns a shard may lack (``required=False``), with the Arrow type of the null column
+        # that stands in for them in the valid rows (see validate_batch).
+        self.optional: dict[str, pa.DataType] = {
+            name: _arrow_type(self.kind, column) for name, column in self.schema.columns.items()
+            if not getattr(column, "required", True) and not getattr(column, "regex", False)}
         self.precheck = Precheck(self.schema)   # proves clean batches clean without pandera
 
     def __reduce__(self):
         return (CompiledSchema, (self.schema,))
+
+
+def _arrow_type(kind: str, column: Any) -> pa.DataType:
+    """The plain Arrow type (:mod:`batchinfer.rows.arrow_types`) of a schema column's declared
+    dtype: what the frame library converts to Arrow; ``null`` when it declares none or the
+    library cannot say."""
+    dtype = getattr(getattr(column, "dtype", None), "type", None)
+    if dtype is None:
+        return pa.null()
+    try:
+        if kind == "polars":
+            import polars as pl
+
+            return plain_type(pl.Series("", [], dtype=dtype).to_arrow().type)
+        import pandas as pd
+
+        return plain_type(pa.array(pd.Series([], dtype=dtype), from_pandas=True).type)
+    except Exception:  # a dtype the library cannot make an empty series of
+        return pa.null()
+
+
+def with_absent_columns(batch: pa.RecordBatch, schema: CompiledSchema) -> pa.RecordBatch:
+    """``batch`` plus each optional schema column it lacks, as an all-null column of the
+    schema's type (appended, in schema order): so that hashing (which covers every schema
+    column) and the preprocessing see the column, and a row hashes the same whether the shard
+    lacked the column or held it null (docs/hashing.md)."""
+    names = set(batch.schema.names)
+    for name, arrow_type in schema.optional.items():
+        if name not in names:
+            batch = batch.append_column(name, pa.nulls(batch.num_rows, arrow_type))
+    return batch
 
 
 def compile_schema(schema: object) -> CompiledSchema:
@@ -172,7 +211,10 @@ def validate_batch(
     """Validate ``batch`` against ``schema``; split it into valid rows and quarantine rows.
 
     Columns the schema does not declare are passed through in ``valid``; whether they fail
-    is the schema's ``strict`` setting.
+    is the schema's ``strict`` setting. A column the schema declares optional
+    (``required=False``) that the batch lacks passes as pandera passes it (its checks do not
+    apply) and is added to ``valid`` as an all-null column of the schema's type
+    (:func:`with_absent_columns`); quarantine rows keep the row as it was read.
 
     Args:
         batch: the input rows, as read from the shard.
@@ -195,15 +237,16 @@ def validate_batch(
     """
     resolved = compile_schema(schema)
     n = batch.num_rows
+    complete = with_absent_columns(batch, resolved) if resolved.optional else batch
     if n == 0:
-        return ValidationResult(batch, np.empty(0, dtype=np.int64), empty_quarantine())
+        return ValidationResult(complete, np.empty(0, dtype=np.int64), empty_quarantine())
     if resolved.precheck.clean(batch):
-        return ValidationResult(batch, np.arange(n, dtype=np.int64), empty_quarantine())
+        return ValidationResult(complete, np.arange(n, dtype=np.int64), empty_quarantine())
     frame_failures, row_failures = _check(resolved, batch)
     if not frame_failures:
         resolved.precheck.structure_ok(batch)
     if not frame_failures and not row_failures:
-        return ValidationResult(batch, np.arange(n, dtype=np.int64), empty_quarantine())
+        return ValidationResult(complete, np.arange(n, dtype=np.int64), empty_quarantine())
 
     if frame_failures:
         bad = np.arange(n, dtype=np.int64)
@@ -219,7 +262,7 @@ def validate_batch(
     keep = np.ones(n, dtype=bool)
     keep[bad] = False
     valid_rows = np.flatnonzero(keep).astype(np.int64)
-    valid = batch.filter(pa.array(keep)) if len(valid_rows) else batch.slice(0, 0)
+    valid = complete.filter(pa.array(keep)) if len(valid_rows) else complete.slice(0, 0)
     quarantine = build_quarantine(
         source_shard, bad + np.int64(first_row), failures, batch.take(pa.array(bad))
     )

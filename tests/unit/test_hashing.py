@@ -466,6 +466,26 @@ def test_cell_vectors(description, array, expected):
     assert hex_of(ref_row_hashes(table)) == [expected]
 
 
+def test_absent_optional_column_vector():
+    """docs/hashing.md "Optional columns a shard lacks": a column the schema declares optional
+    that a shard lacks is hashed as a null of the schema's type, as if the shard held it null."""
+    import pandera.polars as pap
+    import polars as pl
+
+    from batchinfer.rows.validation import compile_schema, validate_batch
+
+    held = pa.table({"id": pa.array([1], pa.int64()), "weight": pa.nulls(1, pa.float32())})
+    assert row_hashes(held).to_pylist() == ["16e8c0c3f39b2833"]
+    assert hex_of(ref_row_hashes(held)) == ["16e8c0c3f39b2833"]
+    for declared, expected in ((pl.Float32, "16e8c0c3f39b2833"), (pl.Float64, "a2d5067636c0da65"),
+                               (None, "b3ed98984fe466ed")):
+        schema = compile_schema(pap.DataFrameSchema({
+            "id": pap.Column(pl.Int64), "weight": pap.Column(declared, required=False, nullable=True)}))
+        lacking = pa.record_batch({"id": pa.array([1], pa.int64())})
+        valid = validate_batch(lacking, schema, source_shard="s").valid
+        assert row_hashes(valid, schema.columns).to_pylist() == [expected], declared
+
+
 def test_zero_columns_vector():
     # No columns: every row hashes to fmix64(ROW_SEED).
     table = pa.table({"x": [1, 2]})

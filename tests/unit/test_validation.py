@@ -707,3 +707,45 @@ def test_scalar_false_check_with_row_failures_polars_never_crashes():
     result = validate_batch(batch, schema, source_shard=SHARD)
     assert check_accounting(result, batch) == {0, 1, 2}
     assert set(result.quarantine.column("_check").to_pylist()) <= {"never", "validation_error"}
+
+
+@pytest.mark.parametrize("backend", ["polars", "pandas"])
+def test_optional_columns_a_batch_lacks_are_added_as_nulls_of_the_schema_type(backend):
+    """A column the schema declares ``required=False`` that the batch lacks passes (pandera's
+    rule), and ``valid`` holds it as an all-null column of the schema's plain Arrow type; the
+    quarantine keeps the rows as they were read."""
+    if backend == "polars":
+        schema = pap.DataFrameSchema({
+            "id": pap.Column(pl.Int64, pap.Check.ge(0)),
+            "w": pap.Column(pl.Float32, required=False),          # nullable=False: not checked
+            "s": pap.Column(pl.String, required=False, nullable=True),
+            "t": pap.Column(pl.Datetime("us", "UTC"), required=False, nullable=True),
+            "n": pap.Column(pl.Int64, required=False, nullable=True),
+        })
+        types = {"w": pa.float32(), "s": pa.string(), "t": pa.timestamp("us", tz="UTC"), "n": pa.int64()}
+    else:
+        schema = pdp.DataFrameSchema({
+            "id": pdp.Column("Int64", pdp.Check.ge(0)),
+            "w": pdp.Column("float32", required=False),
+            "s": pdp.Column(str, required=False, nullable=True),
+            "t": pdp.Column(required=False, nullable=True),       # no dtype: a null column
+            "n": pdp.Column("Int64", required=False, nullable=True),
+        })
+        types = {"w": pa.float32(), "s": pa.string(), "t": pa.null(), "n": pa.int64()}
+    batch = pa.RecordBatch.from_pydict({"id": pa.array([1, -2, 3], pa.int64()),
+                                        "n": pa.array([None, 5, 6], pa.int64())})
+    for _ in range(2):   # the second batch of this structure may skip pandera (the pre-check)
+        result = validate_batch(batch, schema, source_shard=SHARD)
+        assert result.valid_rows.tolist() == [0, 2]
+        assert result.valid.schema.names == ["id", "n", "w", "s", "t"]
+        for name, arrow_type in types.items():
+            assert result.valid.schema.field(name).type == arrow_type, name
+        assert result.valid.column("w").null_count == 2 and result.valid.column("n").to_pylist() == [None, 6]
+        assert strict_loads(result.quarantine.column("_values")[0].as_py()) == {"id": -2, "n": 5}
+    compiled = compile_schema(schema)
+    clean = pa.RecordBatch.from_pydict({"id": pa.array([1], pa.int64())})
+    assert validate_batch(clean, compiled, source_shard=SHARD).valid.num_columns == 5
+    # pandera passed this structure once: the pre-check proves the next such batch clean
+    assert compiled.precheck.clean(clean)
+    assert validate_batch(clean, compiled, source_shard=SHARD).valid.num_columns == 5
+    assert validate_batch(clean.slice(0, 0), compiled, source_shard=SHARD).valid.num_columns == 5

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -25,12 +27,31 @@ def read_json(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def millis(rfc3339: str) -> int:
+    """A manifest's ``started_at``/``finished_at`` in epoch milliseconds, as MLflow keeps times."""
+    return int(datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+# MLflow's start may be the job's start to the millisecond; a run opened when MLflow's helper is
+# ready (after its import and the model's load) starts seconds later.
+START_SLACK_MS = 250
+
+
+def assert_spans_the_job(run, manifest: dict, before_ms: int, after_ms: int) -> None:
+    """The MLflow run starts when the job starts and ends after its commit, within the CLI run."""
+    started, finished = millis(manifest["started_at"]), millis(manifest["finished_at"])
+    assert before_ms <= run.info.start_time <= started + START_SLACK_MS, (run.info, manifest)
+    assert finished <= run.info.end_time <= after_ms, (run.info, manifest)
+
+
 @pytest.mark.server
 def test_one_run_per_job_with_triple_counts_and_manifest(tmp_path, mlflow_live, stamped_template):
     experiment = f"tracking-{uuid.uuid4().hex[:8]}"
     job = copy_project(stamped_template, tmp_path,
                        tracking={"uri": mlflow_live.uri, "experiment": experiment})
+    before = int(time.time() * 1000)
     result = run_cli("run", str(job), "--ds", DS, cwd=tmp_path, track=True)
+    after = int(time.time() * 1000)
     assert result.returncode == 0, result.stderr
     out = output_dir(tmp_path)
     manifest = read_json(out / "_manifest.json")
@@ -43,6 +64,9 @@ def test_one_run_per_job_with_triple_counts_and_manifest(tmp_path, mlflow_live, 
     assert [r.info.run_id for r in runs] == [run_id]  # one run per job
     run = runs[0]
     assert run.info.status == "FINISHED"
+    assert_spans_the_job(run, manifest, before, after)
+    # A server keeps artifacts where it is told to (here --artifacts-destination), not batchinfer.
+    assert run.info.artifact_uri.startswith("mlflow-artifacts:"), run.info.artifact_uri
     params = run.data.params
     for part, value in manifest["triple"].items():
         assert params[f"triple.{part}"] == value
@@ -81,6 +105,9 @@ def test_outage_commits_then_track_uploads(tmp_path, mlflow_live, stamped_templa
     assert run_id and run_id in track.stdout
     run = mlflow_live.client().get_run(run_id)
     assert run.data.metrics["rows_in"] == ROWS_IN and run.data.metrics["rows_scored"] == ROWS_IN
+    # Uploaded later, the run still spans the job: the manifest's start to its commit.
+    assert (run.info.start_time, run.info.end_time) == (millis(manifest["started_at"]),
+                                                       millis(manifest["finished_at"]))
     assert run.data.params["triple.model_digest"] == manifest["triple"]["model_digest"]
     artifacts = {a.path for a in mlflow_live.client().list_artifacts(run_id)}
     assert {"manifest.json", "report.html"} <= artifacts, artifacts   # as a run would have logged
@@ -181,15 +208,71 @@ def test_concurrent_jobs_racing_to_create_the_experiment_share_it():
         def get_experiment_by_name(self, name):
             return SimpleNamespace(experiment_id="7") if self.created else None
 
-        def create_experiment(self, name):
+        def create_experiment(self, name, artifact_location=None):
             self.created = True  # the other job got there first
             raise RuntimeError(f"Experiment(name={name}) already exists")
 
     assert experiment_id_for(RacingClient(), "testjob") == "7"
 
     class Broken(RacingClient):
-        def create_experiment(self, name):
+        def create_experiment(self, name, artifact_location=None):
             raise RuntimeError("store unavailable")
 
     with pytest.raises(RuntimeError, match="store unavailable"):
         experiment_id_for(Broken(), "testjob")
+
+
+def test_a_sqlite_run_spans_the_job_and_keeps_its_artifacts_beside_the_store(tmp_path, stamped_template):
+    """A sqlite store in its own folder, a job run from a third folder: the experiment the run
+    creates keeps its artifacts in ``mlartifacts/`` beside the database (not ``./mlruns`` of the
+    run's working directory), and the run's times are the job's."""
+    from mlflow.tracking import MlflowClient
+
+    project, store, elsewhere = tmp_path / "project", tmp_path / "store", tmp_path / "elsewhere"
+    store.mkdir()
+    elsewhere.mkdir()
+    shutil.copy(stamped_template / "mlflow.db", store / "mlflow.db")  # a store without the experiment
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    job = copy_project(stamped_template, project, store=False,
+                       tracking={"uri": uri, "experiment": "beside the store"})
+    before = int(time.time() * 1000)
+    result = run_cli("run", str(job), "--ds", DS, cwd=elsewhere, track=True)
+    after = int(time.time() * 1000)
+    assert result.returncode == 0, result.stderr
+    manifest = read_json(output_dir(project) / "_manifest.json")
+    run = MlflowClient(tracking_uri=uri).get_run(manifest["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert_spans_the_job(run, manifest, before, after)
+    folder = store / "mlartifacts" / "beside_the_store" / run.info.run_id / "artifacts"
+    assert run.info.artifact_uri.removeprefix("file://") == str(folder), run.info.artifact_uri
+    assert json.loads((folder / "manifest.json").read_text()) == manifest
+    assert (folder / "report.html").is_file()
+    assert not list(elsewhere.iterdir()) and not (project / "mlruns").exists()
+
+
+def test_artifact_location_is_beside_a_sqlite_store_and_left_to_other_stores(tmp_path, monkeypatch):
+    from batchinfer.io.tracking import artifact_location
+
+    assert artifact_location("sqlite:////data/mlflow.db", "credit risk") == "/data/mlartifacts/credit_risk"
+    assert artifact_location("sqlite:////data/m.db?timeout=5", "../up/x") == "/data/mlartifacts/_up_x"
+    monkeypatch.chdir(tmp_path)  # a relative store (batchinfer track --tracking-uri) is the cwd's
+    assert artifact_location("sqlite:///m.db", "e") == str(tmp_path / "mlartifacts" / "e")
+    assert artifact_location("http://127.0.0.1:5000", "e") is None
+    assert artifact_location("sqlite:///:memory:", "e") is None
+    assert artifact_location(str(tmp_path / "mlruns"), "e") is None
+
+
+def test_a_store_path_from_the_environment_is_not_sent_to_mlflow(monkeypatch):
+    """SPEC §3: MLflow receives no ``${NAME}`` value, so a sqlite store whose path holds one
+    leaves the location to MLflow rather than writing it into the experiment."""
+    from batchinfer import redaction
+    from batchinfer.io.tracking import TrackingRun, spec_free
+
+    monkeypatch.setitem(redaction._values, "/private/stores", "BI_STORES")
+    assert spec_free("/private/stores/mlartifacts/e") is None
+    assert spec_free("/data/mlartifacts/e") == "/data/mlartifacts/e" and spec_free(None) is None
+    run = TrackingRun("sqlite:////private/stores/mlflow.db", "e")
+    try:
+        assert run.artifacts is None
+    finally:
+        run.close()

@@ -1,0 +1,127 @@
+"""Live progress (SPEC §6 "Live progress"): the counters a real pipeline bumps, and what the bar
+and the plain lines show, rendered without a terminal.
+
+The pipeline runs in process (the direct runner's in-memory mode, where the counters count); every
+state the counters pass through is recorded by swapping their lock for one that takes a snapshot
+each time it is released, so no assertion depends on when a poller happens to look.
+"""
+from __future__ import annotations
+
+import io
+import re
+import threading
+
+import pytest
+
+from factories import DS, no_tracking, numeric_project  # noqa: F401  (a fixture)
+
+SHARDS, ROWS, BATCH = 4, 600, 200
+
+pytestmark = pytest.mark.usefixtures("no_tracking")  # MLflow is not under test here
+
+
+class RecordingLock:
+    """The counters' lock, keeping a copy of the counts each time a bump releases it."""
+
+    def __init__(self, counters):
+        self._lock = threading.Lock()
+        self._counters = counters
+        self.states: list = []
+
+    def __enter__(self):
+        self._lock.acquire()
+
+    def __exit__(self, *exc):
+        self.states.append(self._counters.Counts(**vars(self._counters._counts)))
+        self._lock.release()
+
+
+def test_shards_are_done_as_their_rows_are_written_not_at_the_end(tmp_path, monkeypatch):
+    from batchinfer.commands.progress import describe
+    from batchinfer.commands.run import run_job
+    from batchinfer.commands.stamp import stamp
+    from batchinfer.pipeline import progress as counters
+    from batchinfer.spec import load_job
+
+    job_path = numeric_project(tmp_path, shards=SHARDS, rows=ROWS, stamp=False,
+                               batch={"rows": BATCH})
+    stamp(load_job(job_path, require_ds=False), None, "model:1")
+    recorder = RecordingLock(counters)
+    monkeypatch.setattr(counters, "_lock", recorder)
+    counters.reset()
+    outcome = run_job(load_job(job_path, ds=DS))
+    assert outcome.status == "committed"
+
+    states = recorder.states
+    final = states[-1]
+    assert (final.shards_done, final.rows_done, final.shards_opened) == (SHARDS, SHARDS * ROWS, SHARDS)
+    # Before the last rows are written, some shard already counts as done: the line says so.
+    mid_run = [s for s in states if s.rows_done < SHARDS * ROWS and s.shards_done > 0]
+    assert mid_run, [(s.shards_done, s.rows_done) for s in states]
+    line = describe(mid_run[0], SHARDS, 1.0)[0]
+    done = int(re.match(r"shards (\d+)/4, rows ([\d,]+)/", line).group(1))
+    assert 0 < done < SHARDS, line
+    # A shard is done exactly when its rows are: never more rows than its done shards hold...
+    assert all(s.rows_done >= s.shards_done * ROWS for s in states)
+    # ...and never a finished shard left uncounted (each shard's batches are written in order).
+    assert all(s.shards_done >= s.rows_done // ROWS - 1 for s in states)
+
+
+def test_an_empty_or_unreadable_shard_is_done_at_once():
+    from batchinfer.pipeline import progress as counters
+
+    counters.reset()
+    counters.shard_opened(0, 0)
+    counters.shard_finished(1)            # unreadable
+    counters.shard_opened(2, 10)
+    counters.rows_written(2, 4, 1)
+    assert counters.snapshot().shards_done == 2
+    counters.rows_written(2, 6)
+    counters.shard_finished(2)            # FinishShard, later: not counted twice
+    snap = counters.snapshot()
+    assert (snap.shards_done, snap.rows_done, snap.rows_quarantined) == (3, 10, 1)
+
+
+def _plain_text(ansi: str) -> str:
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", ansi)
+
+
+def test_the_bar_is_empty_until_a_footer_is_read_then_shows_the_share_done():
+    """Rendered by rich to a string (a terminal it believes in): the first frame, before any
+    footer is read, draws no filled bar and no row total; a frame after one does."""
+    from rich.console import Console
+
+    from batchinfer.commands import progress
+    from batchinfer.pipeline import progress as counters
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, color_system="truecolor", width=200)
+    with progress.watch(SHARDS, "rich", console=console):
+        first = _plain_text(out.getvalue())
+        counters.shard_opened(0, 100)
+        counters.rows_written(0, 50)
+        for _ in range(200):  # wait for the poller's next frame (4 a second)
+            if "━" in _plain_text(out.getvalue()):
+                break
+            threading.Event().wait(0.05)
+    assert "scoring" in first and "─" * progress.BAR_WIDTH in first, first
+    assert "━" not in first, first
+    later = _plain_text(out.getvalue())
+    assert "━" * 20 + "─" not in later  # 50 of ~400 rows: an eighth of the bar
+    assert "━" * 5 + "─" * 35 in later, later
+    assert "rows 50/~400" in later, later
+
+
+def test_plain_lines_before_and_during_the_run():
+    from batchinfer.commands.progress import bar, describe
+    from batchinfer.pipeline.progress import Counts
+
+    start, _, total = describe(Counts(), 12, 0.0)
+    assert total is None
+    assert start.startswith("shards 0/12, rows 0/?, "), start
+    assert "━" not in bar(0, total)
+    line, done, total = describe(Counts(shards_opened=3, shards_done=2, rows_known=300,
+                                        rows_done=250), 12, 1.0)
+    assert line.startswith("shards 2/12, rows 250/~1,200, 250 rows/s, ETA 0:00:03"), line
+    assert bar(done, total, width=24) == "[bar.complete]━━━━━[/][bar.back]" + "─" * 19 + "[/]"
+    assert bar(10, 10, width=4) == "[bar.complete]━━━━[/]"
