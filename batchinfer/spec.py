@@ -83,9 +83,12 @@ class ChallengerSpec(ModelFields):
     """A model scored beside the champion on the same prepared batches (SPEC §6 "Challengers").
 
     ``name`` defaults to the model file's stem (``models/credit_v4.onnx`` → ``credit_v4``; a
-    registry URI ``models:/credit/4`` → ``credit-4``)."""
+    registry URI ``models:/credit/4`` → ``credit-4``). ``predictions`` maps its model's outputs
+    to the champion's prediction columns (``{sigmoid: probability}``), for a model whose outputs
+    are named otherwise; by default its outputs are read as the champion's are."""
 
     name: str = ""
+    predictions: dict[str, str] | None = None
 
     @model_validator(mode="after")
     def _safe_name(self) -> "ChallengerSpec":
