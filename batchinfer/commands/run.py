@@ -31,6 +31,7 @@ from ..io.commit import Attempt, CommitOutcome, PartitionCommit
 from ..io.outputs import METRICS, PROFILE, REPORT, write_json
 from ..io.records import Challenger, Manifest, ModelStats, ShardResult, Totals
 from ..pipeline.runners import check as check_runner
+from ..redaction import mask
 from ..rows.columns import check_output_columns
 from ..spec import Job, ModelFields
 from .monitor import Baseline, DriftGate, Monitoring, health_metrics, load_baseline, monitor
@@ -219,7 +220,9 @@ def _look_at(partition: PartitionCommit, job: Job, resolved: Resolved, shown: st
             f"out/dt={{ds}}), or pass --overwrite to replace it")
     committed = {s.path for s in existing.shards}
     listed = set(resolved.shard_names())
-    if committed != listed:
+    # Partitions committed before only secrets were masked name their shards with every
+    # ${NAME} value put back: the same shards, named as then.
+    if committed != listed and committed != {mask(s.url, job.templated) for s in resolved.shards}:
         added, gone = len(listed - committed), len(committed - listed)
         raise ContractError(
             f"{shown} was committed from other shards than input.path lists now ({added} new, "
