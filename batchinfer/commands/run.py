@@ -508,8 +508,8 @@ def _lost(winner: Manifest | None, shown: str, resolved: Resolved) -> Outcome:
     if missing:
         raise ContractError(
             f"{shown} was committed meanwhile by attempt {attempt} without challenger "
-            f"{', '.join(missing)}; this run's files were removed: pass --overwrite to score the "
-            f"partition with this run's challengers")
+            f"{', '.join(missing)}; this run's files were removed: rerun it with --overwrite to "
+            f"score the partition with this run's challengers")
     return Outcome("lost_race", f"{shown} was already committed by attempt {attempt}; this "
                                 f"run's files were removed", winner, shown)
 

@@ -378,8 +378,8 @@ def test_two_runs_at_once_with_other_challengers_the_loser_exits_3(tmp_path):
     assert [c["name"] for c in manifest["challengers"]] == [names[winner]]
     lines = results[loser][2].strip().splitlines()
     assert lines == [f"batchinfer run: {out} was committed meanwhile by attempt {manifest['attempt']} "
-                     f"without challenger {names[loser]}; this run's files were removed: pass "
-                     f"--overwrite to score the partition with this run's challengers"], results[loser][2]
+                     f"without challenger {names[loser]}; this run's files were removed: rerun it "
+                     f"with --overwrite to score the partition with this run's challengers"], results[loser][2]
     # nothing of the loser's left: only the winner's files, the winner's challenger
     assert partition_files(out) == {f["path"] for s in manifest["shards"] for f in s["files"]}
     assert {p.name for p in (out / "challengers").iterdir()} == {names[winner]}
