@@ -15,8 +15,9 @@
           └── StorageError
 
 Every error carries a one-line message that says what was wrong and what to do; the CLI prints
-exactly that line. Values that came from ``${NAME}`` in the job spec are masked when the message
-is made (:mod:`batchinfer.redaction`), so no output path can show them. Exceptions must survive
+exactly that line. Secrets — ``${NAME}`` values named or listed as secrets, credentials inside
+URLs — are masked when the message is made (:mod:`batchinfer.redaction`), so no output path can
+show them. Exceptions must survive
 pickling (they may cross Beam workers), so each one keeps its constructor arguments in ``args``.
 """
 from __future__ import annotations

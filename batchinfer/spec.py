@@ -10,9 +10,10 @@ Order matters and is part of the contract (SPEC §3):
    are strict: YAML's ``true``, ``2.0`` or ``"8192"`` is not an integer, and a key given twice
    is an error, not "the last one wins";
 5. ``{ds}`` and ``${NAME}`` are substituted and relative paths resolved against the job file's
-   folder. Values that came from ``${NAME}`` are remembered so that every string batchinfer
-   prints, logs or writes can be shown with ``${NAME}`` in their place (:meth:`Job.display`,
-   :mod:`batchinfer.redaction`);
+   folder. Values that came from ``${NAME}`` and are secrets (by name, or listed under
+   ``secrets``) are remembered so that every string batchinfer prints, logs or writes can be
+   shown with ``${NAME}`` in their place (:meth:`Job.display`, :mod:`batchinfer.redaction`);
+   other values are shown as they are;
 6. what no single key can say wrong is checked last: output column names that collide
    (:mod:`batchinfer.rows.columns`), an output inside the input's reach (:mod:`batchinfer.io.reach`).
 """
@@ -25,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Annotated, Any, Literal, Mapping, Sequence
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -36,7 +37,8 @@ from .io.reach import ANY_DATE, reach_conflict
 from .rows.columns import check_output_columns
 
 DATE_FORMAT = re.compile(r"^\d{4}-\d{2}-\d{2}$")  # a partition date, YYYY-MM-DD
-_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+_ENV = re.compile(r"\$\{(%s)\}" % ENV_NAME)
 # A date that stands for "some partition" where the spec is checked without --ds.
 SAMPLE_DATE = "2000-01-01"
 
@@ -83,9 +85,12 @@ class ChallengerSpec(ModelFields):
     """A model scored beside the champion on the same prepared batches (SPEC §6 "Challengers").
 
     ``name`` defaults to the model file's stem (``models/credit_v4.onnx`` → ``credit_v4``; a
-    registry URI ``models:/credit/4`` → ``credit-4``)."""
+    registry URI ``models:/credit/4`` → ``credit-4``). ``predictions`` maps its model's outputs
+    to the champion's prediction columns (``{sigmoid: probability}``), for a model whose outputs
+    are named otherwise; by default its outputs are read as the champion's are."""
 
     name: str = ""
+    predictions: dict[str, str] | None = None
 
     @model_validator(mode="after")
     def _safe_name(self) -> "ChallengerSpec":
@@ -210,6 +215,9 @@ class JobSpec(_Strict):
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     runner: RunnerSpec = Field(default_factory=RunnerSpec)
     monitor: MonitorSpec | None = None
+    # Variables whose ${NAME} values are secrets whatever they are called (besides the names
+    # redaction.SECRET_WORDS marks): never shown, logged or written.
+    secrets: list[Annotated[str, Field(pattern=f"^{ENV_NAME}$")]] = Field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -221,7 +229,9 @@ class Job:
         path: the job file.
         ds: the partition date, or None.
         spec_sha256: sha256 of the spec after --set, before templating.
-        secrets: environment values substituted for ``${NAME}``, by name.
+        secrets: the secret environment values substituted for ``${NAME}``, by name (what
+            :meth:`display` hides).
+        templated: every environment value substituted for ``${NAME}``, by name.
     """
 
     spec: JobSpec
@@ -229,13 +239,15 @@ class Job:
     ds: str | None
     spec_sha256: str
     secrets: Mapping[str, str] = field(default_factory=dict)
+    templated: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def folder(self) -> Path:
         return self.path.parent
 
     def display(self, text: str) -> str:
-        """Return ``text`` with every ``${NAME}`` value put back as ``${NAME}``."""
+        """Return ``text`` with every secret ``${NAME}`` value put back as ``${NAME}`` and the
+        credentials in its URLs hidden (:func:`batchinfer.redaction.mask`)."""
         return redaction.mask(text, self.secrets)
 
 
@@ -271,17 +283,20 @@ def load_job(path: str | os.PathLike, *, ds: str | None = None,
     for item in overrides:
         apply_override(data, item)
     spec_sha256 = hashlib.sha256(canonical_json(data).encode()).hexdigest()
-    parse_spec(data, source=job_path.name)  # validate before templating: errors name keys, not values
+    # validate before templating: errors name keys, not values
+    listed = parse_spec(data, source=job_path.name).secrets
     if ds is not None:
         check_date(ds, "--ds")
     env = os.environ if environ is None else environ
-    secrets: dict[str, str] = {}
-    templated = _template(data, ds=ds, env=env, secrets=secrets, where="", require_ds=require_ds)
+    values: dict[str, str] = {}
+    templated = _template(data, ds=ds, env=env, secrets=values, where="", require_ds=require_ds)
+    secrets = {name: value for name, value in values.items() if redaction.is_secret_name(name, listed)}
     redaction.register(secrets)  # before anything can quote a value (errors below included)
     spec = parse_spec(templated, source=job_path.name)
     spec = _resolve_paths(spec, job_path.parent)
     _check_paths(data, spec, job_path.parent, ds, env)
-    return Job(spec=spec, path=job_path, ds=ds, spec_sha256=spec_sha256, secrets=secrets)
+    return Job(spec=spec, path=job_path, ds=ds, spec_sha256=spec_sha256, secrets=secrets,
+               templated=values)
 
 
 def check_date(value: str, what: str) -> date:

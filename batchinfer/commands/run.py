@@ -31,6 +31,7 @@ from ..io.commit import Attempt, CommitOutcome, PartitionCommit
 from ..io.outputs import METRICS, PROFILE, REPORT, write_json
 from ..io.records import Challenger, Manifest, ModelStats, ShardResult, Totals
 from ..pipeline.runners import check as check_runner
+from ..redaction import mask
 from ..rows.columns import check_output_columns
 from ..spec import Job, ModelFields
 from .monitor import Baseline, DriftGate, Monitoring, health_metrics, load_baseline, monitor
@@ -151,7 +152,7 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
                 attempt.abort()
                 if winner is not None and winner.triple == resolved.triple.as_dict():
                     tracking.finish({"attempt": attempt.attempt}, {}, {}, "KILLED")
-                    return _lost(winner, shown)
+                    return _lost(winner, shown, resolved)
                 tracking.finish({"attempt": attempt.attempt}, {}, {}, "FAILED")
                 raise
         pipeline_s = time.perf_counter() - t_pipeline
@@ -176,7 +177,7 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
                 raise ContractError(_triple_conflict(
                     shown, outcome.manifest.triple if outcome.manifest else {},
                     resolved.triple.as_dict()))
-            return _lost(outcome.manifest, shown)
+            return _lost(outcome.manifest, shown, resolved)
         manifest = outcome.manifest
         partition.tidy(manifest)  # the commit step's record
         if not results:  # the record was lost; the manifest has the counts
@@ -219,7 +220,9 @@ def _look_at(partition: PartitionCommit, job: Job, resolved: Resolved, shown: st
             f"out/dt={{ds}}), or pass --overwrite to replace it")
     committed = {s.path for s in existing.shards}
     listed = set(resolved.shard_names())
-    if committed != listed:
+    # Partitions committed before only secrets were masked name their shards with every
+    # ${NAME} value put back: the same shards, named as then.
+    if committed != listed and committed != {mask(s.url, job.templated) for s in resolved.shards}:
         added, gone = len(listed - committed), len(committed - listed)
         raise ContractError(
             f"{shown} was committed from other shards than input.path lists now ({added} new, "
@@ -232,18 +235,25 @@ def _look_at(partition: PartitionCommit, job: Job, resolved: Resolved, shown: st
         raise ContractError(
             f"{shown} was committed with model.options {existing.model_options or '{}'}, which "
             f"change predictions; this run has {declared}: pass --overwrite to replace it")
-    committed_runs = [c.as_run() for c in existing.challengers]
-    wanted_runs = [_challenger_run(c) for c in resolved.challengers]
-    if committed_runs != wanted_runs:
-        # The job asks for challenger predictions the partition does not have (or has others):
-        # a silent no-op would leave the user without them.
+    missing = _not_committed(existing, resolved.challengers)
+    if missing:
+        # The job asks for challenger predictions the partition does not have: a silent no-op
+        # would leave the user without them. Challengers it has and this run does not ask for
+        # (an analyst's one-off comparison) are no reason to refuse: the champion's are here.
         names = ", ".join(c.name for c in existing.challengers) or "none"
-        wanted = ", ".join(c.name for c in resolved.challengers) or "none"
         raise ContractError(
-            f"{shown} was committed with other challengers (committed: {names}; this run: "
-            f"{wanted}, or the same names with another triple or declared options): pass "
-            f"--overwrite to score the partition with this run's challengers")
+            f"{shown} was committed without challenger {', '.join(missing)} as this run declares "
+            f"it (committed: {names}; a challenger counts only with the same name, triple and "
+            f"declared options): pass --overwrite to score the partition with this run's "
+            f"challengers")
     return existing
+
+
+def _not_committed(manifest: Manifest, challengers: Sequence[ResolvedChallenger]) -> list[str]:
+    """The names of ``challengers`` that ``manifest`` does not hold as they are declared now
+    (same name, triple and declared options); the manifest may hold others besides."""
+    committed = [c.as_run() for c in manifest.challengers]
+    return [c.name for c in challengers if _challenger_run(c) not in committed]
 
 
 def _declared(model: ModelFields) -> dict[str, str]:
@@ -261,36 +271,50 @@ def load_handler(resolved: Resolved) -> "tuple[BatchModelHandler, str]":
     name prediction columns that collide with nothing (exit 2). Returns the handler and the
     device the model runs on."""
     handler, device, _ = _load(resolved, resolved.job.spec.model, resolved.model,
-                               resolved.triple.model_digest)
+                               resolved.triple.model_digest, resolved.job.spec.output.predictions)
     return handler, device
 
 
 def load_challengers(resolved: Resolved) -> "list[tuple[BatchModelHandler, str]]":
     """Each challenger's handler and device, loaded before any work like the champion's; an
     error names the challenger (the exit code stays the champion's: 5 not loading, 2 outputs).
-    A challenger writes the champion's prediction columns, so without ``output.predictions``
-    its outputs must be named as the champion's (exit 2)."""
+    A challenger writes exactly the champion's prediction columns, in their order: through its
+    own ``predictions`` mapping, else through ``output.predictions``, else its outputs must be
+    named as the champion's (exit 2 otherwise)."""
     if not resolved.challengers:
         return []
+    output = resolved.job.spec.output
     champion = _load(resolved, resolved.job.spec.model, resolved.model,
-                     resolved.triple.model_digest)[2]  # loaded already: a cache look-up
+                     resolved.triple.model_digest, output.predictions)[2]  # a cache look-up
+    columns = list(output.predictions.values()) if output.predictions else champion
     loaded = []
     for challenger in resolved.challengers:
+        own = challenger.spec.predictions
         try:
-            handler, device, outputs = _load(resolved, challenger.spec, challenger.model,
-                                             challenger.triple.model_digest)
-            if not resolved.job.spec.output.predictions and outputs != champion:
+            handler, device, outputs = _load(
+                resolved, challenger.spec, challenger.model, challenger.triple.model_digest,
+                output.predictions if own is None else own,
+                "output.predictions" if own is None else "its predictions")
+            hint = (f"map them with the challenger's predictions: "
+                    f"{{{', '.join(f'{o}: {c}' for o, c in zip(outputs, columns))}}}"
+                    if len(outputs) == len(columns) else "map them with the challenger's predictions")
+            if own is not None and list(own.values()) != columns:
+                raise SpecError(f"its predictions map to the columns {list(own.values())}, not "
+                                f"to the champion's prediction columns {columns} (the same "
+                                f"names in the same order): {hint}")
+            if own is None and not output.predictions and outputs != champion:
                 raise SpecError(f"its outputs {outputs} are not the champion's {champion}: "
-                                f"map both with output.predictions, or export it with the "
-                                f"champion's output names")
+                                f"{hint}, or export it with the champion's output names")
         except BatchInferError as exc:
             raise type(exc)(f"challenger {challenger.name}: {exc.message}") from None
         loaded.append((handler, device))
     return loaded
 
 
-def _load(resolved: Resolved, spec: ModelFields, found: "ResolvedModel",
-          digest: str) -> "tuple[BatchModelHandler, str, list[str]]":
+def _load(resolved: Resolved, spec: ModelFields, found: "ResolvedModel", digest: str,
+          predictions: dict[str, str] | None,
+          key: str = "output.predictions") -> "tuple[BatchModelHandler, str, list[str]]":
+    """Load one model; ``predictions`` (named ``key`` in errors) maps its outputs to columns."""
     batch = resolved.job.spec.batch   # a challenger gets the champion's batches: sized alike
     cls = handler_class(spec.backend)
     options = {k: v for k, v in spec.options.items() if k != "allow_pickle"}
@@ -313,11 +337,10 @@ def _load(resolved: Resolved, spec: ModelFields, found: "ResolvedModel",
                             f"{inputs}): set batch.lengths_from, or size batches by batch.rows")
     outputs = handler.ask(model, "output_names")
     output_spec = resolved.job.spec.output
-    wanted = output_spec.predictions
-    if wanted:
-        unknown = [o for o in wanted if o not in outputs]
+    if predictions:
+        unknown = [o for o in predictions if o not in outputs]
         if unknown:
-            raise SpecError(f"output.predictions names {unknown}, which the model does not output "
+            raise SpecError(f"{key} names {unknown}, which the model does not output "
                             f"(its outputs: {outputs})")
     else:  # each output becomes a column of its own name: it must not take an id's or ours
         check_output_columns(output_spec.id_columns, {o: o for o in outputs},
@@ -415,7 +438,8 @@ def _plans(resolved: Resolved, attempt: Attempt, header: Manifest,
         prediction_names=dict(spec.output.predictions) if spec.output.predictions else None,
         hash_columns=resolved.schema.columns, profile_features=tuple(resolved.features),
         profile_cuts=baseline.cuts() if baseline else {},
-        challengers=tuple(ChallengerPlan(c.name, c.triple) for c in resolved.challengers))
+        challengers=tuple(ChallengerPlan(c.name, c.triple, c.spec.predictions)
+                          for c in resolved.challengers))
     gate = DriftGate(resolved.job, tuple(resolved.features), baseline) if baseline is not None else None
     commit = CommitPlan(output_url=spec.output.path, attempt=attempt.attempt,
                         replacing=attempt.replacing, shard_count=len(resolved.shards),
@@ -471,8 +495,21 @@ def _finish_tracking(job: Job, resolved: Resolved, tracking: "TrackingRun", atte
             f"later with `batchinfer track {shown}`")
 
 
-def _lost(winner: Manifest | None, shown: str) -> Outcome:
+def _lost(winner: Manifest | None, shown: str, resolved: Resolved) -> Outcome:
+    """The outcome of a run that another run beat to the commit (same triple), whose files are
+    gone: exit 0 when the winner holds every challenger this run declares, as a rerun would
+    find it (:func:`_look_at`).
+
+    Raises:
+        ContractError: the winner lacks one of this run's challengers (it was never scored).
+    """
     attempt = winner.attempt if winner else "?"
+    missing = _not_committed(winner, resolved.challengers) if winner else []
+    if missing:
+        raise ContractError(
+            f"{shown} was committed meanwhile by attempt {attempt} without challenger "
+            f"{', '.join(missing)}; this run's files were removed: rerun it with --overwrite to "
+            f"score the partition with this run's challengers")
     return Outcome("lost_race", f"{shown} was already committed by attempt {attempt}; this "
                                 f"run's files were removed", winner, shown)
 

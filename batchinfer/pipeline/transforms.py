@@ -65,10 +65,12 @@ PREDICTION_ENCODING = {
 
 @dataclass(frozen=True)
 class ChallengerPlan:
-    """A challenger as its writer needs it: its name (its folder) and the triple its rows carry."""
+    """A challenger as its writer needs it: its name (its folder), the triple its rows carry
+    and its outputs → the champion's prediction columns (None: as the champion's map)."""
 
     name: str
     triple: Triple
+    prediction_names: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -319,14 +321,16 @@ class _Writer(beam.DoFn):
 
     def _predictions(self, payload: Payload, scored: pa.RecordBatch, ok: np.ndarray,
                      input_hash: pa.Array, outputs: dict[str, np.ndarray], shard_name: str,
-                     inference_id: str, compute_ms: float, triple: Triple) -> pa.Table:
-        """``scored``: the valid rows the model scored (``ok`` indexes them in the batch)."""
+                     inference_id: str, compute_ms: float, triple: Triple,
+                     names: dict[str, str] | None = None) -> pa.Table:
+        """``scored``: the valid rows the model scored (``ok`` indexes them in the batch);
+        ``names``: output → column where this model's outputs are mapped otherwise."""
         plan = self.plan
         n = int(ok.size)
         columns: dict[str, pa.Array] = {}
         for column in plan.id_columns:  # one type per column in every file of the partition
             columns[column] = plain_array(scored.column(column))
-        mapping = plan.prediction_names or {k: k for k in outputs}
+        mapping = names or plan.prediction_names or {k: k for k in outputs}
         for output, column in mapping.items():
             columns[column] = prediction_array(outputs[output])
         columns["_source_shard"] = pa.repeat(shard_name, n).cast(pa.string())
@@ -443,7 +447,8 @@ class WriteChallenger(_Writer):
             table = self._predictions(payload, scored, ok, row_hashes(scored, plan.hash_columns),
                                       outputs, plan.shard_names[index],
                                       f"{plan.attempt}-{index:05d}-{number:05d}",
-                                      inference.compute_ms, self.challenger.triple)
+                                      inference.compute_ms, self.challenger.triple,
+                                      self.challenger.prediction_names)
             files.append(self._write(self.folder, index, number, table, PREDICTION_ENCODING))
         return (index, ChallengerBatchRecord(
             self.challenger.name, number, item.rows, int(ok.size), len(failed), tuple(files),

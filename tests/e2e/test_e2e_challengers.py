@@ -26,11 +26,13 @@ from factories import (
     DS,
     check_partition,
     make_mlp_onnx,
+    mlp_reference,
     numeric_project,
     one_line_error,
     read_partition,
     run_cli,
     save_onnx,
+    snapshot,
 )
 
 pytestmark = pytest.mark.slow
@@ -389,13 +391,105 @@ def test_a_rerun_with_other_challengers_needs_overwrite(project):
     set_challengers(project, CHALLENGERS[1:2])
     again = run_cli("run", "job.yaml", "--ds", DS, cwd=project)
     assert again.returncode == 3
-    assert "committed with other challengers (committed: other; this run: twin" in one_line_error(again)
+    assert ("committed without challenger twin as this run declares it (committed: other;"
+            in one_line_error(again))
     replaced = run_cli("run", "job.yaml", "--ds", DS, "--overwrite", cwd=project)
     assert replaced.returncode == 0, replaced.stderr
     out = project / "out" / f"dt={DS}"
     manifest = json.loads((out / "_manifest.json").read_text())
     assert [c["name"] for c in manifest["challengers"]] == ["twin"]
     assert {p.name for p in (out / "challengers").iterdir()} == {"twin"}   # other's files went
+
+
+def test_a_one_off_comparison_leaves_the_nightly_run_a_no_op(project):
+    """An analyst compares a challenger on a committed date (`--set model.challengers=… --overwrite`);
+    the nightly job, which has no challengers, must then find the partition committed (exit 0,
+    nothing changed, the comparison kept), not exit 3 (which the DAG does not retry)."""
+    out = project / "out" / f"dt={DS}"
+    nightly = run_cli("run", "job.yaml", "--ds", DS, cwd=project)
+    assert nightly.returncode == 0, nightly.stderr
+    one_off = run_cli("run", "job.yaml", "--ds", DS, "--overwrite", "--set",
+                      "model.challengers=[{uri: models/other.onnx, device: cpu}]", cwd=project)
+    assert one_off.returncode == 0, one_off.stderr
+    before = snapshot(out)
+    again = run_cli("run", "job.yaml", "--ds", DS, cwd=project)
+    assert again.returncode == 0, again.stderr
+    assert "already committed" in again.stdout
+    assert snapshot(out) == before   # nothing changed: the challenger's files and entry stay
+    assert [c["name"] for c in json.loads((out / "_manifest.json").read_text())["challengers"]] == ["other"]
+    # the same challenger asked for again is committed too
+    same = run_cli("run", "job.yaml", "--ds", DS, "--set",
+                   "model.challengers=[{uri: models/other.onnx, device: cpu}]", cwd=project)
+    assert same.returncode == 0, same.stderr
+    assert snapshot(out) == before
+    # a challenger the partition lacks, or the same name with another triple: still exit 3
+    lacking = run_cli("run", "job.yaml", "--ds", DS, "--set",
+                      "model.challengers=[{uri: models/other.onnx, device: cpu}, "
+                      "{uri: models/sqrt.onnx, device: cpu}]", cwd=project)
+    assert lacking.returncode == 3
+    assert ("committed without challenger sqrt as this run declares it (committed: other;"
+            in one_line_error(lacking))
+    stamp(project, "models/other.onnx", "model:2b")   # the same file, another version
+    restamped = run_cli("run", "job.yaml", "--ds", DS, "--set",
+                        "model.challengers=[{uri: models/other.onnx, device: cpu}]", cwd=project)
+    assert restamped.returncode == 3
+    assert "without challenger other as this run declares it" in one_line_error(restamped)
+    assert snapshot(out) == before
+
+
+def test_a_challenger_with_outputs_named_otherwise_maps_them_to_the_champions_columns(project):
+    """A challenger's model says `sigmoid` where the champion's says `y` (a torch export, say):
+    its own `predictions` mapping writes its output into the champion's column."""
+    make_mlp_onnx(project / "models" / "torchy.onnx", output_name="sigmoid")   # the champion's weights
+    stamp(project, "models/torchy.onnx", "torchy:1")
+    mapped = "[{uri: models/torchy.onnx, device: cpu, predictions: {sigmoid: y}}]"
+    result = run_cli("run", "job.yaml", "--ds", DS, "--set", f"model.challengers={mapped}",
+                     cwd=project)
+    assert result.returncode == 0, result.stderr
+    out = project / "out" / f"dt={DS}"
+    preds, _, manifest = read_partition(out)
+    table = challenger_table(out, by_name(manifest)["torchy"])
+    assert table.column_names == preds.column_names   # the champion's columns, in their order
+    assert "sigmoid" not in table.column_names
+    assert canonical(table)["y"].equals(canonical(preds)["y"])   # the same weights, bit for bit
+
+
+@pytest.mark.parametrize("predictions, message", [
+    ("{nope: y}", "challenger torchy: its predictions names ['nope'], which the model does not output "
+                  "(its outputs: ['sigmoid'])"),
+    ("{sigmoid: probability}", "challenger torchy: its predictions map to the columns ['probability'], "
+                               "not to the champion's prediction columns ['y'] (the same names in the "
+                               "same order): map them with the challenger's predictions: {sigmoid: y}"),
+])
+def test_a_challenger_mapping_to_other_columns_exits_2_before_any_work(project, predictions, message):
+    make_mlp_onnx(project / "models" / "torchy.onnx", output_name="sigmoid")
+    stamp(project, "models/torchy.onnx", "torchy:1")
+    result = run_cli("run", "job.yaml", "--ds", DS, "--set",
+                     f"model.challengers=[{{uri: models/torchy.onnx, predictions: {predictions}}}]",
+                     cwd=project)
+    assert result.returncode == 2
+    assert message in one_line_error(result)
+    assert not (project / "out").exists()
+
+
+def test_a_challenger_maps_onto_the_champions_mapped_columns(project):
+    """With `output.predictions` the champion's columns are the mapped names: a challenger maps
+    its own output onto those (`{sigmoid: probability}` where the champion maps `{y: probability}`)."""
+    make_mlp_onnx(project / "models" / "torchy.onnx", seed=4, output_name="sigmoid")
+    stamp(project, "models/torchy.onnx", "torchy:1")
+    result = run_cli("run", "job.yaml", "--ds", DS, "--set", "output.predictions={y: probability}",
+                     "--set", "model.challengers=[{uri: models/torchy.onnx, device: cpu, "
+                              "predictions: {sigmoid: probability}}]", cwd=project)
+    assert result.returncode == 0, result.stderr
+    out = project / "out" / f"dt={DS}"
+    preds, _, manifest = read_partition(out)
+    table = challenger_table(out, by_name(manifest)["torchy"])
+    assert table.column_names == preds.column_names and "probability" in table.column_names
+    inputs = pa.concat_tables([pq.read_table(p) for p in sorted((project / "data" / f"dt={DS}").glob("*.parquet"))])
+    row_of = {i: n for n, i in enumerate(inputs["id"].to_pylist())}
+    rows = [row_of[i] for i in table["id"].to_pylist()]
+    x = np.stack([inputs[f"f{k}"].to_numpy()[rows] for k in range(4)], axis=1)
+    assert table["probability"].to_numpy() == pytest.approx(mlp_reference(x, seed=4), abs=1e-6)
 
 
 def test_stamp_a_challenger_by_name_and_without_the_other_models(project):

@@ -260,6 +260,30 @@ def test_debug_tracebacks_and_logs_never_show_secret_values(project, setting, co
     assert "${BI_SECRET_DIR}" in result.stderr
 
 
+def test_a_plain_variable_is_recorded_in_full_where_the_data_came_from(project):
+    """``${NAME}`` that is not a secret (``${FEATURES}``) is the data's real place: `plan`,
+    `_source_shard` and the manifest name it in full. A partition committed when every value
+    was masked (shards named ``${FEATURES}/…``) is still the same partition to a rerun."""
+    data = str((project / "data").resolve())
+    env = {"FEATURES": data}
+    setting = "input.path=${FEATURES}/dt={ds}/*.parquet"
+    plan = run(project, setting, command="plan", env=env)
+    assert plan.returncode == 0, plan.stderr
+    assert f"input:      {data}/dt={DS}/*.parquet  (3 shards)" in plan.stdout
+    assert f"  {data}/dt={DS}/part-00000.parquet" in plan.stdout
+    result = run(project, setting, env=env)
+    assert result.returncode == 0, result.stderr
+    out = project / "out" / f"dt={DS}"
+    preds, _, manifest = check_partition(out, shards_of(project))   # full shard paths
+    assert set(preds["_source_shard"].to_pylist()) == {str(p) for p in shards_of(project)}
+    for shard in manifest["shards"]:   # as a partition committed before looked
+        shard["path"] = shard["path"].replace(data, "${FEATURES}")
+    (out / "_manifest.json").write_text(json.dumps(manifest))
+    again = run(project, setting, env=env)
+    assert again.returncode == 0, again.stderr
+    assert "already committed" in again.stdout
+
+
 # -- 6. an output inside the input's reach is refused ---------------------------------------------
 
 @pytest.mark.parametrize("input_path, output_path", [

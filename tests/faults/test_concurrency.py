@@ -344,3 +344,44 @@ def test_winner_cleans_up_while_loser_is_still_writing(tmp_path, monkeypatch, ov
     assert no_scratch_files(out)
     preds, _, _ = read_partition(out)
     assert preds.num_rows == 800
+
+
+def test_two_runs_at_once_with_other_challengers_the_loser_exits_3(tmp_path):
+    """Two runs of one partition at once, each with a challenger of its own: one commits; the
+    other's challenger was never scored, so it must not end "already committed" (exit 0) as if
+    the partition held what it was asked for: exit 3, naming the winner and its challenger."""
+    from batchinfer.commands.stamp import stamp
+    from batchinfer.spec import load_job
+
+    folder, _shards = make_project(tmp_path)
+    job = load_job(folder / "job.yaml", require_ds=False)
+    stamp(job, None, "model:1")
+    for name, seed in (("left", 5), ("right", 6)):
+        make_mlp_onnx(folder / "models" / f"{name}.onnx", seed=seed)
+        stamp(job, str(folder / "models" / f"{name}.onnx"), f"{name}:1")
+    names = ("left", "right")
+    procs = [start(folder, "--ds", DS, "--set", f"model.challengers=[{{uri: models/{name}.onnx}}]")
+             for name in names]
+    try:
+        release(procs, folder)
+        results = [finish(p) for p in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    assert sorted(rc for rc, _, _ in results) == [0, 3], results
+    winner = next(i for i, (rc, _, _) in enumerate(results) if rc == 0)
+    loser = 1 - winner
+    out = folder / "out" / f"dt={DS}"
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert manifest["attempt"] == attempt_of(results[winner][1])
+    assert [c["name"] for c in manifest["challengers"]] == [names[winner]]
+    lines = results[loser][2].strip().splitlines()
+    assert lines == [f"batchinfer run: {out} was committed meanwhile by attempt {manifest['attempt']} "
+                     f"without challenger {names[loser]}; this run's files were removed: rerun it "
+                     f"with --overwrite to score the partition with this run's challengers"], results[loser][2]
+    # nothing of the loser's left: only the winner's files, the winner's challenger
+    assert partition_files(out) == {f["path"] for s in manifest["shards"] for f in s["files"]}
+    assert {p.name for p in (out / "challengers").iterdir()} == {names[winner]}
+    assert {p.name for p in (out / "challengers" / names[winner]).iterdir()} == {manifest["attempt"]}
+    assert no_scratch_files(out)

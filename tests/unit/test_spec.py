@@ -293,7 +293,9 @@ def test_env_interpolation_from_given_environ(tmp_path):
                    environ={"TOKEN": SECRET, "BUCKET_PREFIX": "team-a"})
     assert job.spec.tracking.uri == f"https://user:{SECRET}@mlflow.example.com"
     assert job.spec.output.path == f"s3://bucket/team-a/dt={DS}"
-    assert job.secrets == {"TOKEN": SECRET, "BUCKET_PREFIX": "team-a"}
+    # only a secret is masked (TOKEN is named like one); the bucket prefix is a plain value
+    assert job.secrets == {"TOKEN": SECRET}
+    assert job.templated == {"TOKEN": SECRET, "BUCKET_PREFIX": "team-a"}
 
 
 def test_env_interpolation_ignores_process_environment_when_environ_given(tmp_path, monkeypatch):
@@ -318,21 +320,78 @@ def test_env_missing_variable_is_error_naming_key_and_variable(tmp_path):
     assert "tracking.uri" in message
 
 
-def test_display_puts_name_back_and_hides_secret(tmp_path):
+def test_display_puts_secret_name_back_and_keeps_plain_values(tmp_path):
     job = load_job(_env_job(tmp_path), ds=DS,
                    environ={"TOKEN": SECRET, "BUCKET_PREFIX": "team-a"})
     shown = job.display(f"tracking at {job.spec.tracking.uri}; spec {job.spec.model_dump_json()}")
     assert SECRET not in shown
     assert "https://user:${TOKEN}@mlflow.example.com" in shown
-    assert "s3://bucket/${BUCKET_PREFIX}/dt=" in shown
+    assert f"s3://bucket/team-a/dt={DS}" in shown   # a path says where the data is
     # text without secrets is unchanged
     assert job.display("nothing secret here") == "nothing secret here"
 
 
 def test_display_replaces_longest_secret_first(tmp_path):
-    path = _job_file(tmp_path, tracking={"uri": "https://h/${LONG}/${SHORT}"})
-    job = load_job(path, ds=DS, environ={"SHORT": "abcd", "LONG": "abcdefgh"})
-    assert job.display("https://h/abcdefgh/abcd") == "https://h/${LONG}/${SHORT}"
+    path = _job_file(tmp_path, tracking={"uri": "https://h/${LONG_KEY}/${SHORT_KEY}"})
+    job = load_job(path, ds=DS, environ={"SHORT_KEY": "abcd", "LONG_KEY": "abcdefgh"})
+    assert job.display("https://h/abcdefgh/abcd") == "https://h/${LONG_KEY}/${SHORT_KEY}"
+
+
+@pytest.mark.parametrize("name, secret", [
+    ("DB_PASSWORD", True), ("MLFLOW_TRACKING_TOKEN", True), ("AWS_SECRET_ACCESS_KEY", True),
+    ("api_key", True), ("GCP_CREDENTIALS", True), ("BASIC_AUTH", True), ("SMTP_PASSWD", True),
+    ("FEATURES", False), ("PWD", False), ("SCORES_URL", False), ("BI_MLFLOW_PORT", False),
+])
+def test_secret_names(name, secret):
+    from batchinfer.redaction import is_secret_name
+
+    assert is_secret_name(name) is secret
+
+
+def test_listed_secrets_are_masked_whatever_their_name(tmp_path):
+    path = _job_file(tmp_path, output={"path": "s3://bucket/${TEAM_BUCKET}/dt={ds}", "id_columns": ["id"]},
+                     secrets=["TEAM_BUCKET"])
+    job = load_job(path, ds=DS, environ={"TEAM_BUCKET": "private-team-x"})
+    assert job.spec.secrets == ["TEAM_BUCKET"]
+    assert job.secrets == {"TEAM_BUCKET": "private-team-x"}
+    assert job.display(job.spec.output.path) == f"s3://bucket/${{TEAM_BUCKET}}/dt={DS}"
+
+
+@pytest.mark.parametrize("listed", [["not-a-name"], ["${X}"], "X"])
+def test_bad_secrets_list_exit_2(tmp_path, listed):
+    with pytest.raises(SpecError) as excinfo:
+        load_job(_job_file(tmp_path, secrets=listed), ds=DS)
+    assert "secrets" in _one_line_spec_error(excinfo)
+
+
+def test_url_credentials_are_hidden_whatever_variable_they_came_from(tmp_path):
+    from batchinfer.redaction import redact
+
+    path = _job_file(tmp_path, tracking={"uri": "https://ci:${MLFLOW_PW}@mlflow.example.com"},
+                     input={"path": "https://files.example.com/dt={ds}/x.parquet?sig=${SAS}&sp=r"})
+    job = load_job(path, ds=DS, environ={"MLFLOW_PW": "hunter2-pw", "SAS": "c2lnbmF0dXJl"})
+    assert job.secrets == {}   # neither name says secret ...
+    shown = job.display(f"{job.spec.tracking.uri} {job.spec.input.path}")
+    assert shown == ("https://ci:***@mlflow.example.com "   # ... but a URL's credentials do
+                     f"https://files.example.com/dt={DS}/x.parquet?sig=***&sp=r")
+    assert redact(f"OSError: cannot open '{job.spec.input.path}'") == (
+        f"OSError: cannot open 'https://files.example.com/dt={DS}/x.parquet?sig=***&sp=r'")
+
+
+@pytest.mark.parametrize("text, shown", [
+    ("s3://ak:pw@minio:9000/b/x.parquet?versionId=3&X-Amz-Signature=ab12&X-Amz-Credential=AK%2F1",
+     "s3://ak:***@minio:9000/b/x.parquet?versionId=3&X-Amz-Signature=***&X-Amz-Credential=***"),
+    ("git+https://ghp_t0ken@github.com/o/r", "git+https://***@github.com/o/r"),
+    ("postgresql://u:p@ss@db:5432/x", "postgresql://u:***@db:5432/x"),
+    ("http://batchinfer:${BI_TOKEN}@127.0.0.1:5000", "http://batchinfer:${BI_TOKEN}@127.0.0.1:5000"),
+    ("s3://bucket/dt=2026-01-15/part@2x.parquet", "s3://bucket/dt=2026-01-15/part@2x.parquet"),
+    ("sqlite:////tmp/mlflow.db and models:/credit/4", "sqlite:////tmp/mlflow.db and models:/credit/4"),
+    ("gs://b/x?X-Goog-Signature=abc#frag", "gs://b/x?X-Goog-Signature=***#frag"),
+])
+def test_mask_urls(text, shown):
+    from batchinfer.redaction import mask_urls
+
+    assert mask_urls(text) == shown
 
 
 # -- job_spec_sha256 -----------------------------------------------------------------------------

@@ -1,9 +1,14 @@
-"""``${NAME}`` values and AWS credentials never leak (SPEC §3): not in outputs, logs, MLflow.
+"""Secrets never leak (SPEC §3, §6 "`${NAME}` values"): not in outputs, logs, MLflow; and values
+that are not secrets are recorded in full.
 
-One distinctive secret is used where users put credentials: the MLflow URI's userinfo, an S3
-prefix of the input and output paths, and a Beam runner option. After each run every byte the
-job could have written is searched for it: stdout, stderr, every object under the output, the
-local job folder, the MLflow server's sqlite store, artifacts and log.
+Distinctive secrets are used where users put credentials: ``${BI_TOKEN}`` (a secret by its name)
+in an S3 prefix of the input and output paths, ``${DB_PASSWORD}`` in a Beam runner option, a
+password inside the MLflow URI's userinfo that comes from a variable whose name says nothing
+(``${BI_MLFLOW_URL}``), and AWS's secret key in the environment. After each run every byte the
+job could have written is searched for them: stdout, stderr (``--debug`` too), every object
+under the output, the local job folder, the MLflow server's sqlite store, artifacts and log. A
+plain ``${FEATURES}`` prefix of the input is no secret: ``plan``, ``_source_shard`` and the
+manifest show where the data came from.
 """
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from factories import DS, run_cli
+from factories import DS, read_partition, run_cli
 from servers import closed_port, copy_project, env_for
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -24,6 +29,12 @@ def secrets():
     token = f"tok3n{uuid.uuid4().hex[:16]}"
     aws_secret = f"awsKEY{uuid.uuid4().hex[:16]}"
     return token, aws_secret
+
+
+@pytest.fixture
+def passwords():
+    """(``${DB_PASSWORD}``'s value, the password inside ``${BI_MLFLOW_URL}``)."""
+    return f"dbPw{uuid.uuid4().hex[:16]}", f"urlPw{uuid.uuid4().hex[:16]}"
 
 
 def local_hits(folder: Path, needles: list[bytes]) -> list[str]:
@@ -53,34 +64,49 @@ def secret_env(s3_endpoint: str, token: str, aws_secret: str) -> dict[str, str]:
 
 
 def test_secrets_stay_out_of_outputs_logs_and_mlflow(tmp_path, s3_server, new_bucket, mlflow_live,
-                                                    stamped_template, secrets):
+                                                    stamped_template, secrets, passwords):
     token, aws_secret = secrets
-    needles = [token.encode(), aws_secret.encode()]
+    db_password, url_password = passwords
+    needles = [token.encode(), aws_secret.encode(), db_password.encode(), url_password.encode()]
     fs = s3_server.s3fs()
+    features = f"s3://{new_bucket}/features-{uuid.uuid4().hex[:8]}"   # no secret: shown in full
     for shard in sorted((stamped_template / "data" / f"dt={DS}").glob("*.parquet")):
-        fs.pipe_file(f"{new_bucket}/in-{token}/dt={DS}/{shard.name}", shard.read_bytes())
+        fs.pipe_file(f"{features}/in-{token}/dt={DS}/{shard.name}", shard.read_bytes())
     job = copy_project(
         stamped_template, tmp_path,
-        input={"path": f"s3://{new_bucket}/in-${{BI_TOKEN}}/dt={{ds}}/*.parquet"},
+        input={"path": "${FEATURES}/in-${BI_TOKEN}/dt={ds}/*.parquet"},
         output={"path": f"s3://{new_bucket}/out-${{BI_TOKEN}}/dt={{ds}}", "id_columns": ["id"]},
-        tracking={"uri": f"http://batchinfer:${{BI_TOKEN}}@127.0.0.1:{mlflow_live.port}",
-                  "experiment": f"secrets-{uuid.uuid4().hex[:8]}"},
-        runner={"name": "direct", "options": {"job_name": "nightly-${BI_TOKEN}"}})
+        tracking={"uri": "${BI_MLFLOW_URL}", "experiment": f"secrets-{uuid.uuid4().hex[:8]}"},
+        runner={"name": "direct", "options": {"job_name": "nightly-${DB_PASSWORD}"}})
     assert token.encode() not in job.read_bytes()  # the job file names the variable only
-    env = secret_env(s3_server.endpoint, token, aws_secret)
-    result = run_cli("run", str(job), "--ds", DS, cwd=tmp_path, env=env, track=True)
+    env = {**secret_env(s3_server.endpoint, token, aws_secret), "FEATURES": features,
+           "DB_PASSWORD": db_password,
+           "BI_MLFLOW_URL": f"http://batchinfer:{url_password}@127.0.0.1:{mlflow_live.port}"}
+    shown_input = f"{features}/in-${{BI_TOKEN}}/dt={DS}"   # the plain value, the secret's name
+    plan = run_cli("--debug", "plan", str(job), "--ds", DS, cwd=tmp_path, env=env)
+    assert plan.returncode == 0, plan.stderr
+    assert f"input:      {shown_input}/*.parquet  (3 shards)" in plan.stdout
+    assert f"  {shown_input}/part-00000.parquet" in plan.stdout
+    result = run_cli("--debug", "run", str(job), "--ds", DS, cwd=tmp_path, env=env, track=True)
     assert result.returncode == 0, result.stderr
-    assert "tracking: MLflow run" in result.stdout  # the secret-bearing URI really was used
+    # the secret-bearing URI really was used, and is shown with its password hidden
+    assert f"in http://batchinfer:***@127.0.0.1:{mlflow_live.port}" in result.stdout
     output = f"{new_bucket}/out-{token}/dt={DS}"
-    manifest = fs.cat_file(f"{output}/_manifest.json")
-    assert b"s3://%s/in-${BI_TOKEN}/dt=" % new_bucket.encode() in manifest  # shown, not expanded
-    assert fs.exists(f"{output}/_metrics.json")
+    manifest = json.loads(fs.cat_file(f"{output}/_manifest.json"))
+    assert sorted(s["path"] for s in manifest["shards"]) == [
+        f"{shown_input}/part-{i:05d}.parquet" for i in range(3)]
+    preds, _, _ = read_partition(output, fs)
+    assert set(preds["_source_shard"].to_pylist()) == {s["path"] for s in manifest["shards"]}
+    metrics = json.loads(fs.cat_file(f"{output}/_metrics.json"))
+    assert metrics["tracking_uri"] == f"http://batchinfer:***@127.0.0.1:{mlflow_live.port}"
 
-    hits = (text_hits("stdout", result.stdout, needles) + text_hits("stderr", result.stderr, needles)
+    hits = (text_hits("plan stdout", plan.stdout, needles) + text_hits("plan stderr", plan.stderr, needles)
+            + text_hits("stdout", result.stdout, needles) + text_hits("stderr", result.stderr, needles)
             + s3_hits(fs, output, needles)
             + local_hits(tmp_path, needles)
             + local_hits(mlflow_live.workdir, needles))  # sqlite store, artifacts, server log
     assert hits == []
+    assert "DEBUG" in result.stderr or "INFO" in result.stderr   # --debug did log
     assert len(list(mlflow_live.artifacts.rglob("manifest.json"))) >= 1  # artifacts were searched
 
 
@@ -97,7 +123,8 @@ def test_secrets_stay_out_of_error_lines_and_offline_metrics(tmp_path, s3_server
         input={"path": f"s3://{new_bucket}/in-${{BI_TOKEN}}/dt={{ds}}/*.parquet"},
         output={"path": "out/dt={ds}", "id_columns": ["id"]},
         tracking={"uri": "http://batchinfer:${BI_TOKEN}@127.0.0.1:${BI_MLFLOW_PORT}",
-                  "experiment": f"secrets-{uuid.uuid4().hex[:8]}"})
+                  "experiment": f"secrets-{uuid.uuid4().hex[:8]}"},
+        secrets=["BI_MLFLOW_PORT"])   # a secret by the job's say: kept as ${NAME} for `track`
     env["BI_MLFLOW_PORT"] = str(closed_port())
     missing = run_cli("run", str(job), "--ds", DS, cwd=tmp_path, env=env, track=True)
     assert missing.returncode == 2, missing.stderr
@@ -109,7 +136,8 @@ def test_secrets_stay_out_of_error_lines_and_offline_metrics(tmp_path, s3_server
     assert local.returncode == 0, local.stderr
     assert "MLflow unavailable" in local.stdout
     metrics = (tmp_path / "out" / f"dt={DS}" / "_metrics.json").read_text()
-    assert '"uploaded": false' in metrics and "${BI_TOKEN}" in metrics
+    assert '"uploaded": false' in metrics
+    assert '"tracking_uri": "http://batchinfer:${BI_TOKEN}@127.0.0.1:${BI_MLFLOW_PORT}"' in metrics
     # 3. Later, with MLflow reachable (the variable now names the live server's port).
     env["BI_MLFLOW_PORT"] = str(mlflow_live.port)
     track = run_cli("track", str(tmp_path / "out" / f"dt={DS}"), cwd=tmp_path, env=env, track=True)
