@@ -7,7 +7,8 @@ import os
 
 from ..errors import SpecError
 from ..io.manifest import read_manifest
-from ..io.outputs import METRICS, REPORT, read_json, write_json
+from ..io.outputs import METRICS, REPORT, write_json
+from ..io.readback import MetricsRecordModel, check
 from ..io.records import Manifest
 from ..io.storage import join, url_to_fs
 
@@ -31,10 +32,14 @@ def upload_tracking(url: str, tracking_uri: str | None = None) -> str:
 
     fs, root = url_to_fs(url)
     manifest = inspect_output(url)
+    path = join(root, METRICS)
     try:
-        record = read_json(fs, join(root, METRICS))
+        data = fs.cat_file(path)
     except FileNotFoundError:
         raise SpecError(f"{url} has no {METRICS} to upload") from None
+    check(MetricsRecordModel, data, path, SpecError,
+          "not a record batchinfer wrote (edited?): nothing uploaded")
+    record = json.loads(data)
     if record.get("uploaded"):
         return record.get("mlflow_run_id") or ""
     record["manifest_text"] = json.dumps(manifest.to_dict(), indent=2)

@@ -7,18 +7,22 @@ merged counts (:func:`batchinfer.pipeline.records.fold_shard`), so nothing here 
 """
 from __future__ import annotations
 
+import json
+import logging
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 from ..errors import SpecError
+from ..io import readback
 from ..io.outputs import DRIFT, write_json
 from ..io.records import ModelStats, ShardResult
 from ..io.storage import url_to_fs
 from ..rows.profile import PROFILE_VERSION, ColumnDrift, ColumnProfile, ColumnStats, drift, run_column
 from ..spec import Job
 
+log = logging.getLogger("batchinfer")
 _METRIC_NAME = re.compile(r"[^A-Za-z0-9_\-]+")
 
 
@@ -33,36 +37,77 @@ def metric_part(name: str | None) -> str:
 
 @dataclass(frozen=True)
 class Baseline:
-    """A baseline profile as ``batchinfer profile`` wrote it."""
+    """A baseline profile as ``batchinfer profile`` wrote it.
+
+    Attributes:
+        path: its URL. shown: as messages show it. what: what named it (``monitor.baseline``,
+            or the model's declaration).
+    """
 
     path: str
     columns: dict[str, ColumnProfile]
     about: dict[str, Any] = field(default_factory=dict)
+    shown: str = ""
+    what: str = "monitor.baseline"
 
     def cuts(self) -> dict[str, tuple[float, ...]]:
         return {name: col.cuts for name, col in self.columns.items() if col.cuts}
 
+    def for_run(self, columns: Sequence[str]) -> "Baseline":
+        """The baseline restricted to what a run of ``columns`` (its features and prediction
+        columns) can be compared on — before any work. A baseline column the run does not
+        have, or one without values (no histogram) in the baseline, is named in a warning.
+
+        Raises:
+            SpecError: no column left (exit 2): the drift gate would check nothing.
+        """
+        run = set(columns)
+        kept = {n: c for n, c in self.columns.items() if n in run and c.cuts}
+        absent = sorted(set(self.columns) - run)
+        empty = sorted(n for n, c in self.columns.items() if n in run and not c.cuts)
+        if not kept:
+            raise SpecError(f"{self.what} {self.shown} shares no column with this run (baseline: "
+                            f"{_names(self.columns)}; run: {_names(columns)}"
+                            f"{'; without values in the baseline: ' + _names(empty) if empty else ''}"
+                            f"): profile a partition of this job (batchinfer profile JOB.yaml --ds D "
+                            f"--out {self.shown})")
+        if absent:
+            log.warning("drift: %s %s has column(s) this run does not have, not compared: %s",
+                        self.what, self.shown, _names(absent))
+        if empty:
+            log.warning("drift: %s %s has no values (no histogram) of column(s) %s, not compared",
+                        self.what, self.shown, _names(empty))
+        return replace(self, columns=kept)
+
+
+def _names(names: Sequence[str] | Mapping[str, Any], limit: int = 8) -> str:
+    names = list(names)
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return (", ".join(names[:limit]) + more) or "none"
+
 
 def read_profile(url: str, shown: str, what: str = "monitor.baseline") -> Baseline:
-    """Read a profile file (a baseline, or a run's ``_profile.json``).
+    """Read a baseline profile (as ``batchinfer profile`` writes it), checked at the edge
+    (:mod:`batchinfer.io.readback`): every column's histogram fits its cuts, and there is at
+    least one column.
 
     Raises:
-        SpecError: missing, unreadable or not a batchinfer profile (exit 2, before any work).
+        SpecError: missing, unreadable, malformed or not a batchinfer profile (exit 2, before
+            any work), as ``<what> <file>: <field>: <what is wrong>``.
     """
-    import json
-
+    redo = f"write one with `batchinfer profile JOB.yaml --ds D --out {shown}`"
     try:
         fs, path = url_to_fs(url)
-        data = json.loads(fs.cat_file(path))
+        data = fs.cat_file(path)
     except (OSError, ValueError) as exc:
         raise SpecError(f"{what} {shown} cannot be read ({type(exc).__name__}: "
-                        f"{str(exc)[:160]}): write one with `batchinfer profile JOB.yaml --ds D "
-                        f"--out {shown}`") from None
-    if not isinstance(data, dict) or data.get("profile_version") != PROFILE_VERSION:
-        raise SpecError(f"{what} {shown} is not a batchinfer profile (profile_version "
-                        f"{PROFILE_VERSION}): write one with `batchinfer profile`")
-    columns = {name: ColumnProfile.from_dict(col) for name, col in data.get("columns", {}).items()}
-    return Baseline(url, columns, {k: v for k, v in data.items() if k != "columns"})
+                        f"{str(exc)[:160]}): {redo}") from None
+    checked = readback.check(readback.ProfileModel, data, f"{what} {shown}", SpecError, redo)
+    if not checked.columns:
+        raise SpecError(f"{what} {shown}: columns: empty: a baseline needs at least one column: {redo}")
+    columns = {name: ColumnProfile.from_dict(col.model_dump()) for name, col in checked.columns.items()}
+    about = {k: v for k, v in json.loads(data).items() if k != "columns"}
+    return Baseline(url, columns, about, shown, what)
 
 
 def load_baseline(job: Job, declaration: Mapping[str, str] | None = None) -> Baseline | None:
@@ -119,7 +164,8 @@ class Monitoring:
         return [d for d in self.drifts if d.level == level]
 
     def summary(self, level: str, limit: int = 5) -> str:
-        """One line naming the worst columns at ``level``."""
+        """One line naming the worst columns at ``level``, worst first, each with the
+        statistics above their limits."""
         worst = self.above(level)
         parts = [f"{d.column} ({', '.join(d.breached)})" for d in worst[:limit]]
         more = f" and {len(worst) - limit} more" if len(worst) > limit else ""
@@ -127,9 +173,11 @@ class Monitoring:
 
     def metrics(self) -> dict[str, float]:
         out: dict[str, float] = {}
-        for d in self.drifts:
-            out[f"drift_psi.{metric_part(d.column)}"] = d.psi
-            out[f"drift_ks.{metric_part(d.column)}"] = d.ks
+        for d in self.drifts:  # a column with no scored values has no PSI or KS to log
+            if math.isfinite(d.psi):
+                out[f"drift_psi.{metric_part(d.column)}"] = d.psi
+            if math.isfinite(d.ks):
+                out[f"drift_ks.{metric_part(d.column)}"] = d.ks
         if self.baseline is not None:
             out["drift_columns_warn"] = float(len(self.above("warn")))
             out["drift_columns_fail"] = float(len(self.above("fail")))
@@ -246,4 +294,17 @@ class DriftGate:
             layout.fs.pipe_file(layout.abs(f"{DRIFT}/{layout.attempt}.html"), html.encode())
         except Exception as exc:  # the run fails anyway; say why the report is missing
             where = f"the drift report could not be kept ({type(exc).__name__}: {str(exc)[:120]})"
-        return f"drift: {watched.summary('fail', limit=3)}; nothing committed; {where}"
+        warned = [d.column for d in watched.above("warn")]
+        also = f"; above warn: {_names(warned, 5)}" if warned else ""
+        return f"drift: {watched.summary('fail')}{also}; nothing committed; {self.accept()}; {where}"
+
+    def accept(self) -> str:
+        """How to accept a drift: a new baseline from a trusted partition, or other limits."""
+        job = self.job.display(str(self.job.path))
+        if self.baseline.what == "monitor.baseline":
+            profile = f"`batchinfer profile {job} --ds D --out {self.baseline.shown}`"
+        else:  # the model's declared baseline: declare the new one
+            profile = (f"`batchinfer profile {job} --ds D --out PROFILE` and `batchinfer stamp "
+                       f"MODEL --job {job} --baseline PROFILE`")
+        return (f"to accept this drift, profile a baseline from a partition you trust ({profile}) "
+                f"or raise the monitor.fail limits")

@@ -2,8 +2,9 @@
 partition, which runs of the job then compare themselves with (``monitor.baseline``).
 
 It profiles exactly the rows the committed run scored: their feature columns, read again from
-the input shards (only here: a run never reads its input twice) and taken by ``_source_row``,
-and the prediction columns of the partition's files, read through its manifest. Each column gets
+the input shards (only here: a run never reads its input twice) and taken by ``_source_row`` —
+only from a shard whose sha256 is still the manifest's —, and the prediction columns of the
+partition's files, read through its manifest. Each column gets
 exact moments and quantiles and the cuts of its histogram (:mod:`batchinfer.rows.profile`).
 """
 from __future__ import annotations
@@ -15,13 +16,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..errors import SpecError, StorageError
+from ..errors import ContractError, SpecError, StorageError
 from ..io.commit import PartitionCommit
 from ..io.outputs import write_json
+from ..io.records import ShardRecord
+from ..io.shards import ShardReader, Unreadable
 from ..io.storage import join, url_to_fs
 from ..rows.profile import PROFILE_VERSION, baseline_column, numeric_values
 from ..spec import Job
 from .resolve import resolve
+
+BATCH_ROWS = 65536   # rows per batch when an input shard is read again
 
 
 @dataclass(frozen=True)
@@ -32,11 +37,58 @@ class ProfileWritten:
     predictions: int
 
 
+def scored_input(url: str, shard: ShardRecord, features: list[str], shown: str) -> pa.Table:
+    """The feature columns of an input shard, read again — only if its bytes are still those
+    the committed run scored (the manifest's sha256): rows taken by ``_source_row`` from other
+    bytes would describe rows nobody scored.
+
+    Raises:
+        ContractError: the shard changed, or cannot be read as Parquet any more (exit 3).
+        StorageError: its bytes cannot be fetched.
+    """
+    try:
+        reader = ShardReader(url)
+        if reader.sha256 is not None:   # fetched whole: known now (streamed: once read)
+            _same_bytes(shard, reader.sha256, shown)
+        schema = pa.schema([reader.schema.field(f) for f in features if f in reader.schema.names])
+        batches = [pa.RecordBatch.from_arrays([b.column(f) for f in schema.names], schema=schema)
+                   for b in reader.batches(BATCH_ROWS)]
+    except Unreadable as exc:
+        raise ContractError(f"{shown} was scored from shard {shard.path}, which cannot be read any "
+                            f"more ({exc}): {REDO}") from None
+    _same_bytes(shard, reader.sha256, shown)
+    return pa.Table.from_batches(batches, schema=schema)
+
+
+REDO = "profile a partition whose input is unchanged, or score this one again (run --overwrite)"
+
+
+def _same_bytes(shard: ShardRecord, sha256: str | None, shown: str) -> None:
+    if sha256 != shard.sha256:
+        raise ContractError(f"{shown} was scored from other bytes of shard {shard.path} (sha256 "
+                            f"{_short(shard.sha256)} committed, {_short(sha256)} now): {REDO}")
+
+
+def _short(digest: str | None) -> str:
+    return digest[:12] + "…" if digest else "none"
+
+
+def _scored_rows(table: pa.Table, rows: int, shard: str) -> pa.Array:
+    """The committed rows' ``_source_row`` of a shard, each one a row of it."""
+    index = pc.cast(table.column("_source_row"), pa.int64())
+    if len(index) and (pc.min(index).as_py() < 0 or pc.max(index).as_py() >= rows):
+        raise ContractError(f"the partition's rows of shard {shard} are not rows of its {rows}: the "
+                            f"shard is not the one that was scored")
+    return index
+
+
 def profile_partition(job: Job, out: str) -> ProfileWritten:
     """Write the baseline profile of the job's committed partition to ``out``.
 
     Raises:
         SpecError: the partition is not committed (exit 2).
+        ContractError: an input shard is no longer what the partition scored: gone from
+            input.path, other bytes than the manifest's sha256, or too few rows (exit 3).
         StorageError: a file of the partition or the profile cannot be read or written.
     """
     spec = job.spec
@@ -67,20 +119,15 @@ def profile_partition(job: Job, out: str) -> ProfileWritten:
                     prediction_parts.setdefault(name, []).append(values)
             url = urls.get(shard.path)
             if url is None:
-                raise SpecError(f"{shown} was committed from shard {shard.path}, which input.path no "
-                                f"longer lists: profile a partition whose shards are still there")
-            shard_fs, shard_path = url_to_fs(url)
-            with shard_fs.open(shard_path, "rb") as handle:
-                names = pq.read_schema(handle).names
-                handle.seek(0)
-                wanted = [f for f in features if f in names]
-                source = pq.read_table(handle, columns=wanted)
-            taken = source.take(pc.cast(table.column("_source_row"), pa.int64()))
-            for name in wanted:
+                raise ContractError(f"{shown} was committed from shard {shard.path}, which input.path "
+                                    f"no longer lists: profile a partition whose shards are still there")
+            source = scored_input(url, shard, features, shown)
+            taken = source.take(_scored_rows(table, source.num_rows, shard.path))
+            for name in source.column_names:
                 values = numeric_values(taken.column(name))
                 if values is not None:
                     feature_parts[name].append(values)
-    except OSError as exc:
+    except (OSError, pa.ArrowException) as exc:
         raise StorageError(f"cannot read the partition {shown} or its input: {exc}") from None
     columns = {}
     for name, parts in feature_parts.items():

@@ -12,7 +12,9 @@ import math
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..errors import SpecError
+from ..io.manifest import read_manifest
 from ..io.outputs import MANIFEST, METRICS, PROFILE, REPORT
+from ..io.readback import MetricsRecordModel, RunProfileModel, check
 from ..io.records import Manifest
 from ..io.storage import join, url_to_fs
 from ..triple.contract import PARTS
@@ -239,7 +241,8 @@ def _drift_section(profile: Mapping[str, Any], level: str) -> str:
     limits = profile.get("limits", {})
     warn, fail = limits.get("warn", {}).get("psi"), limits.get("fail", {}).get("psi")
     marks = [(v, COLORS[k]) for k, v in (("warn", warn), ("fail", fail)) if v is not None]
-    bars = hbars([(d["column"], d["psi"], COLORS[d["level"]]) for d in drifts[:25]], marks=marks)
+    # A column with no scored values has no PSI (None): no bar; its row says why.
+    bars = hbars([(d["column"], d["psi"] or 0.0, COLORS[d["level"]]) for d in drifts[:25]], marks=marks)
     rows = [(d["column"], d["kind"], d["psi"], d["ks"], _pill(d["level"]), "; ".join(d["breached"]))
             for d in drifts]
     return (f"<section><h2>Drift against the baseline, worst first {_pill(level)}</h2>"
@@ -295,23 +298,28 @@ def _columns_section(profile: Mapping[str, Any]) -> str:
 
 def rebuild_report(output: str) -> str:
     """``batchinfer report OUTPUT``: write ``report.html`` again from a committed output's own
-    records; return its path.
+    records, each checked as it is read (:mod:`batchinfer.io.readback`); return its path.
 
     Raises:
-        SpecError: ``OUTPUT`` is not a committed partition (exit 2).
+        SpecError: ``OUTPUT`` is not a committed partition, or its ``_metrics.json`` or
+            ``_profile.json`` is malformed (exit 2).
+        ContractError: its manifest is malformed (exit 3).
     """
     fs, root = url_to_fs(output)
-    try:
-        manifest = Manifest.from_dict(json.loads(fs.cat_file(join(root, MANIFEST))))
-    except FileNotFoundError:
-        raise SpecError(f"{output} is not a committed output (no {MANIFEST})") from None
+    manifest = read_manifest(fs, root)
+    if manifest is None:
+        raise SpecError(f"{output} is not a committed output (no {MANIFEST})")
     record: dict = {}
     profile: dict = {}
-    for name, into in ((METRICS, record), (PROFILE, profile)):
+    for name, into, schema in ((METRICS, record, MetricsRecordModel), (PROFILE, profile, RunProfileModel)):
+        path = join(root, name)
         try:
-            into.update(json.loads(fs.cat_file(join(root, name))))
+            data = fs.cat_file(path)
         except FileNotFoundError:  # a run from before reports, or a run that could not write it
-            pass
+            continue
+        check(schema, data, path, SpecError, f"rebuild it by scoring the partition again "
+                                             f"(batchinfer run --overwrite), or remove {name}")
+        into.update(json.loads(data))   # as the run wrote it: the report shows what it holds
     path = join(root, REPORT)
     fs.pipe_file(path, render_report(manifest, record, profile).encode())
     return path

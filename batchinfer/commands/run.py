@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 from ..backends import declared_options, handler_class
 from ..errors import BatchInferError, ContractError, DataQualityError, ModelError, RuntimeFailure, SpecError
 from ..io.commit import Attempt, CommitOutcome, PartitionCommit
-from ..io.outputs import METRICS, PROFILE, REPORT, write_json
+from ..io.outputs import DRIFT, METRICS, PROFILE, REPORT, write_json
 from ..io.records import Challenger, Manifest, ModelStats, ShardResult, Totals
 from ..pipeline.runners import check as check_runner
 from ..redaction import mask
@@ -123,6 +123,8 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
         handler, device = load_handler(resolved)
         challengers = load_challengers(resolved)
         load_s = time.perf_counter() - t_load
+        if baseline is not None:  # the columns it is compared on, known now (exit 2 if none)
+            baseline = baseline.for_run([*resolved.features, *prediction_columns(resolved)])
         tracking.prepare()  # the checks passed: the store may be touched
         attempt = partition.begin(new_attempt(started), replacing=existing)
         tracking.open(f"{spec.name}-{job.ds or attempt.attempt}",
@@ -163,11 +165,17 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
         watched = monitor(job, results, resolved.features, baseline)
         if outcome.status == "refused":
             attempt.abort()  # its files went in the pipeline; the record goes now
+            error = _refusal(outcome)
             drifted = (outcome.message or "").startswith("drift:")
-            tracking.finish({"attempt": attempt.attempt},
+            kept = _drift_report(attempt) if drifted else {}  # _drift/ is kept: no cleanup there
+            tags = {**_run_tags(job, attempt, device), "batchinfer.error": error.message,
+                    "batchinfer.exit_code": str(error.exit_code)}
+            if drifted:
+                tags["batchinfer.drift"] = "fail"
+            tracking.finish(_run_params(job, resolved, attempt, device),
                             {**_metrics(totals, pipeline_s, 0.0, results, load_s), **watched.metrics()},
-                            {}, "FAILED", tags={"batchinfer.drift": "fail"} if drifted else None)
-            raise _refusal(outcome)
+                            kept, "FAILED", tags=tags)
+            raise error
         if watched.level == "warn":
             log.warning("drift: %s", watched.summary("warn"))
         if outcome.status != "committed" or outcome.manifest is None:
@@ -453,19 +461,50 @@ def _refusal(outcome: CommitOutcome) -> BatchInferError:
     return ModelError(message) if outcome.code == ModelError.exit_code else DataQualityError(message)
 
 
+def prediction_columns(resolved: Resolved) -> list[str]:
+    """The champion's prediction columns: as ``output.predictions`` maps them, else the model's
+    output names (the model is loaded already: a cache look-up)."""
+    mapped = resolved.job.spec.output.predictions
+    if mapped:
+        return list(mapped.values())
+    return _load(resolved, resolved.job.spec.model, resolved.model, resolved.triple.model_digest)[2]
+
+
+def _run_params(job: Job, resolved: Resolved, attempt: Attempt, device: str) -> dict[str, str]:
+    """The MLflow params of a run, committed or refused: the triple and how it ran."""
+    spec = job.spec
+    return {**{f"triple.{k}": v for k, v in resolved.triple.as_dict().items()},
+            "job": spec.name, "ds": job.ds or "", "attempt": attempt.attempt,
+            "job_spec_sha256": job.spec_sha256, "runner": spec.runner.name, "device": device,
+            "schema": resolved.schema.ref, "backend": spec.model.backend}
+
+
+def _run_tags(job: Job, attempt: Attempt, device: str) -> dict[str, str]:
+    return {"batchinfer.job": job.spec.name, "batchinfer.attempt": attempt.attempt,
+            "batchinfer.device": device}
+
+
+def _drift_report(attempt: Attempt) -> dict[str, str]:
+    """The drift report that the commit step kept for a run drift stopped, as MLflow artifacts
+    (``report.html``, the job report, and ``drift.json``); what cannot be read is left out."""
+    layout, found = attempt.layout, {}
+    for suffix, name in ((".html", REPORT), (".json", "drift.json")):
+        try:
+            found[name] = layout.fs.cat_file(layout.abs(f"{DRIFT}/{attempt.attempt}{suffix}")).decode()
+        except (OSError, UnicodeDecodeError):
+            pass
+    return found
+
+
 def _finish_tracking(job: Job, resolved: Resolved, tracking: "TrackingRun", attempt: Attempt,
                      manifest: Manifest, device: str, metrics: dict, watched: Monitoring,
                      results: list[ShardResult]) -> str:
     """Log the committed run to MLflow and keep the same record in ``_metrics.json``; return
     the line to print. Nothing here can undo the commit."""
     spec = job.spec
-    params = {**{f"triple.{k}": v for k, v in resolved.triple.as_dict().items()},
-              "job": spec.name, "ds": job.ds or "", "attempt": attempt.attempt,
-              "job_spec_sha256": job.spec_sha256, "runner": spec.runner.name, "device": device,
-              "schema": resolved.schema.ref, "backend": spec.model.backend}
+    params = _run_params(job, resolved, attempt, device)
     profile = watched.to_dict(job, results)
-    tags = {"batchinfer.job": spec.name, "batchinfer.attempt": attempt.attempt,
-            "batchinfer.device": device}
+    tags = _run_tags(job, attempt, device)
     if watched.level != "none":
         tags["batchinfer.drift"] = watched.level
     from .report import render_report

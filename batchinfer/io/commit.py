@@ -25,9 +25,10 @@ from typing import Literal
 from fsspec import AbstractFileSystem
 
 from .. import faults
-from ..errors import RuntimeFailure
+from ..errors import RuntimeFailure, StorageError
 from .manifest import clean_after_commit, create_manifest, read_manifest, remove_attempt
-from .outputs import Layout, read_json, write_json
+from .outputs import Layout, write_json
+from .readback import M, OutcomeModel, ShardResultModel, check
 from .records import Manifest, ShardResult
 from .storage import url_to_fs
 
@@ -126,7 +127,8 @@ class Attempt:
         results = []
         for index in range(shard_count):
             try:
-                results.append(ShardResult.from_dict(read_json(layout.fs, layout.shard_result(index))))
+                checked = _read_scratch(layout, layout.shard_result(index), ShardResultModel)
+                results.append(ShardResult.from_dict(checked.model_dump()))
             except FileNotFoundError:
                 raise RuntimeFailure(f"shard {index} has no result: the pipeline ended without "
                                      f"finishing it (or another run removed this attempt's "
@@ -194,7 +196,7 @@ class Attempt:
         """
         layout = self.layout
         try:
-            return CommitOutcome.from_dict(read_json(layout.fs, layout.outcome))
+            return CommitOutcome.from_dict(_read_scratch(layout, layout.outcome, OutcomeModel).model_dump())
         except FileNotFoundError:
             pass
         current = self.partition.committed()
@@ -209,3 +211,21 @@ class Attempt:
     def abort(self) -> None:
         """Remove this attempt's files (best effort: debris is never part of a partition)."""
         remove_attempt(self.layout, self.attempt)
+
+
+def _read_scratch(layout: Layout, path: str, schema: type[M]) -> M:
+    """A record this run left in scratch, checked (io/readback.py: bad bytes there are the
+    store's fault, exit 5).
+
+    Raises:
+        FileNotFoundError: there is none.
+        StorageError: it cannot be read, or is malformed.
+    """
+    try:
+        data = layout.fs.cat_file(path)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise StorageError(f"cannot read {path}: {exc}") from None
+    return check(schema, data, path, StorageError,
+                 "the run's scratch record is damaged: run the job again (a new attempt)")

@@ -14,14 +14,21 @@ import os
 from fsspec import AbstractFileSystem
 
 from .. import faults
-from ..errors import StorageError
+from ..errors import ContractError, StorageError
 from .outputs import ATTEMPT, CHALLENGERS, MANIFEST, PREDICTIONS, QUARANTINE, TMP, Layout, challenger_folder, write_file
+from .readback import ManifestModel, check
 from .records import Manifest
 from .storage import is_local, join
 
 
 def read_manifest(fs: AbstractFileSystem, root: str) -> Manifest | None:
-    """The committed manifest under ``root``, or None if the partition is not committed."""
+    """The committed manifest under ``root``, or None if the partition is not committed.
+
+    Raises:
+        ContractError: the manifest is malformed (io/readback.py: exit 3, like a partition of
+            another triple: ``--overwrite`` scores it again).
+        StorageError: it cannot be read.
+    """
     path = join(root, MANIFEST)
     try:
         data = fs.cat_file(path)
@@ -29,10 +36,10 @@ def read_manifest(fs: AbstractFileSystem, root: str) -> Manifest | None:
         return None
     except OSError as exc:
         raise StorageError(f"cannot read {path}: {exc}") from None
-    try:
-        return Manifest.from_dict(json.loads(data))
-    except (ValueError, KeyError, TypeError):
-        raise StorageError(f"{path} is not a valid manifest; the partition needs --overwrite") from None
+    checked = check(ManifestModel, data, path, ContractError,
+                    "not a manifest batchinfer wrote (edited or damaged): pass --overwrite to "
+                    "score the partition again")
+    return Manifest.from_dict(checked.model_dump())
 
 
 def manifest_bytes(manifest: Manifest) -> bytes:

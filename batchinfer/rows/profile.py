@@ -53,6 +53,17 @@ def _floats(values: np.ndarray) -> np.ndarray:
     return values if values.dtype == np.float32 else values.astype(np.float64, copy=False)
 
 
+def _comparable(values: np.ndarray, cuts: Sequence[float] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``values`` and ``cuts`` as arrays of one dtype that compares them exactly: float32 both
+    when every cut is a float32 value (a float32 column's own), float64 both otherwise."""
+    edges = np.asarray(cuts, dtype=np.float64)
+    if values.dtype == np.float32 and np.array_equal(edges.astype(np.float32), edges):
+        edges = edges.astype(np.float32)
+    elif values.dtype != np.float64:
+        values = values.astype(np.float64)
+    return values, edges
+
+
 def bin_counts(values: np.ndarray, cuts: Sequence[float] | np.ndarray) -> tuple[int, ...]:
     """Counts of ``values`` in the bins the cuts make (see the module docstring).
 
@@ -60,14 +71,17 @@ def bin_counts(values: np.ndarray, cuts: Sequence[float] | np.ndarray) -> tuple[
     times faster than ``searchsorted`` + ``bincount`` (a branchy binary search per value),
     measured at 0.5 against 2.7 ms per 65,536 values here; the counts are the same.
     """
-    edges = np.asarray(cuts, dtype=np.float64)
-    if values.dtype == np.float32 and np.array_equal(edges.astype(np.float32), edges):
-        edges = edges.astype(np.float32)  # exact: the cuts are float32 values (a float32 column's own)
-    elif values.dtype != np.float64:
-        values = values.astype(np.float64)
+    values, edges = _comparable(values, cuts)
     at_least = [int(np.count_nonzero(values >= c)) for c in edges]
     bounds = [int(values.size), *at_least, 0]
     return tuple(bounds[i] - bounds[i + 1] for i in range(len(bounds) - 1))
+
+
+def at_cut_counts(values: np.ndarray, cuts: Sequence[float] | np.ndarray) -> tuple[int, ...]:
+    """How many of ``values`` equal each cut: the lowest value bin ``[c_i, c_{i+1})`` can hold
+    (:func:`approx_quantiles` reads a discrete column's quantiles off them)."""
+    values, edges = _comparable(values, cuts)
+    return tuple(int(np.count_nonzero(values == c)) for c in edges)
 
 
 @dataclass(frozen=True)
@@ -80,6 +94,8 @@ class ColumnStats:
         minimum, maximum: of the finite values (inf / -inf when none).
         counts: histogram counts over the baseline's cuts (``len(cuts) + 1`` bins), or empty
             when no cuts were given.
+        at_cuts: with cuts, how many values equal each cut; at_min: how many equal the minimum
+            (the lowest value each bin can hold: where a discrete column's values sit).
     """
 
     count: int = 0
@@ -89,6 +105,8 @@ class ColumnStats:
     minimum: float = math.inf
     maximum: float = -math.inf
     counts: tuple[int, ...] = ()
+    at_cuts: tuple[int, ...] = ()
+    at_min: int = 0
 
     @classmethod
     def of(cls, values: np.ndarray, cuts: Sequence[float] | np.ndarray | None = None) -> "ColumnStats":
@@ -96,16 +114,20 @@ class ColumnStats:
         good = values if finite.all() else values[finite]
         n = int(good.size)
         counts: tuple[int, ...] = ()
+        at_cuts: tuple[int, ...] = ()
         if cuts is not None and len(cuts):
-            counts = bin_counts(good, cuts)
+            counts, at_cuts = bin_counts(good, cuts), at_cut_counts(good, cuts)
         if n == 0:
-            return cls(0, int(values.size), counts=counts)
+            return cls(0, int(values.size), counts=counts, at_cuts=at_cuts)
         mean = float(good.mean(dtype=np.float64))
         deviation = good.astype(np.float64) - mean
         # Not np.dot: that is BLAS, whose threads cost 13 ms a call here beside the pipeline's
         # own (measured), against well under 1 ms for the plain square and sum.
         m2 = float(np.square(deviation, out=deviation).sum())
-        return cls(n, int(values.size - n), mean, m2, float(good.min()), float(good.max()), counts)
+        lowest = good.min()
+        at_min = int(np.count_nonzero(good == lowest)) if counts else 0
+        return cls(n, int(values.size - n), mean, m2, float(lowest), float(good.max()), counts,
+                   at_cuts, at_min)
 
     @property
     def std(self) -> float:
@@ -115,27 +137,37 @@ class ColumnStats:
         n = self.count + other.count
         if self.counts and other.counts and len(self.counts) != len(other.counts):
             raise ValueError("histograms over different cuts cannot be merged")
-        counts = (tuple(a + b for a, b in zip(self.counts, other.counts))
-                  if self.counts and other.counts else self.counts or other.counts)
+        counts, at_cuts = _added(self.counts, other.counts), _added(self.at_cuts, other.at_cuts)
         if n == 0:
-            return ColumnStats(0, self.nulls + other.nulls, counts=counts)
+            return ColumnStats(0, self.nulls + other.nulls, counts=counts, at_cuts=at_cuts)
         delta = other.mean - self.mean
         mean = self.mean + delta * other.count / n
         m2 = self.m2 + other.m2 + delta * delta * self.count * other.count / n
+        # the values at the merged minimum: one side's, or both sides' when they share it
+        at_min = ((self.at_min if self.count and self.minimum <= other.minimum else 0)
+                  + (other.at_min if other.count and other.minimum <= self.minimum else 0))
         return ColumnStats(n, self.nulls + other.nulls, mean, m2, min(self.minimum, other.minimum),
-                           max(self.maximum, other.maximum), counts)
+                           max(self.maximum, other.maximum), counts, at_cuts, at_min)
 
     def to_dict(self) -> dict[str, Any]:
         return {"count": self.count, "nulls": self.nulls, "mean": self.mean, "m2": self.m2,
                 "min": self.minimum if self.count else None,
-                "max": self.maximum if self.count else None, "counts": list(self.counts)}
+                "max": self.maximum if self.count else None, "counts": list(self.counts),
+                "at_cuts": list(self.at_cuts), "at_min": self.at_min}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ColumnStats":
+        """From :meth:`to_dict`'s data, as :mod:`batchinfer.io.readback` checked it."""
         return cls(int(data["count"]), int(data["nulls"]), float(data["mean"]), float(data["m2"]),
                    math.inf if data.get("min") is None else float(data["min"]),
                    -math.inf if data.get("max") is None else float(data["max"]),
-                   tuple(int(c) for c in data.get("counts", ())))
+                   tuple(int(c) for c in data.get("counts", ())),
+                   tuple(int(c) for c in data.get("at_cuts", ())), int(data.get("at_min", 0)))
+
+
+def _added(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    """Counts over the same bins (or cuts) added; one side without them: the other's."""
+    return tuple(x + y for x, y in zip(a, b)) if a and b else a or b
 
 
 def merge_columns(a: Mapping[str, ColumnStats], b: Mapping[str, ColumnStats]) -> dict[str, ColumnStats]:
@@ -178,15 +210,17 @@ class ColumnProfile:
                 "mean": s.mean if s.count else None, "std": s.std if s.count else None,
                 "min": s.minimum if s.count else None, "max": s.maximum if s.count else None,
                 "quantiles": dict(self.quantiles), "cuts": list(self.cuts),
-                "counts": list(s.counts), "m2": s.m2}
+                "counts": list(s.counts), "m2": s.m2, "at_cuts": list(s.at_cuts), "at_min": s.at_min}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ColumnProfile":
+        """From :meth:`to_dict`'s data, as :mod:`batchinfer.io.readback` checked it."""
         stats = ColumnStats(int(data["count"]), int(data["nulls"]), float(data.get("mean") or 0.0),
                             float(data.get("m2") or (data.get("std") or 0.0) ** 2 * max(int(data["count"]) - 1, 0)),
                             math.inf if data.get("min") is None else float(data["min"]),
                             -math.inf if data.get("max") is None else float(data["max"]),
-                            tuple(int(c) for c in data.get("counts", ())))
+                            tuple(int(c) for c in data.get("counts", ())),
+                            tuple(int(c) for c in data.get("at_cuts") or ()), int(data.get("at_min") or 0))
         return cls(str(data.get("kind", "feature")), stats, tuple(float(c) for c in data.get("cuts", ())),
                    {str(k): v for k, v in (data.get("quantiles") or {}).items()})
 
@@ -208,25 +242,47 @@ def run_column(kind: str, stats: ColumnStats, cuts: Sequence[float]) -> ColumnPr
 
 def approx_quantiles(stats: ColumnStats, cuts: Sequence[float],
                      quantiles: Sequence[float] = QUANTILES) -> dict[str, float | None]:
-    """Quantiles interpolated linearly within the histogram's bins (the end bins span to the
-    column's min and max): exact to within one bin, which is what one pass allows."""
-    if not stats.count or not stats.counts:
+    """Quantiles read off the histogram: exact to within one bin, which is what one pass
+    allows, and exact where the bins say which values they hold.
+
+    A bin's values lie between its lowest possible value — the column's minimum in the first
+    bin that holds any, the cut ``c_i`` in ``[c_i, c_{i+1})`` — and its upper edge (the
+    column's maximum in the last). The rows at that lowest value are counted (``at_min``,
+    ``at_cuts``): a quantile that falls among them is that value, and only the rest of the bin
+    is interpolated linearly. So a discrete column, whose cuts are its values
+    (:func:`choose_cuts`: ``term_months`` 36 or 60), gets quantiles that are values it has,
+    never one between them (51.66) that no row can have.
+    """
+    if not stats.count or len(stats.counts) != len(cuts) + 1:   # no histogram over these cuts
         return {f"{q:g}": None for q in quantiles}
-    edges = [stats.minimum, *[min(max(c, stats.minimum), stats.maximum) for c in cuts], stats.maximum]
-    cumulative = np.cumsum(stats.counts) / stats.count
+    low, high = stats.minimum, stats.maximum
+    inner = [min(max(c, low), high) for c in cuts]
+    lowers, uppers = [low, *inner], [*inner, high]
+    cumulative = np.cumsum(stats.counts)
     out: dict[str, float | None] = {}
     for q in quantiles:
-        i = int(np.searchsorted(cumulative, q, side="left"))
-        i = min(i, len(stats.counts) - 1)
-        below = cumulative[i - 1] if i else 0.0
-        share = stats.counts[i] / stats.count
-        frac = (q - below) / share if share else 0.0
-        lo, hi = edges[i], edges[i + 1]
-        if hi <= np.nextafter(lo, np.inf):  # a constant's bin: interpolating gives 5e-324
-            out[f"{q:g}"] = float(lo)
+        rank = q * stats.count     # the quantile's rank among the values, from 0
+        i = min(int(np.searchsorted(cumulative, rank, side="left")), len(stats.counts) - 1)
+        within = rank - (cumulative[i - 1] if i else 0)
+        lower, upper, rows = lowers[i], uppers[i], stats.counts[i]
+        at_lower = _rows_at(stats, i, lower)
+        if within <= at_lower or upper <= np.nextafter(lower, np.inf):
+            out[f"{q:g}"] = float(lower)   # among the rows at the bin's lowest value (or a constant's bin)
             continue
-        out[f"{q:g}"] = float(lo + (hi - lo) * min(max(frac, 0.0), 1.0))
+        frac = (within - at_lower) / (rows - at_lower) if rows > at_lower else 0.0
+        out[f"{q:g}"] = float(lower + (upper - lower) * min(max(frac, 0.0), 1.0))
     return out
+
+
+def _rows_at(stats: ColumnStats, i: int, lower: float) -> int:
+    """How many rows of bin ``i`` equal its lowest possible value ``lower`` (0: not known)."""
+    if lower == stats.minimum:
+        found = stats.at_min
+    elif i and len(stats.at_cuts) == len(stats.counts) - 1:
+        found = stats.at_cuts[i - 1]
+    else:
+        found = 0
+    return min(found, stats.counts[i])
 
 
 def shares(counts: Sequence[int]) -> np.ndarray:
@@ -262,8 +318,15 @@ class ColumnDrift:
     breached: tuple[str, ...] = ()   # e.g. ("psi 0.31 > 0.25",)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"column": self.column, "kind": self.kind, "psi": self.psi, "ks": self.ks,
-                "level": self.level, "breached": list(self.breached)}
+        return {"column": self.column, "kind": self.kind, "psi": _finite(self.psi),
+                "ks": _finite(self.ks), "level": self.level, "breached": list(self.breached)}
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+NO_VALUES = "no scored values"
 
 
 def _over(values: Mapping[str, float], limits: Mapping[str, float | None]) -> list[str]:
@@ -273,15 +336,25 @@ def _over(values: Mapping[str, float], limits: Mapping[str, float | None]) -> li
 
 def drift(baseline: Mapping[str, ColumnProfile], current: Mapping[str, ColumnStats],
           warn: Mapping[str, float | None], fail: Mapping[str, float | None]) -> list[ColumnDrift]:
-    """PSI and KS of every column in both, worst first (fail, then warn, then by PSI).
+    """PSI and KS of every baseline column with a histogram, worst first (fail, then warn,
+    then by PSI).
 
     ``warn`` and ``fail`` map a statistic (``psi``, ``ks``) to its limit (None: no limit); a
     column is above a level when any of its statistics is strictly above that level's limit.
+    A baseline column of which the run scored no value (every row quarantined, or all null)
+    cannot be compared, and is not "ok": it is above ``fail`` (above ``warn`` when ``fail``
+    sets no limit), with PSI and KS NaN and the reason :data:`NO_VALUES`.
     """
     out = []
     for name, base in baseline.items():
+        if not base.stats.counts:   # no histogram in the baseline: nothing to compare with
+            continue
         stats = current.get(name)
-        if stats is None or not stats.counts or len(stats.counts) != len(base.stats.counts):
+        if stats is not None and stats.count and len(stats.counts) != len(base.stats.counts):
+            continue                # not counted into these cuts (cannot happen in a run)
+        if stats is None or not stats.count:
+            level = ("fail" if _limited(fail) else "warn" if _limited(warn) else "ok")
+            out.append(ColumnDrift(name, base.kind, math.nan, math.nan, level, (NO_VALUES,)))
             continue
         values = {"psi": psi(base.stats.counts, stats.counts), "ks": ks(base.stats.counts, stats.counts)}
         failed, warned = _over(values, fail), _over(values, warn)
@@ -289,4 +362,13 @@ def drift(baseline: Mapping[str, ColumnProfile], current: Mapping[str, ColumnSta
         out.append(ColumnDrift(name, base.kind, values["psi"], values["ks"], level,
                                tuple(failed or warned)))
     rank = {"fail": 0, "warn": 1, "ok": 2}
-    return sorted(out, key=lambda d: (rank[d.level], -d.psi, -d.ks, d.column))
+    # A column with no values first among its level: nothing is known of it.
+    return sorted(out, key=lambda d: (rank[d.level], -_or_inf(d.psi), -_or_inf(d.ks), d.column))
+
+
+def _limited(limits: Mapping[str, float | None]) -> bool:
+    return any(limit is not None for limit in limits.values())
+
+
+def _or_inf(value: float) -> float:
+    return value if math.isfinite(value) else math.inf

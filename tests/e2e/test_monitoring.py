@@ -320,3 +320,224 @@ def test_report_renders_in_chromium(project, warned, tmp_path):
     # The drift bar of f0 (warn: orange) and the run's histogram bars (blue) were drawn.
     assert ((np.abs(image.astype(int) - (0xEF, 0x6C, 0x00)).sum(axis=2)) < 30).sum() > 200
     assert ((np.abs(image.astype(int) - (0x15, 0x65, 0xC0)).sum(axis=2)) < 30).sum() > 200
+
+
+# -- issue 18: baselines that cannot gate, refused runs in MLflow, profiles of changed input ---
+
+SHIFT3_DS, QUARANTINED_DS, CHANGED_DS = "2026-01-24", "2026-01-25", "2026-01-26"
+
+
+def _baseline(project: Path) -> dict:
+    return json.loads((project / "baseline.json").read_text())
+
+
+def _with_baseline(project: Path, name: str, profile: dict | str) -> str:
+    """A job file like monitored.yaml whose monitor.baseline is ``profile`` (a dict, or text)."""
+    (project / f"{name}.json").write_text(profile if isinstance(profile, str) else json.dumps(profile))
+    limits = {**MONITOR, "baseline": f"{name}.json"}
+    (project / f"{name}.yaml").write_text((project / "job.yaml").read_text()
+                                          + "monitor: " + json.dumps(limits) + "\n")
+    return f"{name}.yaml"
+
+
+def _broken(project: Path, how: str) -> dict | str:
+    profile = _baseline(project)
+    columns = profile["columns"]
+    if how == "counts_do_not_fit_the_cuts":
+        for col in columns.values():
+            col["counts"] = col["counts"][:-1]
+    elif how == "cuts_not_increasing":
+        columns["f0"]["cuts"] = columns["f0"]["cuts"][::-1]
+    elif how == "counts_do_not_sum_to_count":
+        columns["f0"]["counts"][0] += 7
+    elif how == "no_column_shared":
+        profile["columns"] = {f"old_{name}": col for name, col in columns.items()}
+    elif how == "empty":
+        profile["columns"] = {}
+    elif how == "columns_as_a_list":
+        profile["columns"] = list(columns.values())
+    elif how == "count_missing":
+        del columns["f0"]["count"]
+    elif how == "count_not_a_number":
+        columns["f0"]["count"] = "many"
+    elif how == "nan_count":
+        return re.sub(r'"count": \d+', '"count": NaN', json.dumps(profile), count=1)
+    elif how == "infinite_counts":
+        columns["f0"]["counts"][0] = 1e999
+    elif how == "string_cuts":
+        columns["f0"]["cuts"] = [str(c) for c in columns["f0"]["cuts"]]
+    else:
+        raise AssertionError(how)
+    return profile
+
+
+@pytest.mark.parametrize("how, message", [
+    ("counts_do_not_fit_the_cuts", "columns.f0: 19 counts for 19 cuts"),
+    ("cuts_not_increasing", "columns.f0: cuts are not strictly increasing"),
+    ("counts_do_not_sum_to_count", "columns.f0: counts sum to 4007, not to count 4000"),
+    ("no_column_shared", "shares no column with this run"),
+    ("empty", "columns: empty: a baseline needs at least one column"),
+    ("columns_as_a_list", "columns: Input should be an object"),
+    ("count_missing", "columns.f0.count: missing"),
+    ("count_not_a_number", "columns.f0.count: Input should be a valid integer (got 'many')"),
+    ("nan_count", "columns.f0.count: Input should be a valid integer"),
+    ("infinite_counts", "columns.f0.counts.0: Input should be a valid integer"),
+    ("string_cuts", "columns.f0.cuts.0: Input should be a valid number"),
+])
+def test_a_baseline_that_cannot_gate_exits_2_before_any_work(project, how, message):
+    """A partition shifted by 3 standard deviations must not commit as drift "ok" because the
+    baseline was broken by hand: exit 2 naming the file and the field, before any work."""
+    shifted(project / "data" / f"dt={SHIFT3_DS}", 3.0)
+    job = _with_baseline(project, f"broken_{how}", _broken(project, how))
+    out = project / "out" / f"broken-{how}"
+    result = run_cli("run", job, "--ds", SHIFT3_DS, "--set", f"output.path={out}", cwd=project)
+    assert result.returncode == 2, result.stderr
+    line = one_line_error(result)
+    assert f"monitor.baseline {project / f'broken_{how}.json'}" in line and message in line, line
+    assert not out.exists()   # nothing written: no attempt, no scratch
+    # The same baseline declared with stamp --baseline is refused the same way.
+    stamped = run_cli("stamp", "models/model.onnx", "--job", "job.yaml", "--model-version",
+                      "model:1", "--baseline", f"broken_{how}.json", cwd=project)
+    if how != "no_column_shared":   # which columns a run has is known only to a run
+        assert stamped.returncode == 2 and message in one_line_error(stamped, "stamp"), stamped.stderr
+
+
+def test_the_intact_baseline_stops_the_3_sigma_shift(project):
+    shifted(project / "data" / f"dt={SHIFT3_DS}", 3.0)
+    result = run_cli("run", "monitored.yaml", "--ds", SHIFT3_DS, "--set", "output.path=out/shift3",
+                     cwd=project)
+    assert result.returncode == 4 and "f0 (psi" in one_line_error(result)
+
+
+def test_baseline_columns_the_run_lacks_are_named_in_a_warning(project):
+    profile = _baseline(project)
+    profile["columns"]["gone"] = profile["columns"]["f3"]
+    job = _with_baseline(project, "extra_column", profile)
+    result = run_cli("run", job, "--ds", SAME_DS, "--set", "output.path=out/extra-column", cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert ("WARNING batchinfer: drift: monitor.baseline " in result.stderr
+            and "has column(s) this run does not have, not compared: gone" in result.stderr), result.stderr
+    record = json.loads((project / "out" / "extra-column" / "_profile.json").read_text())
+    assert record["level"] == "ok" and "gone" not in {d["column"] for d in record["drift"]}
+
+
+def test_every_row_quarantined_is_not_drift_ok(project):
+    """With max_bad_fraction 1.0 a partition whose every row is quarantined may commit; with a
+    baseline its drift is not "ok": no column has a value to compare (exit 4)."""
+    for path in make_shards(project / "data" / f"dt={QUARANTINED_DS}", shards=2, rows=2000):
+        table = pq.read_table(path)
+        pq.write_table(table.set_column(2, "f1", pa.array(np.full(table.num_rows, 50.0, np.float32))), path)
+    out = project / "out" / "all-quarantined"
+    result = run_cli("run", "monitored.yaml", "--ds", QUARANTINED_DS, "--set", f"output.path={out}",
+                     "--set", "quarantine.max_bad_fraction=1.0", cwd=project)
+    assert result.returncode == 4, result.stderr
+    line = one_line_error(result)
+    assert "5 column(s) drifted above the fail limits" in line and "f0 (no scored values)" in line, line
+    assert not (out / "_manifest.json").exists()
+    [kept] = (out / "_drift").glob("*.json")
+    report = json.loads(kept.read_text())
+    assert {d["level"] for d in report["drift"]} == {"fail"}
+    assert {d["psi"] for d in report["drift"]} == {None}
+
+
+def test_drift_failure_says_how_to_accept_it(project, failed):
+    line = one_line_error(failed)
+    assert re.search(r"drifted above the fail limits: f0 \(psi [\d.]+ > 0\.5, ks [\d.]+ > 0\.4\)", line), line
+    assert (f"to accept this drift, profile a baseline from a partition you trust (`batchinfer "
+            f"profile {project / 'monitored.yaml'} --ds D --out {project / 'baseline.json'}`) or "
+            f"raise the monitor.fail limits") in line, line
+
+
+def _mlflow_runs(project: Path, experiment: str) -> list:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{project / 'mlflow.db'}")
+    found = client.get_experiment_by_name(experiment)
+    return client, (client.search_runs([found.experiment_id]) if found else [])
+
+
+def test_a_refused_run_is_tracked_with_its_triple_error_and_report(project):
+    """A run drift stopped: its MLflow run has the triple params, the error line and exit code as
+    tags, and the drift report as an artifact; a run refused for data quality the same but the
+    report."""
+    experiment = "refused-" + os.urandom(4).hex()
+    drifted = run_cli("run", "monitored.yaml", "--ds", FAIL_DS, "--set", "output.path=out/refused",
+                      "--set", f"tracking.experiment={experiment}", cwd=project, track=True)
+    assert drifted.returncode == 4, drifted.stderr
+    line = one_line_error(drifted)
+    for path in make_shards(project / "data" / f"dt={CHANGED_DS}", shards=2, rows=2000):
+        table = pq.read_table(path)
+        f1 = table.column("f1").to_numpy().copy()
+        f1[:100] = 50.0   # 5 % of the rows out of range: above max_bad_fraction 0.01
+        pq.write_table(table.set_column(2, "f1", pa.array(f1)), path)
+    bad = run_cli("run", "job.yaml", "--ds", CHANGED_DS, "--set", "output.path=out/refused-quality",
+                  "--set", f"tracking.experiment={experiment}", cwd=project, track=True)
+    assert bad.returncode == 4, bad.stderr
+    client, runs = _mlflow_runs(project, experiment)
+    assert len(runs) == 2 and {r.info.status for r in runs} == {"FAILED"}
+    sidecar = json.loads((project / "models" / "model.onnx.batchinfer.json").read_text())
+    by_drift = {r.data.tags.get("batchinfer.drift"): r for r in runs}
+    for run, message in ((by_drift["fail"], line), (by_drift[None], one_line_error(bad))):
+        params, tags = run.data.params, run.data.tags
+        for part in ("model_version", "model_digest", "schema_version", "preprocess_hash"):
+            assert params[f"triple.{part}"] == sidecar[part], part
+        assert params["job"] == "testjob" and params["attempt"] == tags["batchinfer.attempt"]
+        assert tags["batchinfer.error"] == message.removeprefix("batchinfer run: ")
+        assert tags["batchinfer.exit_code"] == "4"
+    artifacts = {a.path for a in client.list_artifacts(by_drift["fail"].info.run_id)}
+    assert {"report.html", "drift.json"} <= artifacts, artifacts
+    html = Path(client.download_artifacts(by_drift["fail"].info.run_id, "report.html",
+                                          str(project / "downloaded")))
+    assert "stopped by drift" in html.read_text()
+
+
+def test_profile_of_changed_input_exits_3_naming_the_shard(project):
+    """``profile`` reads the input shards again: bytes other than those the partition scored
+    (rewritten, or shrunk) are refused, never profiled (and never a traceback)."""
+    folder = project / "data" / "dt=2026-01-27"
+    shifted(folder, 0.0)
+    out = project / "out" / "changed-input"
+    ran = run_cli("run", "job.yaml", "--ds", "2026-01-27", "--set", f"output.path={out}", cwd=project)
+    assert ran.returncode == 0, ran.stderr
+    shard = folder / "part-00001.parquet"
+    table = pq.read_table(shard)
+    for changed in (table.set_column(1, "f0", pa.array(table.column("f0").to_numpy() + np.float32(3))),
+                    table.slice(0, 10)):
+        pq.write_table(changed, shard)
+        result = run_cli("profile", "job.yaml", "--ds", "2026-01-27", "--set", f"output.path={out}",
+                         "--out", "changed.json", cwd=project)
+        assert result.returncode == 3, result.stderr
+        line = one_line_error(result, "profile")
+        assert f"was scored from other bytes of shard {shard} (sha256 " in line, line
+        assert not (project / "changed.json").exists()
+
+
+def test_report_and_track_of_hand_edited_records_exit_2(project, warned):
+    out = project / "out" / f"dt={WARN_DS}"
+    edited = project / "out" / "edited"
+    shutil.copytree(out, edited)
+    profile = json.loads((edited / "_profile.json").read_text())
+    profile["columns"]["f0"]["counts"] = "lots"
+    (edited / "_profile.json").write_text(json.dumps(profile))
+    result = run_cli("report", str(edited), cwd=project)
+    assert result.returncode == 2
+    assert (f"{edited / '_profile.json'}: columns.f0.counts: Input should be a valid array (got 'lots')"
+            in one_line_error(result, "report"))
+    shutil.copy(out / "_profile.json", edited / "_profile.json")
+    record = json.loads((edited / "_metrics.json").read_text())
+    record["metrics"]["rows_in"] = "3000"
+    record["uploaded"] = False
+    (edited / "_metrics.json").write_text(json.dumps(record))
+    for command in ("report", "track"):
+        result = run_cli(command, str(edited), cwd=project)
+        assert result.returncode == 2
+        assert (f"{edited / '_metrics.json'}: metrics.rows_in: Input should be a valid number"
+                in one_line_error(result, command))
+    manifest = json.loads((edited / "_manifest.json").read_text())
+    manifest["shards"][0]["rows_in"] = -1
+    (edited / "_manifest.json").write_text(json.dumps(manifest))
+    for command in ("report", "inspect"):
+        result = run_cli(command, str(edited), cwd=project)
+        assert result.returncode == 3, result.stderr
+        assert (f"{edited / '_manifest.json'}: shards.0.rows_in: Input should be greater than or "
+                f"equal to 0" in one_line_error(result, command))

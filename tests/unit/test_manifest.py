@@ -137,13 +137,15 @@ def test_manifest_bytes_is_json():
     assert manifest_bytes(m).endswith(b"\n")
 
 
-def test_corrupt_manifest_is_storage_error(tmp_path):
-    from batchinfer.errors import StorageError
+def test_corrupt_manifest_is_a_contract_error(tmp_path):
+    """A committed manifest that is not one batchinfer wrote is exit 3, like a partition of
+    another triple (--overwrite), not 5: a scheduler would retry that to no end."""
+    from batchinfer.errors import ContractError
 
     out = tmp_path / "out"
     out.mkdir()
     (out / MANIFEST).write_text("{half")
-    with pytest.raises(StorageError):
+    with pytest.raises(ContractError, match=r"_manifest.json: not valid JSON .*--overwrite"):
         read_manifest(fsspec.filesystem("file"), str(out))
 
 

@@ -25,6 +25,7 @@ from batchinfer.rows.profile import (
     merge_columns,
     numeric_values,
     psi,
+    run_column,
 )
 
 floats = st.floats(-1e6, 1e6, allow_nan=False, width=64)
@@ -128,11 +129,26 @@ def test_drift_levels_and_order():
     run = {name: ColumnStats.of(rng.standard_normal(10_000) + shifts[name], col.cuts)
            for name, col in base.items() if name != "d"}
     found = drift(base, run, warn={"psi": 0.1, "ks": None}, fail={"psi": 1.0, "ks": 0.5})
-    assert [d.column for d in found] == ["b", "c", "a"]   # fail, warn, ok; d not in the run
-    assert [d.level for d in found] == ["fail", "warn", "ok"]
-    assert found[0].breached[0].startswith("psi ") and "> 1" in found[0].breached[0]
-    assert any(b.startswith("ks ") for b in found[0].breached)
-    assert found[2].breached == ()
+    # fail (d: no scored values, first; b), warn, ok
+    assert [d.column for d in found] == ["d", "b", "c", "a"]
+    assert [d.level for d in found] == ["fail", "fail", "warn", "ok"]
+    assert found[0].breached == ("no scored values",) and math.isnan(found[0].psi)
+    assert found[0].to_dict()["psi"] is None and found[0].to_dict()["ks"] is None
+    assert found[1].breached[0].startswith("psi ") and "> 1" in found[1].breached[0]
+    assert any(b.startswith("ks ") for b in found[1].breached)
+    assert found[3].breached == ()
+
+
+def test_a_column_without_scored_values_is_not_ok():
+    """Every row quarantined, or all null: the run has no histogram to compare, which must not
+    pass as "ok" (it is above fail; above warn when fail sets no limit)."""
+    base = {"a": baseline_column("feature", np.random.default_rng(3).standard_normal(1000))}
+    empty = {"a": ColumnStats.of(np.full(50, np.nan), base["a"].cuts)}
+    for current in ({}, empty):
+        [found] = drift(base, current, warn={"psi": 0.1}, fail={"psi": 0.25})
+        assert (found.level, found.breached) == ("fail", ("no scored values",))
+    [found] = drift(base, {}, warn={"psi": 0.1}, fail={"psi": None, "ks": None})
+    assert found.level == "warn"
 
 
 def test_profiles_round_trip_through_json():
@@ -197,3 +213,48 @@ def test_float32_columns_bin_and_summarise_as_float64(values, cuts):
         assert a.counts == b.counts and a.count == b.count
         assert a.mean == pytest.approx(b.mean, rel=1e-12, abs=1e-12)
         assert a.minimum == b.minimum and a.maximum == b.maximum
+
+
+def test_quantiles_of_a_discrete_column_are_its_values():
+    """``term_months`` is 36 or 60: its baseline's cuts are its values ([60]), and a run's
+    quantiles read off those bins are 36 or 60 — never one between them that no row can have
+    (the report showed a median of 51.66)."""
+    rng = np.random.default_rng(4)
+    base = baseline_column("feature", rng.choice([36.0, 60.0], 5000, p=[0.6, 0.4]))
+    assert base.cuts == (60.0,)
+    for share in (0.3, 0.55, 0.9):   # the run's share of 36
+        run = rng.choice([36.0, 60.0], 4000, p=[share, 1 - share]).astype(np.float32)
+        halves = ColumnStats.of(run[:1500], base.cuts) + ColumnStats.of(run[1500:], base.cuts)
+        quantiles = run_column("feature", halves, base.cuts).quantiles
+        assert set(quantiles.values()) <= {36.0, 60.0}, quantiles
+        assert quantiles["0.5"] == (36.0 if share > 0.5 else 60.0)
+        assert quantiles == {q: float(np.quantile(run, float(q), method="lower")) for q in quantiles}
+    # Five values: each quantile is one of them, and the exact one.
+    levels = rng.choice([1.0, 2.0, 3.0, 5.0, 8.0], 3000)
+    base = baseline_column("feature", levels)
+    run = rng.choice([1.0, 2.0, 3.0, 5.0, 8.0], 3000, p=[0.1, 0.1, 0.2, 0.3, 0.3])
+    quantiles = run_column("feature", ColumnStats.of(run, base.cuts), base.cuts).quantiles
+    assert quantiles == {q: float(np.quantile(run, float(q), method="lower")) for q in quantiles}
+
+
+def test_a_run_quantile_inside_a_bin_with_values_at_its_cut():
+    """Half the rows at the cut, half spread above it: the lower half's quantiles are the cut,
+    the rest are interpolated over the rest of the bin only."""
+    cuts = (0.0, 10.0)
+    values = np.concatenate([np.zeros(500), np.linspace(0.01, 9.99, 500)])
+    stats = ColumnStats.of(values, cuts)
+    assert stats.at_cuts == (500, 0) and stats.counts == (0, 1000, 0)
+    quantiles = approx_quantiles(stats, cuts)
+    assert quantiles["0.25"] == 0.0 and quantiles["0.05"] == 0.0
+    assert quantiles["0.75"] == pytest.approx(5.0, abs=0.05)
+
+
+def test_the_report_shows_a_discrete_median():
+    base = baseline_column("feature", np.repeat([36.0, 60.0], [600, 400]))
+    stats = ColumnStats.of(np.repeat([36.0, 60.0], [550, 450]), base.cuts)   # median in bin 0
+    column = run_column("feature", stats, base.cuts)
+    html = render_report(None, {}, {"columns": {"term_months": column.to_dict()}})
+    row = html[html.index("<td>term_months</td>"):].split("</tr>")[0]
+    cells = [cell.split(">", 1)[1] for cell in row.split("</td>")[:-1]]
+    # column, kind, count, nulls, mean, baseline mean, std, min, median, max
+    assert cells[4] == "46.8" and cells[7:] == ["36", "36", "60"], cells
