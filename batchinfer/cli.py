@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from . import __version__
-from .errors import BatchInferError, UsageError, one_line
+from .errors import BatchInferError, ContractError, UsageError, one_line
 from .redaction import redact
 
 if TYPE_CHECKING:
@@ -110,7 +110,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stamp MODEL as the job's challenger NAME (its backend, options, version)")
     p.add_argument("--baseline", metavar="PROFILE",
                    help="declare this profile (batchinfer profile) as the model's drift baseline")
+    p.add_argument("--packages", choices=("warn", "refuse"), default="warn",
+                   help="when the installed packages the preprocessing imports differ from the "
+                        "stamped versions, a run warns (default) or exits 3")
     _spec_options(p, "the partition date, if the spec's paths need one")
+
+    p = sub.add_parser("schema", help="publish a schema version into lock.json, or verify the lock")
+    actions = p.add_subparsers(dest="schema_action", required=True, metavar="ACTION")
+    publish = actions.add_parser("publish", help="add NAME@N's source hash to <root>/lock.json")
+    publish.add_argument("ref", metavar="NAME@N")
+    verify = actions.add_parser("verify", help="list published versions whose file is missing or changed")
+    for q in (publish, verify):
+        where = q.add_mutually_exclusive_group(required=True)
+        where.add_argument("--root", help="the schemas folder (where lock.json is)")
+        where.add_argument("--job", help="a job spec: its schemas.root")
+        _spec_options(q, "with --job: the partition date, if the spec needs one",
+                      "with --job: override one spec key (repeatable)")
 
     p = sub.add_parser("track", help="upload metrics that MLflow missed at run time")
     p.add_argument("output")
@@ -388,6 +403,9 @@ def cmd_plan(args) -> int:
         print(f"  ignored: {job.display(url)}  (metadata: name starts with _ or .)")
     print(f"schema:     {resolved.schema.ref}  ({len(resolved.features)} features)")
     print(f"preprocess: {spec.preprocess or 'default (FEATURES as float32)'}")
+    if spec.preprocess:   # what its hash covers besides the module, and what it records
+        print(f"  {'local modules':<16} {', '.join(resolved.preprocessor.local_modules) or 'none'}")
+        print(f"  {'packages':<16} {' '.join(resolved.preprocessor.packages) or 'none'}")
     print(f"model:      {job.display(spec.model.uri)}  ({spec.model.backend}, device {spec.model.device})")
     for key, value in resolved.triple.as_dict().items():
         print(f"  {key:<16} {value}")
@@ -437,10 +455,31 @@ def cmd_stamp(args) -> int:
     from .commands.stamp import stamp
 
     job = _load(args, require_ds=False)
-    triple, where = stamp(job, args.model, args.model_version, args.challenger, args.baseline)
+    triple, where = stamp(job, args.model, args.model_version, args.challenger, args.baseline,
+                          args.packages)
     print(f"declared {args.model} in {where}:")
     for key, value in triple.as_dict().items():
         print(f"  {key:<16} {value}")
+    return 0
+
+
+def cmd_schema(args) -> int:
+    from .commands.schema import lock_path, publish_schema, verify_schemas
+
+    root = args.root if args.root else _load(args, require_ds=False).spec.schemas.root
+    if args.schema_action == "publish":
+        digest, added = publish_schema(root, args.ref)
+        print(f"published {args.ref} in {lock_path(root)} (sha256 {digest})" if added else
+              f"{args.ref} is already published in {lock_path(root)} (sha256 {digest}); nothing to do")
+        return 0
+    locked, problems = verify_schemas(root)
+    for line in problems:
+        print(line)
+    if problems:
+        raise ContractError(f"{len(problems)} of {locked} published schema version(s) in "
+                            f"{lock_path(root)} are missing or changed: restore them from version "
+                            f"control (a change is published as a new version)")
+    print(f"{locked} published schema version(s) in {lock_path(root)}: every file matches")
     return 0
 
 
@@ -470,7 +509,7 @@ def _print_totals(manifest: "Manifest") -> None:
 COMMANDS = {"run": cmd_run, "backfill": cmd_backfill, "diff": cmd_diff, "export": cmd_export,
             "validate": cmd_validate, "plan": cmd_plan, "inspect": cmd_inspect,
             "stamp": cmd_stamp, "track": cmd_track, "demo": cmd_demo, "profile": cmd_profile,
-            "report": cmd_report}
+            "report": cmd_report, "schema": cmd_schema}
 
 
 def run() -> None:

@@ -4,16 +4,19 @@ Used by ``plan``, ``run``, ``stamp`` and ``export``; nothing here writes.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from ..backends import declared_options
 from ..errors import ContractError, SpecError
 from ..io.shards import Shard, list_input
 from ..spec import ChallengerSpec, Job, ModelFields
-from ..triple.contract import Triple, check_contract, model_digest, refuse_pickle
+from ..triple.contract import Triple, check_contract, check_declared_code, model_digest, refuse_pickle
 from ..triple.models import ResolvedModel, resolve_model
 from ..triple.preprocess import Preprocessor, load_preprocessor
-from ..triple.schemas import SchemaVersion, resolve_schema
+from ..triple.schemas import SchemaVersion, next_version, parse_ref, resolve_schema
+
+log = logging.getLogger("batchinfer")
 
 
 @dataclass(frozen=True)
@@ -88,13 +91,20 @@ def resolve(job: Job, *, list_input_files: bool = True, check: bool = True) -> R
 def _resolve_model(job: Job, model_spec: ModelFields, schema: SchemaVersion,
                    preprocessor: Preprocessor, check: bool) -> tuple[ResolvedModel, Triple]:
     """Find one model (the champion or a challenger), compute its triple and check it against
-    its declaration."""
+    its declaration — and the declaration's record of the code behind the triple's names (the
+    schema's source, the preprocessing's packages): a warning, or exit 3."""
     refuse_pickle(model_spec.uri, bool(model_spec.options.get("allow_pickle", False)))
     model = resolve_model(model_spec.uri, model_spec.backend, job.spec.tracking.uri)
     digest = model_digest(model.path)
     declared_version = (model.declaration or {}).get("model_version") or model_spec.version or ""
     triple = Triple(declared_version, digest, schema.ref, preprocessor.hash)
     if check:
-        check_contract(job.display(model_spec.uri), model.declaration, triple, model_spec.version,
+        shown = job.display(model_spec.uri)
+        check_contract(shown, model.declaration, triple, model_spec.version,
                        declared_options(model_spec.backend, model_spec.options))
+        following = next_version(job.spec.schemas.root, parse_ref(schema.ref)[0])
+        for line in check_declared_code(shown, model.declaration or {}, schema.ref,
+                                        schema.source.sha256, following,
+                                        " ".join(preprocessor.packages)):
+            log.warning("%s", line)
     return model, triple

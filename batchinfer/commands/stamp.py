@@ -7,16 +7,21 @@ from pathlib import Path
 from ..backends import declared_options, handler_class
 from ..errors import SpecError
 from ..spec import Job, resolve_path
-from ..triple.contract import Triple
-from ..triple.models import declare
+from ..triple.contract import PACKAGE_POLICIES, PACKAGES, PACKAGES_POLICY, SCHEMA_SHA256, Triple
+from ..triple.models import declare, registry_ref
 from .monitor import read_profile
 from .resolve import resolve
 
 
 def stamp(job: Job, model_uri: str | None, model_version: str | None,
-          challenger: str | None = None, baseline: str | None = None) -> tuple[Triple, str]:
+          challenger: str | None = None, baseline: str | None = None,
+          packages: str = "warn") -> tuple[Triple, str]:
     """Write the model's declaration for this job's schema and preprocessing; return the triple
     and where the declaration went.
+
+    Besides the triple, the declaration records the schema version's source hash
+    (``schema_sha256``) and the installed packages the preprocessing imports
+    (``preprocess_packages``), which every run compares (SPEC §1).
 
     Args:
         challenger: stamp for the job's challenger of this name: its backend, declared options
@@ -24,14 +29,22 @@ def stamp(job: Job, model_uri: str | None, model_version: str | None,
             job's either way).
         baseline: a profile (``batchinfer profile``) to declare as the model's drift baseline:
             jobs whose ``monitor`` names none use it. A local path is stored absolute.
+        packages: what a run does when those packages' versions differ: ``warn`` or ``refuse``
+            (exit 3).
 
     Raises:
-        SpecError: no challenger of that name; a baseline that is not a readable profile.
+        SpecError: no challenger of that name; a baseline that is not a readable profile; a
+            model file that is both the champion's and a challenger's, declared differently.
     """
+    if packages not in PACKAGE_POLICIES:
+        raise SpecError(f"--packages {packages!r}: use one of {', '.join(PACKAGE_POLICIES)}")
+    whole = job
     job = _one_model(job, challenger)
     spec = job.spec
     if model_uri is not None:
         job = _with_model(job, model_uri)
+    if challenger is not None:
+        _refuse_champions_file(whole, job.spec.model.uri, challenger)
     resolved = resolve(job, list_input_files=False, check=False)
     version = model_version or spec.model.version
     if not version:
@@ -44,7 +57,12 @@ def stamp(job: Job, model_uri: str | None, model_version: str | None,
                     resolved.triple.preprocess_hash)
     model = job.spec.model
     extra = declared_options(model.backend, model.options)
+    if challenger is None:
+        _refuse_challengers_file(whole, model.uri, version, extra)
     extra.update(handler_class(model.backend).build_facts(str(resolved.model.path)))
+    extra[SCHEMA_SHA256] = resolved.schema.source.sha256
+    extra[PACKAGES] = " ".join(resolved.preprocessor.packages)
+    extra[PACKAGES_POLICY] = packages
     if baseline is not None:
         url = resolve_path(baseline, Path.cwd())
         read_profile(url, baseline, "--baseline")   # a profile, readable now (exit 2 otherwise)
@@ -66,6 +84,47 @@ def _one_model(job: Job, challenger: str | None) -> Job:
                                          ("uri", "backend", "device", "version", "options")})
     model = model.model_copy(update={"challengers": []})
     return dataclasses.replace(job, spec=job.spec.model_copy(update={"model": model}))
+
+
+# A model file has one declaration (its sidecar, or its registry version's tags): stamping one
+# file as the champion and as a challenger with other values would leave one of them running
+# under the other's declaration — the champion committing under the challenger's version.
+
+def _refuse_champions_file(job: Job, uri: str, challenger: str) -> None:
+    """Refuse to stamp the champion's own model as challenger ``challenger``."""
+    champion = job.spec.model.uri
+    if _same_model(uri, champion):
+        raise SpecError(
+            f"{job.display(uri)} is the champion's model: a model file has one declaration, so "
+            f"stamping it as challenger {challenger} would make the champion run under the "
+            f"challenger's; copy the file for the challenger and point its uri at the copy")
+
+
+def _refuse_challengers_file(job: Job, uri: str, version: str, declared: dict[str, str]) -> None:
+    """Refuse to stamp the champion when its model is also a challenger's that needs other
+    declared values (its ``version``, its backend's declared options)."""
+    for challenger in job.spec.model.challengers:
+        if not _same_model(uri, challenger.uri):
+            continue
+        wanted = declared_options(challenger.backend, challenger.options)
+        if (challenger.version is not None and challenger.version != version) or wanted != declared:
+            theirs = {"model_version": challenger.version or version, **wanted}
+            ours = {"model_version": version, **declared}
+            differ = "; ".join(f"{k} {ours.get(k, '(none)')} here, {theirs.get(k, '(none)')} for it"
+                               for k in sorted(ours.keys() | theirs.keys())
+                               if ours.get(k) != theirs.get(k))
+            raise SpecError(
+                f"{job.display(uri)} is also the model of challenger {challenger.name}, declared "
+                f"otherwise ({differ}): a model file has one declaration; copy the file for the "
+                f"challenger and point its uri at the copy")
+
+
+def _same_model(a: str, b: str) -> bool:
+    """Whether two model URIs name one declaration: one registry version, or one file."""
+    ref_a, ref_b = registry_ref(a), registry_ref(b)
+    if ref_a is not None or ref_b is not None:
+        return ref_a == ref_b
+    return Path(a).resolve() == Path(b).resolve()
 
 
 def _with_model(job: Job, model_uri: str) -> Job:

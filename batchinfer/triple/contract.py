@@ -20,6 +20,11 @@ PREPROCESS_PREFIX = "batchinfer-preprocess/1\n"
 SIDECAR_SUFFIX = ".batchinfer.json"
 TAG_PREFIX = "batchinfer."
 PARTS = ("model_version", "model_digest", "schema_version", "preprocess_hash")
+# What the declaration records beside the triple about the code the triple's names stand for.
+SCHEMA_SHA256 = "schema_sha256"            # sha256 of the schema version's LF source
+PACKAGES = "preprocess_packages"           # "numpy==2.4.6 pyarrow==25.0.1": installed, imported
+PACKAGES_POLICY = "preprocess_packages_policy"
+PACKAGE_POLICIES = ("warn", "refuse")      # what a run does when PACKAGES differ
 # Formats that unpickle arbitrary objects on load; refused unless the job opts in.
 PICKLE_SUFFIXES = (".pkl", ".pickle", ".pt", ".pth", ".joblib", ".ckpt", ".bin")
 
@@ -40,19 +45,27 @@ class Triple:
 # -- preprocess hash ---------------------------------------------------------------------------
 
 def preprocess_hash(module: str, function: str, source_text: str,
-                    assets: Sequence[tuple[str, bytes]] = ()) -> str:
+                    assets: Sequence[tuple[str, bytes]] = (),
+                    modules: Sequence[tuple[str, str]] = ()) -> str:
     """sha256 of the preprocessing code, as SPEC §1 defines it.
 
     ``"batchinfer-preprocess/1\\n<module>:<function>\\n"`` then the module's source with LF line
     endings. Each asset listed in the module's ``ASSETS`` then adds, in the listed order,
     ``"\\nasset <path as listed> <byte length>\\n"`` and its bytes, so a changed tokenizer file
-    changes the hash just as changed code does.
+    changes the hash just as changed code does. Each local module the preprocessing imports
+    (``modules``: dotted name and source) then adds, in name order,
+    ``"\\nmodule <dotted name> <byte length>\\n"`` and its LF source, so a changed helper changes
+    the hash too. A module without local imports hashes as it always did.
     """
     h = hashlib.sha256()
     h.update(f"{PREPROCESS_PREFIX}{module}:{function}\n".encode())
     h.update(source_text.replace("\r\n", "\n").encode("utf-8"))
     for name, data in assets:
         h.update(f"\nasset {name} {len(data)}\n".encode())
+        h.update(data)
+    for name, text in sorted(modules):
+        data = text.replace("\r\n", "\n").encode("utf-8")
+        h.update(f"\nmodule {name} {len(data)}\n".encode())
         h.update(data)
     return h.hexdigest()
 
@@ -226,3 +239,72 @@ def check_contract(model: str, declared: Mapping[str, str] | None, found: Triple
     hint = ("the model file changed since it was stamped" if "model_digest" in bad
             else "re-stamp the model for this job, or use the schema/preprocessing it was stamped with")
     raise ContractError(f"contract mismatch for {model}: " + "; ".join(parts) + f" ({hint})")
+
+
+# -- the code behind the triple's names ----------------------------------------------------------
+
+def check_declared_code(model: str, declared: Mapping[str, str], schema_ref: str,
+                        schema_sha256: str, next_schema: str, packages: str) -> list[str]:
+    """Compare what the declaration records of the code behind the triple's names — the schema
+    version's source (``schema_sha256``) and the installed packages the preprocessing imports
+    (``preprocess_packages``) — with what would run now.
+
+    Args:
+        model: the model's URI, for the messages.
+        declared: the declaration, already checked by :func:`check_contract`.
+        schema_sha256: the sha256 of the job's schema version's LF source now.
+        next_schema: ``name@N+1``, where a changed schema should be published.
+        packages: the packages the preprocessing imports now, as ``preprocess_packages`` says them.
+
+    Returns:
+        Warning lines: a declaration older than ``schema_sha256``; packages that differ under
+        the ``warn`` policy.
+
+    Raises:
+        ContractError: the schema's source changed since stamping (locked or not), the packages
+            differ under the ``refuse`` policy, or the policy is unknown.
+    """
+    warnings = []
+    stamped = declared.get(SCHEMA_SHA256)
+    if stamped is None:
+        warnings.append(f"{model}: its declaration records no schema_sha256 (stamped by an older "
+                        f"batchinfer or by hand), so an edit of schema {schema_ref} after stamping "
+                        f"goes unnoticed unless the version is in lock.json: re-stamp the model "
+                        f"(batchinfer stamp)")
+    elif stamped != schema_sha256:
+        raise ContractError(
+            f"contract mismatch for {model}: schema {schema_ref} changed since the model was stamped "
+            f"(its source has sha256 {schema_sha256[:12]}…, the declaration says {stamped[:12]}…): "
+            f"restore it, or save the change as {next_schema}, publish it (`batchinfer schema "
+            f"publish {next_schema}`) and re-stamp the model for it")
+    if PACKAGES not in declared:   # stamped before packages were recorded: nothing to compare
+        return warnings
+    policy = declared.get(PACKAGES_POLICY, "warn")
+    if policy not in PACKAGE_POLICIES:
+        raise ContractError(f"{model}: its declaration has {PACKAGES_POLICY} {policy!r}, not one of "
+                            f"{', '.join(PACKAGE_POLICIES)}: re-stamp the model (batchinfer stamp "
+                            f"--packages warn|refuse)")
+    differ = package_differences(declared[PACKAGES], packages)
+    if not differ:
+        return warnings
+    what = "; ".join(differ)
+    if policy == "refuse":
+        raise ContractError(
+            f"contract mismatch for {model}: packages the preprocessing imports differ from the "
+            f"declaration ({what}) and it was stamped with --packages refuse: install the stamped "
+            f"versions, or re-stamp the model with these")
+    warnings.append(f"{model}: packages the preprocessing imports differ from the declaration "
+                    f"({what}), so predictions may differ: to accept them, re-stamp the model "
+                    f"(batchinfer stamp; --packages refuse makes a difference exit 3)")
+    return warnings
+
+
+def package_differences(declared: str, installed: str) -> list[str]:
+    """``"numpy stamped 2.4.6, installed 2.4.7"`` for each package whose version differs between
+    two ``preprocess_packages`` values (a package on one side only included)."""
+    def versions(text: str) -> dict[str, str]:
+        return dict(item.partition("==")[::2] for item in text.split())
+
+    a, b = versions(declared), versions(installed)
+    return [f"{name} stamped {a.get(name, '(none)')}, installed {b.get(name, '(not found)')}"
+            for name in sorted(a.keys() | b.keys()) if a.get(name) != b.get(name)]

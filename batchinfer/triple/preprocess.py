@@ -3,7 +3,9 @@ default (FEATURES stacked as float32).
 
 The function is loaded from the module's exact source (see :mod:`batchinfer.triple.sources`) so that
 what runs is what ``preprocess_hash`` covers. A module may list files it reads in ``ASSETS``
-(paths relative to the module's folder); their bytes are part of the hash.
+(paths relative to the module's folder); their bytes are part of the hash. So is the source of
+every local module it imports (:mod:`batchinfer.triple.import_walk`), which runs from that text
+too; the installed packages it imports are recorded by version (``packages``).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import pyarrow as pa
 
 from ..errors import PreprocessError
 from .contract import default_preprocess_hash, preprocess_hash
+from .import_walk import walk_imports
 from .sources import ModuleSource, find_module_file
 
 
@@ -27,13 +30,22 @@ class Preprocessor:
         ref: ``module:function``, or None for the default.
         hash: the triple's ``preprocess_hash``.
         features: the FEATURES the default stacks (unused by a user function).
-        source: the user module's source, None for the default.
+        source: the user module's source (with the local modules it imports), None for the
+            default.
+        packages: ``distribution==version`` of each installed package the module imports
+            (directly or through its local modules), sorted; what the declaration records.
     """
 
     ref: str | None
     hash: str
     features: tuple[str, ...]
     source: ModuleSource | None = None
+    packages: tuple[str, ...] = ()
+
+    @property
+    def local_modules(self) -> tuple[str, ...]:
+        """The names of the local modules it imports (their source is in the hash)."""
+        return tuple(m.name for m in self.source.local_modules) if self.source else ()
 
     def __call__(self, batch: pa.RecordBatch) -> Any:
         """The features for ``batch``: one array, or arrays by model input name; axis 0 is rows.
@@ -55,7 +67,9 @@ def load_preprocessor(ref: str | None, job_folder: Path, features: Sequence[str]
     """Resolve the job's ``preprocess`` setting.
 
     The job file's folder is put first on ``sys.path`` (SPEC §3), then the module is found as
-    ``import`` would find it, read, hashed (with its ASSETS) and executed once to check it.
+    ``import`` would find it and read; the local modules it imports are found and read; the
+    module is executed once from that text (to check it), and hashed with its ASSETS and those
+    modules.
 
     Raises:
         PreprocessError: the module cannot be found or imported, or lacks the function.
@@ -70,7 +84,13 @@ def load_preprocessor(ref: str | None, job_folder: Path, features: Sequence[str]
         raise PreprocessError(
             f"preprocess {ref}: module {module_name!r} not found (looked in {job_folder} and "
             f"sys.path; it must be a .py file)")
-    source = ModuleSource.read(module_name, path, search)
+    try:
+        entry = ModuleSource.read(module_name, path, search)
+        imports = walk_imports(entry, job_folder)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PreprocessError(f"preprocess {ref}: cannot read its code: {type(exc).__name__}: "
+                              f"{exc}") from None
+    source = entry.with_local_modules(imports.local)
     try:
         module = source.load()
     except Exception as exc:
@@ -85,8 +105,10 @@ def load_preprocessor(ref: str | None, job_folder: Path, features: Sequence[str]
             assets.append((str(name), asset.read_bytes()))
         except OSError as exc:
             raise PreprocessError(f"preprocess {ref}: asset {name!r} unreadable: {exc}") from None
-    digest = preprocess_hash(module_name, function_name, source.text, assets)
-    return Preprocessor(ref=ref, hash=digest, features=features, source=source)
+    digest = preprocess_hash(module_name, function_name, source.text, assets,
+                             [(m.name, m.text) for m in source.local_modules])
+    return Preprocessor(ref=ref, hash=digest, features=features, source=source,
+                        packages=imports.packages)
 
 
 def check_features(features: Any, rows: int, ref: str | None) -> None:

@@ -13,10 +13,11 @@ means, so the only way forward is a new version.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from ..errors import ContractError, SpecError, UnknownSchemaError, UsageError
 from .sources import ModuleSource
@@ -101,7 +102,7 @@ def resolve_schema(root: str | Path, ref: str) -> SchemaVersion:
         raise ContractError(
             f"schema {ref} was edited after it was published ({path} has sha256 "
             f"{source.sha256[:12]}…, the lock says {locked[:12]}…): restore it and publish "
-            f"the change as {name}@{_next_version(root, name)}")
+            f"the change as {next_version(root, name)}")
     try:
         module = source.load()
     except Exception as exc:  # user code: any error is the user's to fix
@@ -138,8 +139,9 @@ def read_lock(root: str | Path) -> dict[str, str]:
     return dict(data.get("versions", {}))
 
 
-def lock_schemas(root: str | Path) -> dict[str, str]:
-    """Record every not-yet-locked version under ``root`` in its lock; never change an entry.
+def lock_schemas(root: str | Path, refs: Iterable[str] | None = None) -> dict[str, str]:
+    """Record not-yet-locked versions under ``root`` in its lock — ``refs``, or every version —;
+    never change an entry.
 
     Returns:
         The versions newly locked, with their hashes.
@@ -147,7 +149,7 @@ def lock_schemas(root: str | Path) -> dict[str, str]:
     root = Path(root)
     versions = read_lock(root)
     added = {}
-    for ref in known_versions(root):
+    for ref in known_versions(root) if refs is None else refs:
         if ref not in versions:
             added[ref] = ModuleSource.read("_", schema_file(root, ref)).sha256
     if added:
@@ -155,7 +157,10 @@ def lock_schemas(root: str | Path) -> dict[str, str]:
         body = {"comment": "sha256 of each published schema version's source (LF line endings). "
                            "Never edit an entry: publish a new version instead.",
                 "versions": dict(sorted(versions.items()))}
-        (root / LOCK_FILE).write_text(json.dumps(body, indent=2) + "\n")
+        lock = root / LOCK_FILE
+        tmp = lock.with_name(f".{LOCK_FILE}.tmp")
+        tmp.write_text(json.dumps(body, indent=2) + "\n")
+        os.replace(tmp, lock)   # a reader never sees half a lock
     return added
 
 
@@ -171,6 +176,7 @@ def verify_lock(root: str | Path) -> list[str]:
     return problems
 
 
-def _next_version(root: str | Path, name: str) -> int:
+def next_version(root: str | Path, name: str) -> str:
+    """``name@N``: the version after the highest one of ``name`` under ``root``."""
     versions = [int(r.rsplit("@", 1)[1]) for r in known_versions(root) if r.split("@")[0] == name]
-    return max(versions, default=0) + 1
+    return f"{name}@{max(versions, default=0) + 1}"

@@ -3,12 +3,15 @@
 The version triple names code by the hash of its source. To make "the code that ran is the
 code that was hashed" true on every runner, we read a module's source once, hash that text, and
 execute that same text (on the driver and, after pickling, on remote workers) instead of
-importing whatever file a worker happens to find under the same name.
+importing whatever file a worker happens to find under the same name. The local modules a
+module imports (its helpers in the job's folder, found by :mod:`batchinfer.triple.import_walk`)
+travel with it, and a finder on ``sys.meta_path`` serves their hashed text to ``import``.
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
@@ -16,6 +19,7 @@ import threading
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 _lock = threading.Lock()
 
@@ -35,12 +39,16 @@ class ModuleSource:
         text: the LF-normalised source.
         search_path: folders put first on ``sys.path`` while the module executes (and removed
             afterwards), so that its own imports resolve as they would from the job's folder.
+        local_modules: the local modules it imports (directly or through each other), by name:
+            ``import`` gets their text from here, not from the files, while it executes and
+            afterwards (an import inside a function runs when it is called).
     """
 
     name: str
     filename: str
     text: str
     search_path: tuple[str, ...] = ()
+    local_modules: tuple["ModuleSource", ...] = ()
     _cache: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     @classmethod
@@ -48,6 +56,11 @@ class ModuleSource:
         raw = Path(filename).read_bytes()
         return cls(name=name, filename=str(filename), text=normalise_source(raw),
                    search_path=tuple(search_path))
+
+    def with_local_modules(self, local_modules: Sequence["ModuleSource"]) -> "ModuleSource":
+        """This source (not yet loaded) with the local modules it imports, sorted by name."""
+        return ModuleSource(self.name, self.filename, self.text, self.search_path,
+                            tuple(sorted(local_modules, key=lambda m: m.name)))
 
     @property
     def sha256(self) -> str:
@@ -67,7 +80,7 @@ class ModuleSource:
 
     def __getstate__(self):
         return {"name": self.name, "filename": self.filename, "text": self.text,
-                "search_path": self.search_path}
+                "search_path": self.search_path, "local_modules": self.local_modules}
 
     def __setstate__(self, state):
         for key, value in state.items():
@@ -81,6 +94,8 @@ def _execute(source: ModuleSource) -> types.ModuleType:
     # not find one job's modules through another's folder.
     added = [folder for folder in source.search_path if folder not in sys.path]
     sys.path[:0] = added
+    if source.local_modules:
+        _serve(source.local_modules)
     try:
         return _execute_here(source)
     finally:
@@ -108,6 +123,88 @@ def _execute_here(source: ModuleSource) -> types.ModuleType:
             sys.modules.pop(source.name, None)
         raise
     return module
+
+
+class SourceFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves modules to ``import`` from their source text: the local modules a preprocessing
+    module imports, as they were hashed. Parent packages without ``__init__.py`` (namespace
+    packages) are served as namespaces."""
+
+    def __init__(self, modules: Sequence[ModuleSource]):
+        self.modules = {m.name: m for m in modules}
+        self.namespaces: dict[str, list[str]] = {}
+        for module in modules:
+            parts = module.name.split(".")
+            folder = Path(module.filename).parent
+            if Path(module.filename).name == "__init__.py":
+                folder = folder.parent
+            for depth in range(len(parts) - 1, 0, -1):
+                parent = ".".join(parts[:depth])
+                if parent not in self.modules:
+                    self.namespaces.setdefault(parent, [])
+                    if str(folder) not in self.namespaces[parent]:
+                        self.namespaces[parent].append(str(folder))
+                folder = folder.parent
+        self._specs: dict[str, importlib.machinery.ModuleSpec] = {}
+
+    def names(self) -> list[str]:
+        return [*self.modules, *self.namespaces]
+
+    def serves(self, module: types.ModuleType) -> bool:
+        """Whether ``module`` is the one this finder made for its name."""
+        spec = getattr(module, "__spec__", None)
+        return spec is not None and self._specs.get(module.__name__) is spec
+
+    def find_spec(self, fullname, path=None, target=None):
+        source = self.modules.get(fullname)
+        if source is not None:
+            package = Path(source.filename).name == "__init__.py"
+            spec = importlib.util.spec_from_loader(fullname, self, origin=source.filename,
+                                                   is_package=package)
+            assert spec is not None
+            spec.has_location = True   # __file__: relative paths beside the module still work
+            if package:  # submodules not served (a dynamic import) are looked for where it was
+                spec.submodule_search_locations = [str(Path(source.filename).parent)]
+        elif fullname in self.namespaces:
+            spec = importlib.machinery.ModuleSpec(fullname, None, is_package=True)
+            spec.submodule_search_locations = list(self.namespaces[fullname])
+        else:
+            return None
+        self._specs[fullname] = spec
+        return spec
+
+    def create_module(self, spec):
+        return None   # the default module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        source = self.modules[module.__name__]
+        exec(compile(source.text, source.filename, "exec"), module.__dict__)
+
+    def get_source(self, fullname: str) -> str:
+        return self.modules[fullname].text   # tracebacks quote the text that ran
+
+
+# One finder per set of served texts, so that reloading the same code (each unpickled copy of a
+# preprocessing step loads it) reuses the modules already imported instead of piling up finders.
+_finders: dict[tuple, SourceFinder] = {}
+
+
+def _serve(modules: tuple[ModuleSource, ...]) -> None:
+    """Put the finder for ``modules`` first on ``sys.meta_path`` (and keep it there)."""
+    key = tuple((m.name, m.filename, m.sha256) for m in modules)
+    finder = _finders.get(key)
+    if finder is None:
+        finder = _finders[key] = SourceFinder(modules)
+    with contextlib.suppress(ValueError):
+        sys.meta_path.remove(finder)
+    sys.meta_path.insert(0, finder)
+    # ``import`` answers from sys.modules first: a module of the same name imported from a file,
+    # or another text of it (another job in this process), would win over the hashed text.
+    # (A module that imported the other one keeps its reference; only new imports change.)
+    for name in finder.names():
+        module = sys.modules.get(name)
+        if module is not None and not finder.serves(module):
+            del sys.modules[name]
 
 
 def find_module_file(name: str, search_path: tuple[str, ...]) -> Path | None:
