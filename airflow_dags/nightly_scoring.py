@@ -4,7 +4,7 @@ Jobs are found at parse time as ``<jobs folder>/<job>/job.yaml``; the folder is
 ``$BATCHINFER_JOBS_DIR`` or, when unset, ``pipelines/`` beside this file's folder. An environment
 variable, not an Airflow Variable: which DAGs exist is decided while the file is parsed, and
 Airflow advises against metastore look-ups in top-level DAG code. An optional
-``<job>/nightly.yaml`` tunes one job's DAG (see :data:`DEFAULTS`): schedule, start date, retries,
+``<job>/nightly.yaml`` tunes one job's DAG (see :class:`Nightly`): schedule, start date, retries,
 and ``marker`` — the file the upstream writes into the input partition when the partition is
 complete (e.g. ``_SUCCESS``); with it, a sensor waits for that file before scoring.
 
@@ -13,15 +13,27 @@ failure state. A job added to the folder later catches up from its own start dat
 DAG, runs already done would never get its task); one job's contract failure fails its own run
 only; ``airflow dags backfill`` and "clear" act on one job.
 
+One job's mistake breaks that job's DAG only. A folder name that cannot be a DAG id, a
+``nightly.yaml`` that is not valid (read as strictly as a job spec: safe YAML, no key twice,
+strict types, no unknown key), or a ``job.yaml`` that fails batchinfer's check of the spec before
+``${NAME}`` and ``{ds}`` are filled in (so the DAG processor needs none of the jobs' variables)
+gives a stand-in DAG under the job's id: no schedule, and one task, ``configuration_error``, that
+fails at once with the one-line error, also the DAG's description. Why not an import error:
+Airflow 3.3 keeps import errors per file and stops scheduling every DAG of a file that has one
+(``has_import_errors``): one bad job would stop all of them. Why no schedule: runs of the
+stand-in would take the job's dates, so that, once fixed, its DAG would not catch them up.
+
 Why a Python task that runs ``python -m batchinfer run JOB --ds DS`` as a child process:
 
-- the CLI is the contract (docs/contract.md): its exit code says what went wrong, and the task
-  maps it to Airflow's retry semantics — 0 succeeds (a committed partition is a no-op, so a
-  retried or re-run task commits nothing twice); 3 (contract) and 4 (data quality) raise
-  AirflowFailException: retrying cannot fix them; 5 (model or runtime) and anything else (a kill)
-  raise AirflowException, which retries. Exit 2 (usage or spec) fails without retry when a marker
-  says the data is complete (then it is a mistake in the job), and retries otherwise (then the
-  usual cause at night is a partition that has not arrived: "no shard matches").
+- the CLI is the contract (docs/contract.md): its exit code, and the error's class that it writes
+  to ``$BATCHINFER_ERROR_FILE``, say what went wrong, and the task maps them to Airflow's retry
+  semantics. 0 succeeds (a committed partition is a no-op, so a retried or re-run task commits
+  nothing twice). Only what can fix itself raises AirflowException, which retries: exit 5 (model
+  or runtime) and anything else (a kill), and "no shard matches" (``NoShardsError``, exit 2) while
+  no marker says the partition is complete — at night that usually means it has not arrived. The
+  job's own mistakes raise AirflowFailException and fail at once: exit 3 (contract), 4 (data
+  quality), and every other exit 2 (a spec error, an unset ``${NAME}``, a missing schema or
+  preprocessing module). The sensor fails at once too when it cannot read the job.
 - a BashOperator fails every non-zero exit the same way (retried), and the Apache Beam
   provider's operators launch a Beam pipeline file with runner flags — batchinfer's run is more
   than a pipeline (contract check, commit, tracking) and picks its runner from the job spec.
@@ -29,52 +41,99 @@ Why a Python task that runs ``python -m batchinfer run JOB --ds DS`` as a child 
   process stays small, and a crash in native code fails one try instead of the worker. When
   Airflow stops the task (SIGTERM), the child gets Ctrl-C and stops with nothing committed; even a
   child that outlived its task is harmless: the commit is exclusive, so a retry racing it either
-  commits or finds the partition committed (exit 0), never both.
+  commits or finds the partition committed (exit 0), never both. (``airflow dags test`` itself
+  does not stop on SIGTERM once a task ran: it runs tasks in its own process, and Airflow's task
+  runner leaves its SIGTERM handler installed there. Ctrl-C stops it.)
 
-Parsing this file imports PyYAML and Airflow's SDK only (never Beam, torch, ONNX Runtime or
-MLflow): tests/e2e/test_airflow.py checks it.
+Parsing this file imports PyYAML, pydantic, Airflow's SDK and batchinfer's spec module (with
+fsspec) only — never Beam, torch, ONNX Runtime or MLflow: tests/e2e/test_airflow.py checks it.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
+from hashlib import sha256
 from pathlib import Path
 from typing import Any, Iterator
 
-import yaml
 from airflow.sdk import DAG, CronDataIntervalTimetable, task
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 log = logging.getLogger(__name__)
 
 JOBS_DIR_ENV = "BATCHINFER_JOBS_DIR"
 DEFAULT_JOBS_DIR = Path(__file__).resolve().parents[1] / "pipelines"
 CONFIG_FILE = "nightly.yaml"
-# Every key nightly.yaml may set, with its default.
-DEFAULTS: dict[str, Any] = {
+# batchinfer writes its failure there, {exit_code, error, message} (docs/contract.md §2).
+ERROR_FILE_ENV = "BATCHINFER_ERROR_FILE"
+NO_RETRY = {3: "contract", 4: "data quality"}
+# A job folder's name makes its DAG's id, nightly_<name>: within Airflow's 250 characters.
+_FOLDER_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,242}$")
+_GLOB = re.compile(r"[*?\[]")
+# One file name: no folder separator, no glob character, no control character (a newline).
+_MARKER = re.compile(r"^[^/\\*?\[\]\x00-\x1f\x7f]+$")
+
+
+class Nightly(BaseModel):
+    """A job's ``nightly.yaml``: every key is optional (these are the defaults), and values are
+    checked as strictly as a job spec's: ``true`` is not 1, ``1.5`` is not a number of retries,
+    ``'no'`` is not false, and an unknown key is an error."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
     # Cron, read with data intervals: the run for 2026-01-15 starts once that day is over.
-    "schedule": "0 2 * * *",
-    "start_date": "2026-01-01",
-    "catchup": True,
+    schedule: str = "0 2 * * *"
+    start_date: date = date(2026, 1, 1)
+    catchup: bool = True
     # One date at a time, oldest first (like `batchinfer backfill`): a catch-up of many dates
     # must not start as many Beam pipelines at once on one worker.
-    "max_active_runs": 1,
-    "retries": 3,
-    "retry_delay_minutes": 10,
-    "marker": None,                   # e.g. "_SUCCESS": the file the sensor waits for
-    "marker_poke_minutes": 5,
-    "marker_timeout_hours": 12,
-}
-NO_RETRY = {3: "contract", 4: "data quality"}
-_DAG_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
-_GLOB = re.compile(r"[*?\[]")
+    max_active_runs: int = Field(default=1, ge=1)
+    retries: int = Field(default=3, ge=0)
+    retry_delay_minutes: float = Field(default=10, ge=0, allow_inf_nan=False)
+    marker: str | None = None          # e.g. "_SUCCESS": the file the sensor waits for
+    marker_poke_minutes: float = Field(default=5, gt=0, allow_inf_nan=False)
+    marker_timeout_hours: float = Field(default=12, gt=0, allow_inf_nan=False)
+
+    @field_validator("start_date", mode="before")
+    @classmethod
+    def _quoted_date(cls, value: Any) -> Any:
+        # YAML reads an unquoted 2026-01-01 as a date, a quoted one as text: both are fine.
+        if isinstance(value, str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", value):
+            try:
+                return date.fromisoformat(value)
+            except ValueError:
+                raise ValueError("not a calendar date") from None
+        return value
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron(cls, value: str) -> str:
+        try:  # Airflow's own check, here so that it fails this job and not the file
+            CronDataIntervalTimetable(value, timezone="UTC").validate()
+        except AirflowException as exc:
+            raise ValueError(f"not a cron expression ({exc})") from None
+        return value
+
+    @field_validator("marker")
+    @classmethod
+    def _file_name(cls, value: str | None) -> str | None:
+        # "", "." and ".." name the partition folder itself, which always exists: the sensor
+        # would be satisfied before the partition is complete.
+        if value is not None and (value in (".", "..") or value != value.strip()
+                                  or not _MARKER.match(value)):
+            raise ValueError("must be one file name such as _SUCCESS (not '.' or '..', "
+                             "no '/', '\\', '*', '?', '[' or ']')")
+        return value
 
 
 def jobs_dir() -> Path:
@@ -82,27 +141,44 @@ def jobs_dir() -> Path:
     return Path(configured).resolve() if configured else DEFAULT_JOBS_DIR
 
 
-def read_config(job_folder: Path) -> dict[str, Any]:
-    """The job's settings: :data:`DEFAULTS` updated by its nightly.yaml; ValueError on a bad file."""
+def read_config(job_folder: Path) -> Nightly:
+    """The job's :class:`Nightly` settings; ValueError naming the file and the key otherwise."""
+    from batchinfer.errors import SpecError
+    from batchinfer.spec import read_mapping
+
     path = job_folder / CONFIG_FILE
     if not path.exists():
-        return dict(DEFAULTS)
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: must be a mapping of keys (known: {', '.join(DEFAULTS)})")
-    unknown = sorted(set(data) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"{path}: unknown key(s) {', '.join(unknown)} (known: {', '.join(DEFAULTS)})")
-    config = {**DEFAULTS, **data}
-    # YAML reads an unquoted 2026-01-01 as a date; both spellings are fine.
-    config["start_date"] = str(config["start_date"])
-    for key in ("retries", "retry_delay_minutes", "max_active_runs", "marker_poke_minutes",
-                "marker_timeout_hours"):
-        if not isinstance(config[key], (int, float)) or isinstance(config[key], bool) or config[key] < 0:
-            raise ValueError(f"{path}: {key} must be a number >= 0, not {config[key]!r}")
-    if config["marker"] is not None and (not isinstance(config["marker"], str) or "/" in config["marker"]):
-        raise ValueError(f"{path}: marker must be a file name such as _SUCCESS, not {config['marker']!r}")
-    return config
+        return Nightly()
+    try:
+        return Nightly.model_validate(read_mapping(path, "the DAG's settings", allow_empty=True))
+    except SpecError as exc:
+        raise ValueError(exc.message) from None
+    except ValidationError as exc:
+        raise ValueError(f"{CONFIG_FILE}: {_describe(exc)}") from None
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors():
+        key = ".".join(str(part) for part in error["loc"])
+        if error["type"] == "extra_forbidden":
+            parts.append(f"unknown key {key!r} (known: {', '.join(Nightly.model_fields)})")
+        else:
+            parts.append(f"{key}: {error['msg'].removeprefix('Value error, ')} (got {error['input']!r})")
+    return "; ".join(parts)
+
+
+def check_job(job_file: Path) -> None:
+    """batchinfer's own check of the job spec, the one it makes before ``${NAME}`` and ``{ds}``
+    are filled in: no variable of the job is needed where the DAG file is parsed. It imports
+    pydantic and fsspec (Airflow has), never Beam or MLflow. ValueError naming the key."""
+    from batchinfer.errors import SpecError
+    from batchinfer.spec import parse_spec, read_mapping
+
+    try:
+        parse_spec(read_mapping(job_file, "a job spec"), source=job_file.name)
+    except SpecError as exc:
+        raise ValueError(exc.message) from None
 
 
 def partition_folder(input_path: str) -> str:
@@ -117,10 +193,14 @@ def partition_folder(input_path: str) -> str:
 
 def marker_present(job_file: str, ds: str, marker: str) -> bool:
     """Whether ``marker`` exists in the input partition of ``job_file`` for ``ds`` (any fsspec URL)."""
+    from batchinfer.errors import SpecError
     from batchinfer.io.storage import url_to_fs
     from batchinfer.spec import load_job
 
-    job = load_job(job_file, ds=ds)
+    try:
+        job = load_job(job_file, ds=ds)
+    except SpecError as exc:  # an unset ${NAME}, a bad spec: waiting cannot fix it
+        raise AirflowFailException(f"usage or spec error, not retried: {exc}") from None
     folder = partition_folder(job.spec.input.path)
     fs, path = url_to_fs(folder)
     if not _GLOB.search(job.spec.input.path) and fs.isfile(path):
@@ -131,13 +211,17 @@ def marker_present(job_file: str, ds: str, marker: str) -> bool:
 
 
 def score_partition(job_file: str, ds: str, *, marker_checked: bool) -> str:
-    """``batchinfer run JOB --ds DS`` in a child process; its exit code decides retry or not."""
+    """``batchinfer run JOB --ds DS`` in a child process; how it failed decides retry or not."""
     command = [sys.executable, "-m", "batchinfer", "run", job_file, "--ds", ds]
     log.info("running %s", " ".join(command))
-    child = subprocess.Popen(command, cwd=Path(job_file).parent, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-    with stop_child_on_sigterm(child):
-        stdout, stderr = child.communicate()
+    with tempfile.TemporaryDirectory(prefix="batchinfer-task-") as scratch:
+        error_file = Path(scratch) / "error.json"
+        child = subprocess.Popen(command, cwd=Path(job_file).parent, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True,
+                                 env={**os.environ, ERROR_FILE_ENV: str(error_file)})
+        with stop_child_on_sigterm(child):
+            stdout, stderr = child.communicate()
+        error = read_error(error_file)
     for line in stdout.splitlines():
         log.info("%s", line)
     for line in stderr.splitlines():
@@ -146,11 +230,31 @@ def score_partition(job_file: str, ds: str, *, marker_checked: bool) -> str:
     if code == 0:
         return stdout.strip()  # what was committed, or "already committed" (the XCom)
     why = (stderr.strip().splitlines() or [f"batchinfer exited {code}"])[-1]
+    raise failure(code, error.get("error"), why, marker_checked=marker_checked)
+
+
+def read_error(path: Path) -> dict:
+    """What batchinfer wrote to ``$BATCHINFER_ERROR_FILE``; {} if nothing (a kill, a crash)."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def failure(code: int, error: str | None, why: str, *, marker_checked: bool) -> AirflowException:
+    """The exception for a ``batchinfer run`` that exited ``code`` with ``error`` (its class):
+    AirflowFailException (fail now) for the job's own mistakes, AirflowException (retried) for
+    what can fix itself: a partition that has not arrived yet, the system failing (exit 5), a kill."""
     if code in NO_RETRY:
-        raise AirflowFailException(f"{NO_RETRY[code]} failure (exit {code}), not retried: {why}")
-    if code == 2 and marker_checked:
-        raise AirflowFailException(f"usage or spec error (exit 2) with the partition complete, not retried: {why}")
-    raise AirflowException(f"exit {code}, will retry if tries are left: {why}")
+        return AirflowFailException(f"{NO_RETRY[code]} failure (exit {code}), not retried: {why}")
+    if code == 2 and error == "NoShardsError" and not marker_checked:
+        # At night "no shard matches" usually means the partition is not there yet.
+        return AirflowException(f"no shard yet (exit 2), will retry if tries are left: {why}")
+    if code == 2:  # a spec error, an unset ${NAME}, a missing schema or preprocessing module…
+        complete = " with the partition complete" if error == "NoShardsError" else ""
+        return AirflowFailException(f"usage or spec error (exit 2){complete}, not retried: {why}")
+    return AirflowException(f"exit {code}, will retry if tries are left: {why}")
 
 
 @contextmanager
@@ -180,24 +284,22 @@ def stop_child_on_sigterm(child: subprocess.Popen) -> Iterator[None]:
             child.kill()  # leaving on an exception: never leave a run behind
 
 
-def build_dag(job_folder: Path) -> DAG:
-    """The DAG of one job folder: [wait_for_marker →] score."""
+def build_dag(job_folder: Path, dag_id: str) -> DAG:
+    """The DAG of one job folder: [wait_for_marker →] score. ValueError for a bad configuration."""
     config = read_config(job_folder)
     job_file = str(job_folder / "job.yaml")
-    dag_id = f"nightly_{job_folder.name}"
-    if not _DAG_ID.match(dag_id):
-        raise ValueError(f"{job_folder}: a job folder name may hold only letters, digits, '_', '.' and '-'")
-    start = datetime.strptime(config["start_date"], "%Y-%m-%d").replace(tzinfo=timezone.utc)
-    marker = config["marker"]
+    check_job(Path(job_file))
+    start = config.start_date
+    marker = config.marker
     with DAG(
         dag_id=dag_id,
         description=f"batchinfer run {job_file} --ds {{{{ ds }}}}",
-        schedule=CronDataIntervalTimetable(config["schedule"], timezone="UTC"),
-        start_date=start,
-        catchup=config["catchup"],
-        max_active_runs=config["max_active_runs"],
-        default_args={"retries": config["retries"],
-                      "retry_delay": timedelta(minutes=config["retry_delay_minutes"])},
+        schedule=CronDataIntervalTimetable(config.schedule, timezone="UTC"),
+        start_date=datetime(start.year, start.month, start.day, tzinfo=timezone.utc),
+        catchup=config.catchup,
+        max_active_runs=config.max_active_runs,
+        default_args={"retries": config.retries,
+                      "retry_delay": timedelta(minutes=config.retry_delay_minutes)},
         tags=["batchinfer"],
     ) as dag:
         @task(task_id="score")
@@ -210,22 +312,56 @@ def build_dag(job_folder: Path) -> DAG:
         else:
             # reschedule: between pokes the sensor gives its worker slot back (waits are hours).
             @task.sensor(task_id="wait_for_marker", mode="reschedule",
-                         poke_interval=config["marker_poke_minutes"] * 60,
-                         timeout=config["marker_timeout_hours"] * 3600)
+                         poke_interval=config.marker_poke_minutes * 60,
+                         timeout=config.marker_timeout_hours * 3600)
             def wait_for_marker(ds: str | None = None) -> bool:
                 assert ds is not None
                 return marker_present(job_file, ds, marker)
 
             wait_for_marker() >> score()
+    dag.validate()  # what the DagBag checks before it takes a DAG: here it fails this job only
     return dag
+
+
+def stand_in_dag(dag_id: str, job_folder: Path, error: str) -> DAG:
+    """The DAG of a job whose configuration is wrong: no schedule, and one task that fails at
+    once, without retry, with the one-line ``error``; the description says it too."""
+    message = f"configuration error in job {job_folder}: {error}"
+    log.error("%s", message)  # the DAG processor's log
+    with DAG(dag_id=dag_id, description=message, doc_md=f"**{message}**", schedule=None,
+             catchup=False, tags=["batchinfer", "configuration error"]) as dag:
+        @task(task_id="configuration_error", retries=0)
+        def configuration_error() -> None:
+            raise AirflowFailException(message)
+
+        configuration_error()
+    return dag
+
+
+def job_dag(job_folder: Path) -> DAG:
+    """The job's DAG, ``nightly_<folder>``, or its stand-in when its configuration is wrong."""
+    name = job_folder.name
+    if not _FOLDER_NAME.match(name):
+        # Its own id, that no valid folder's can be: the name made safe, and a digest of it.
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:200]
+        return stand_in_dag(f"nightly_{safe}-{sha256(name.encode()).hexdigest()[:8]}", job_folder,
+                            f"the folder's name {name!r} is its DAG's id: rename the folder "
+                            f"with letters, digits, '_', '.' and '-' only (at most 242)")
+    dag_id = f"nightly_{name}"
+    try:
+        return build_dag(job_folder, dag_id)
+    except ValueError as exc:
+        return stand_in_dag(dag_id, job_folder, " ".join(str(exc).split()))
+    except Exception as exc:  # a bug, or Airflow refusing a value: still this job's only
+        return stand_in_dag(dag_id, job_folder, f"unexpected {type(exc).__name__}: {' '.join(str(exc).split())}")
 
 
 def _build_all() -> None:
     folder = jobs_dir()
-    if not folder.is_dir():
+    if not folder.is_dir():  # no job to blame: the file's import error is the message
         raise ValueError(f"{JOBS_DIR_ENV}: {folder} is not a folder of job folders")
     for job_file in sorted(folder.glob("*/job.yaml")):
-        dag = build_dag(job_file.parent)
+        dag = job_dag(job_file.parent)
         globals()[dag.dag_id] = dag  # Airflow collects DAGs found at module level
 
 

@@ -41,6 +41,7 @@ class _Parser(argparse.ArgumentParser):
     """Usage errors in one line, like every other error (SPEC §2), with where to look."""
 
     def error(self, message: str):
+        _record_error(2, "UsageError", f"{message} (see {self.prog} --help)")
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
@@ -146,9 +147,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             _print_traceback()
         print(f"batchinfer {args.command}: {redact(exc.message)}", file=sys.stderr)
+        _record_error(exc.exit_code, type(exc).__name__, redact(exc.message))
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"batchinfer {args.command}: interrupted; nothing was committed by this run", file=sys.stderr)
+        _record_error(130, "KeyboardInterrupt", "interrupted; nothing was committed by this run")
         return 130
     except Exception as exc:  # a failure of the system, not of the user's input
         if args.debug:
@@ -156,7 +159,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = redact(one_line(exc))
         print(f"batchinfer {args.command}: unexpected {type(exc).__name__}: {text} "
               f"(rerun with --debug for the traceback)", file=sys.stderr)
+        _record_error(5, type(exc).__name__, f"unexpected {type(exc).__name__}: {text}")
         return 5
+
+
+ERROR_FILE_ENV = "BATCHINFER_ERROR_FILE"
+
+
+def _record_error(exit_code: int, error: str, message: str) -> None:
+    """The failure as JSON in the file ``$BATCHINFER_ERROR_FILE`` names, when it is set, for a
+    caller that acts on which error it was, not only on the exit code (SPEC §2: the nightly DAG
+    retries a partition that has not arrived, not a mistake in the job)."""
+    path = os.environ.get(ERROR_FILE_ENV)
+    if not path:
+        return
+    record = {"exit_code": exit_code, "error": error, "message": message}
+    try:
+        Path(path).write_text(json.dumps(record) + "\n", encoding="utf-8")
+    except OSError as exc:  # the exit code and the line on stderr still say what failed
+        print(f"batchinfer: cannot write {ERROR_FILE_ENV} {path}: {exc.strerror or exc}", file=sys.stderr)
 
 
 def _print_traceback() -> None:

@@ -268,18 +268,7 @@ def load_job(path: str | os.PathLike, *, ds: str | None = None,
         SpecError: anything wrong with the file, an override, ``ds`` or the environment.
     """
     job_path = Path(path).resolve()
-    try:
-        text = job_path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(f"cannot read job file {path}: {exc.strerror or exc}") from None
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        at = f" at line {where.line + 1}" if where else ""
-        raise SpecError(f"{job_path.name}: not valid YAML{at}: {getattr(exc, 'problem', exc)}") from None
-    if not isinstance(data, dict):
-        raise SpecError(f"{job_path.name}: a job spec must be a YAML mapping of keys")
+    data = read_mapping(job_path, "a job spec")
     for item in overrides:
         apply_override(data, item)
     spec_sha256 = hashlib.sha256(canonical_json(data).encode()).hexdigest()
@@ -297,6 +286,34 @@ def load_job(path: str | os.PathLike, *, ds: str | None = None,
     _check_paths(data, spec, job_path.parent, ds, env)
     return Job(spec=spec, path=job_path, ds=ds, spec_sha256=spec_sha256, secrets=secrets,
                templated=values)
+
+
+def read_mapping(path: Path, what: str, *, allow_empty: bool = False) -> dict:
+    """The YAML mapping in ``path``, read as strictly as a job spec (``what`` says what the file
+    holds, for the error): safe YAML only (a tag such as ``!!python/object`` is an error), a key
+    given twice is an error, and so is a value YAML cannot construct (``2026-02-30``). With
+    ``allow_empty``, a file of comments only is an empty mapping.
+
+    Raises:
+        SpecError: naming the file (and the line where YAML knows it).
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where else ""
+        raise SpecError(f"{path.name}: not valid YAML{at}: {getattr(exc, 'problem', exc)}") from None
+    except ValueError as exc:  # a constructor's own check: !!int abc
+        raise SpecError(f"{path.name}: not valid YAML: {exc}") from None
+    if data is None and allow_empty:
+        return {}
+    if not isinstance(data, dict):
+        raise SpecError(f"{path.name}: {what} must be a YAML mapping of keys")
+    return data
 
 
 def check_date(value: str, what: str) -> date:
@@ -378,6 +395,16 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     None, None, f"key {key!r} is given twice", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_timestamp(self, node):
+        try:
+            return super().construct_yaml_timestamp(node)
+        except ValueError as exc:  # an unquoted 2026-02-30 has YAML's form of a date, not a date
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{node.value!r} is not a date ({exc})", node.start_mark) from None
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:timestamp", _UniqueKeyLoader.construct_yaml_timestamp)
 
 
 def canonical_json(data: Any) -> str:

@@ -12,6 +12,7 @@ def run_demo(folder: Path, *, rows: int = 120_000) -> int:
     from ..commands.stamp import stamp
     from ..spec import load_job
     from ..triple.schemas import lock_schemas
+    from .nightly import prepare_nightly
 
     t0 = time.perf_counter()
     folder = folder.resolve()
@@ -23,6 +24,7 @@ def run_demo(folder: Path, *, rows: int = 120_000) -> int:
     print(f"stamped {paths['model'].relative_to(folder)} → {Path(where).name}")
     outcome = run_job(job, progress=print)
     print(outcome.message)
+    env_file = prepare_nightly(folder, job, paths["data"])
     manifest = outcome.manifest
     assert manifest is not None  # a new demo folder is always scored and committed
     totals = manifest.totals
@@ -42,5 +44,6 @@ def run_demo(folder: Path, *, rows: int = 120_000) -> int:
         print(f"  tracking     {outcome.tracking}")
     print(f"  next         batchinfer inspect {out}")
     print(f"               batchinfer run {paths['job']} --ds {DEMO_DS}   # a rerun is a no-op")
+    print(f"  nightly      . {env_file}   # then README's \"Nightly with Airflow\"")
     print(f"  total time   {time.perf_counter() - t0:.1f} s")
     return 0

@@ -118,3 +118,23 @@ def _registry_error(exc: Exception, what: str, tracking_uri: str) -> Exception:
     if "RESOURCE_DOES_NOT_EXIST" in text or "not found" in text.lower():
         return ModelError(f"{what} not found in the registry at {tracking_uri}: {text}")
     return StorageError(f"cannot read {what} from the registry at {tracking_uri}: {text}")
+
+
+def register_model(folder: Path, name: str, tracking_uri: str) -> str:
+    """Register the model files in ``folder`` as a version of ``name`` in the registry at
+    ``tracking_uri`` (a version with that source already there is reused); its ``models:/`` URI.
+
+    Raises:
+        StorageError: the registry cannot be reached or refuses the version.
+    """
+    client = _client(tracking_uri)
+    source = str(folder.resolve())
+    try:
+        if not client.search_registered_models(filter_string=f"name = '{name}'"):
+            client.create_registered_model(name)
+        found = [v for v in client.search_model_versions(f"name = '{name}'") if v.source == source]
+        version = found[0] if found else client.create_model_version(name, source=source)
+    except Exception as exc:
+        raise StorageError(f"cannot register {source} as {name} in the registry at {tracking_uri}: "
+                           f"{one_line(exc, 200)}") from None
+    return f"models:/{name}/{version.version}"

@@ -1,6 +1,7 @@
-"""airflow_dags/nightly_scoring.py under real Airflow (issue 11): the DAG file parsed by a DagBag in
-a fresh process, and `airflow dags test` runs of the demo job in a temporary AIRFLOW_HOME with its
-own sqlite metadata database. Task states and tries are read from that database."""
+"""airflow_dags/nightly_scoring.py under real Airflow (issues 11 and 18): the DAG file parsed by a
+DagBag in a fresh process, `airflow dags test` runs of the demo job in a temporary AIRFLOW_HOME with
+its own sqlite metadata database (task states and tries are read from that database), and README's
+"Nightly with Airflow" commands run as a user types them in a copy of the repository."""
 from __future__ import annotations
 
 import json
@@ -17,24 +18,27 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from factories import REPO, check_partition, snapshot
+from factories import REPO, check_partition, one_line_error, run_cli, snapshot
 
 pytestmark = pytest.mark.slow
 
 DAGS = REPO / "airflow_dags"
 AIRFLOW = Path(sys.executable).parent / "airflow"
 DAG_ID = "nightly_credit_risk_demo"
+SETUP_DAG = "nightly_setup"
 ROWS, SHARDS, BAD_ROWS = 1200, 6, 5       # the demo's data: 5 deliberately bad rows
-HEAVY = ("apache_beam", "torch", "tensorrt", "onnxruntime", "mlflow")
+HEAVY = ("apache_beam", "torch", "tensorrt", "onnxruntime", "mlflow", "pandera", "pyarrow")
 # Fast sensor and retries for the tests; the defaults are minutes.
 NIGHTLY = {"marker": "_SUCCESS", "retries": 2, "retry_delay_minutes": 0, "marker_poke_minutes": 0.02,
            "marker_timeout_hours": 0.5}
+UNSET = "BATCHINFER_TEST_NEVER_SET"
 
 
 @pytest.fixture(scope="module")
 def airflow(tmp_path_factory) -> dict:
-    """A jobs folder holding the stamped demo job and a second job without nightly.yaml, and an
-    AIRFLOW_HOME with a migrated sqlite database; returns the environment for Airflow commands."""
+    """A jobs folder holding the stamped demo job, a second job without nightly.yaml, a third
+    whose nightly.yaml is wrong, a fourth (``setup``) for the tests to break, and an AIRFLOW_HOME
+    with a migrated sqlite database; returns the environment for Airflow commands."""
     from batchinfer.commands.stamp import stamp
     from batchinfer.demo import write_demo
     from batchinfer.spec import load_job
@@ -46,20 +50,37 @@ def airflow(tmp_path_factory) -> dict:
     lock_schemas(job / "schemas")
     stamp(load_job(paths["job"], require_ds=False), None, None)
     write_nightly(job, NIGHTLY)
-    plain = root / "jobs" / "plain"
-    plain.mkdir()
-    shutil.copy(paths["job"], plain / "job.yaml")
+    for other in ("plain", "broken", "setup"):
+        (root / "jobs" / other).mkdir()
+        shutil.copy(paths["job"], root / "jobs" / other / "job.yaml")
+    write_nightly(root / "jobs" / "broken", {"retries": 1.5})
+    setup = root / "jobs" / "setup"
+    shutil.copy(job / "credit_preprocess.py", setup)  # found beside the job file only
+    write_setup_job(setup, job)
     home = root / "home"
     env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
            "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "BATCHINFER_JOBS_DIR": str(root / "jobs")}
+    env.pop(UNSET, None)
     migrated = subprocess.run([str(AIRFLOW), "db", "migrate"], env=env, capture_output=True, text=True,
                               timeout=300)
     assert migrated.returncode == 0, migrated.stdout + migrated.stderr
-    return {"env": env, "job": job, "home": home, "data": paths["data"]}
+    return {"env": env, "job": job, "home": home, "data": paths["data"], "setup": setup}
 
 
 def write_nightly(job: Path, settings: dict) -> None:
     (job / "nightly.yaml").write_text(json.dumps(settings))  # JSON is YAML
+
+
+def write_setup_job(folder: Path, demo: Path, **changes) -> None:
+    """The demo job in ``folder``, its paths pointing into the demo's folder, with ``changes``."""
+    import yaml
+
+    spec = yaml.safe_load((demo / "job.yaml").read_text())
+    spec.update({"name": "setup", "input": {"path": f"{demo}/data/dt={{ds}}/*.parquet"},
+                 "schemas": {"root": str(demo / "schemas")},
+                 "model": {**spec["model"], "uri": str(demo / "models" / "credit_risk.onnx")},
+                 "tracking": {"uri": f"sqlite:///{folder}/mlflow.db"}}, **changes)
+    (folder / "job.yaml").write_text(json.dumps(spec))
 
 
 def partition(airflow: dict, ds: str, *, marker: bool = True) -> Path:
@@ -71,12 +92,12 @@ def partition(airflow: dict, ds: str, *, marker: bool = True) -> Path:
     return folder
 
 
-def dags_test(airflow: dict, ds: str, *, when_waiting=None) -> str:
-    """`airflow dags test` of the demo DAG for ``ds``; its output. ``when_waiting`` is called once
-    the sensor has reported the marker missing."""
+def dags_test(airflow: dict, ds: str, *, dag_id: str = DAG_ID, when_waiting=None) -> str:
+    """`airflow dags test` of a DAG (the demo's unless told) for ``ds``; its output.
+    ``when_waiting`` is called once the sensor has reported the marker missing."""
     log = airflow["home"].parent / f"dags-test-{ds}-{time.monotonic_ns()}.log"
     with log.open("w") as out:
-        process = subprocess.Popen([str(AIRFLOW), "dags", "test", DAG_ID, ds], env=airflow["env"],
+        process = subprocess.Popen([str(AIRFLOW), "dags", "test", dag_id, ds], env=airflow["env"],
                                    stdout=out, stderr=subprocess.STDOUT)
         try:
             if when_waiting is not None:
@@ -92,13 +113,17 @@ def dags_test(airflow: dict, ds: str, *, when_waiting=None) -> str:
     return log.read_text()
 
 
-def tries(airflow: dict, ds: str) -> dict[str, tuple[str, int]]:
-    """task id → (state, try number) of the demo DAG's run for ``ds`` (`dags test` keeps one)."""
-    with sqlite3.connect(airflow["home"] / "airflow.db") as db:
+def tries(airflow: dict, ds: str, dag_id: str = DAG_ID) -> dict[str, tuple[str, int]]:
+    """task id → (state, try number) of a DAG's run for ``ds`` (`dags test` keeps one)."""
+    return task_states(airflow["home"] / "airflow.db", dag_id, ds)
+
+
+def task_states(database: Path, dag_id: str, ds: str) -> dict[str, tuple[str, int]]:
+    with sqlite3.connect(database) as db:
         rows = db.execute(
             "SELECT ti.task_id, ti.state, ti.try_number FROM task_instance ti JOIN dag_run dr "
             "ON ti.dag_id = dr.dag_id AND ti.run_id = dr.run_id WHERE dr.dag_id = ? AND dr.logical_date LIKE ?",
-            (DAG_ID, f"{ds} %")).fetchall()
+            (dag_id, f"{ds} %")).fetchall()
     return {task: (state, number) for task, state, number in rows}
 
 
@@ -116,7 +141,8 @@ PARSE = textwrap.dedent("""\
     dags = {}
     for dag_id, dag in bag.dags.items():
         dags[dag_id] = {
-            "schedule": repr(dag.timetable), "catchup": dag.catchup, "start": dag.start_date.isoformat(),
+            "schedule": repr(dag.timetable), "catchup": dag.catchup,
+            "start": dag.start_date and dag.start_date.isoformat(), "description": dag.description,
             "max_active_runs": dag.max_active_runs,
             "tasks": {t.task_id: {"retries": t.retries, "retry_delay": t.retry_delay.total_seconds(),
                                   "downstream": sorted(t.downstream_task_ids),
@@ -142,7 +168,7 @@ def parsed(airflow) -> dict:
 
 def test_dagbag_has_one_dag_per_job_with_retries_schedule_and_catchup(parsed):
     assert parsed["errors"] == {}
-    assert set(parsed["dags"]) == {DAG_ID, "nightly_plain"}
+    assert set(parsed["dags"]) == {DAG_ID, "nightly_plain", "nightly_broken", SETUP_DAG}
     demo, plain = parsed["dags"][DAG_ID], parsed["dags"]["nightly_plain"]
     assert demo["tasks"] == {
         "wait_for_marker": {"retries": 2, "retry_delay": 0.0, "downstream": ["score"], "mode": "reschedule"},
@@ -169,15 +195,82 @@ def test_the_repository_jobs_folder_is_the_default(airflow):
     assert sorted(parsed["dags"]["nightly_text_embeddings"]["tasks"]) == ["score"]
 
 
-def test_a_bad_nightly_yaml_is_an_import_error_naming_the_key(airflow, tmp_path):
-    job = tmp_path / "jobs" / "broken"
-    job.mkdir(parents=True)
-    shutil.copy(airflow["job"] / "job.yaml", job / "job.yaml")
-    write_nightly(job, {"retires": 2})
-    parsed = parse({**airflow["env"], "BATCHINFER_JOBS_DIR": str(tmp_path / "jobs")})
-    [error] = parsed["errors"].values()
-    assert "unknown key(s) retires" in error and "nightly.yaml" in error
-    assert parsed["dags"] == {}
+NOT_INT = "Input should be a valid integer"
+# One job's bad configuration: (folder name, nightly.yaml or None, job.yaml changes, what the error says).
+BAD_JOBS = {
+    "space": ("my job", None, {}, "the folder's name 'my job' is its DAG's id"),
+    "shell": ("a;b$(touch x)", None, {}, "the folder's name 'a;b$(touch x)' is its DAG's id"),
+    "yaml tag": ("tagged", "retries: !!python/object/apply:os.system [echo hi]\n", {},
+                 "nightly.yaml: not valid YAML at line 1: could not determine a constructor"),
+    "impossible date": ("feb30", "start_date: 2026-02-30\n", {},
+                        "nightly.yaml: not valid YAML at line 1: '2026-02-30' is not a date"),
+    "impossible quoted date": ("feb30q", "start_date: '2026-02-30'\n", {},
+                               "nightly.yaml: start_date: not a calendar date (got '2026-02-30')"),
+    "a time, not a date": ("noon", "start_date: 2026-01-01 12:00:00\n", {},
+                           "nightly.yaml: start_date: Input should be a valid date"),
+    "infinite retries": ("inf", "retries: .inf\n", {}, f"nightly.yaml: retries: {NOT_INT} (got inf)"),
+    "fractional retries": ("half", "retries: 1.5\n", {}, f"nightly.yaml: retries: {NOT_INT} (got 1.5)"),
+    "boolean retries": ("yes", "retries: true\n", {}, f"nightly.yaml: retries: {NOT_INT} (got True)"),
+    "no runs at once": ("zero", "max_active_runs: 0\n", {},
+                        "nightly.yaml: max_active_runs: Input should be greater than or equal to 1 (got 0)"),
+    "catchup as text": ("catchno", "catchup: 'no'\n", {},
+                        "nightly.yaml: catchup: Input should be a valid boolean (got 'no')"),
+    "negative delay": ("neg", "retry_delay_minutes: -1\n", {},
+                       "nightly.yaml: retry_delay_minutes: Input should be greater than or equal to 0 (got -1)"),
+    "not cron": ("cron", "schedule: '61 2 * * *'\n", {}, "nightly.yaml: schedule: not a cron expression"),
+    "unknown key": ("typo", "retires: 2\n", {}, "nightly.yaml: unknown key 'retires' (known: schedule, start_date"),
+    "key twice": ("twice", "retries: 1\nretries: 2\n", {},
+                  "nightly.yaml: not valid YAML at line 2: key 'retries' is given twice"),
+    "not a mapping": ("listed", "- retries\n", {}, "nightly.yaml: the DAG's settings must be a YAML mapping of keys"),
+    "job.yaml type": ("rows", None, {"batch": {"rows": True}}, f"job.yaml: batch.rows: {NOT_INT}"),
+    "job.yaml key": ("jobkey", None, {"outptu": {}}, "job.yaml: unknown key 'outptu'"),
+}
+# A marker is one plain file name (issue 18, item 12): '.', '..' and '' name the partition itself.
+BAD_MARKERS = [".", "..", "", " ", "a/b", "a\\b", "*", "_SUCCESS*", "_SUCC?SS", "[_]SUCCESS", " _SUCCESS",
+               "_SUCCESS\n", "/_SUCCESS"]
+for number, bad in enumerate(BAD_MARKERS):
+    BAD_JOBS[f"marker {bad!r}"] = (f"marker{number}", json.dumps({"marker": bad}), {},
+                                   "nightly.yaml: marker: must be one file name such as _SUCCESS")
+
+
+@pytest.fixture(scope="module")
+def bad_jobs(airflow, tmp_path_factory) -> dict:
+    """One jobs folder with every bad job of :data:`BAD_JOBS` and two good ones, parsed once."""
+    import yaml
+
+    jobs = tmp_path_factory.mktemp("bad-jobs")
+    demo = yaml.safe_load((airflow["job"] / "job.yaml").read_text())
+    for folder, nightly, changes, _ in [("good", None, {}, ""), ("dotted", '{"marker": ".done"}', {}, ""),
+                                        *BAD_JOBS.values()]:
+        (jobs / folder).mkdir()
+        (jobs / folder / "job.yaml").write_text(json.dumps({**demo, **changes}))
+        if nightly is not None:
+            (jobs / folder / "nightly.yaml").write_text(nightly)
+    return {"folder": jobs, **parse({**airflow["env"], "BATCHINFER_JOBS_DIR": str(jobs)})}
+
+
+def test_bad_jobs_do_not_stop_the_good_ones(bad_jobs):
+    assert bad_jobs["errors"] == {}  # an import error would stop every DAG of the file
+    assert sorted(bad_jobs["dags"]["nightly_good"]["tasks"]) == ["score"]
+    assert sorted(bad_jobs["dags"]["nightly_dotted"]["tasks"]) == ["score", "wait_for_marker"]
+    assert len(bad_jobs["dags"]) == len(BAD_JOBS) + 2
+    assert bad_jobs["heavy"] == []
+
+
+@pytest.mark.parametrize("case", sorted(BAD_JOBS))
+def test_a_bad_job_gets_a_dag_that_names_its_error(bad_jobs, case):
+    folder, _, _, says = BAD_JOBS[case]
+    [(dag_id, dag)] = [(i, d) for i, d in bad_jobs["dags"].items()
+                       if d["description"].startswith(f"configuration error in job {bad_jobs['folder'] / folder}:")]
+    assert says in dag["description"]
+    assert "\n" not in dag["description"]  # one line
+    assert dag["tasks"] == {"configuration_error": {"retries": 0, "retry_delay": 300.0, "downstream": [],
+                                                    "mode": None}}
+    assert dag["schedule"].startswith("<airflow.sdk.definitions.timetables.simple.NullTimetable")
+    if folder.isidentifier():
+        assert dag_id == f"nightly_{folder}"
+    else:  # a name Airflow refuses: the safe one and a digest, never another job's id
+        assert dag_id.startswith("nightly_") and dag_id != "nightly_my_job"
 
 
 STOP = textwrap.dedent("""\
@@ -290,3 +383,119 @@ def test_exit_2_after_the_marker_is_not_retried(airflow):
     assert "usage or spec error (exit 2) with the partition complete, not retried: " in log
     assert "no shard matches" in log
     assert not (airflow["job"] / "out" / f"dt={ds}").exists()
+
+
+def test_a_bad_configuration_fails_its_dag_at_once_and_the_others_still_run(airflow):
+    ds = "2026-01-20"
+    log = dags_test(airflow, ds, dag_id="nightly_broken")
+    assert tries(airflow, ds, "nightly_broken") == {"configuration_error": ("failed", 1)}, log
+    assert (f"configuration error in job {airflow['job'].parent / 'broken'}: nightly.yaml: retries: "
+            f"Input should be a valid integer (got 1.5)") in log
+    assert "DagRun failed" in log
+
+
+# -- setup mistakes fail at once (issue 18, item 6) --------------------------------------------
+
+def test_an_unset_variable_fails_the_sensor_at_once(airflow):
+    ds = "2026-01-21"
+    write_setup_job(airflow["setup"], airflow["job"], input={"path": f"${{{UNSET}}}/dt={{ds}}/*.parquet"})
+    write_nightly(airflow["setup"], NIGHTLY)  # retries 2, no delay: a retry would show as try 3
+    log = dags_test(airflow, ds, dag_id=SETUP_DAG)
+    assert tries(airflow, ds, SETUP_DAG) == {"wait_for_marker": ("failed", 1), "score": ("upstream_failed", 0)}, log
+    assert f"usage or spec error, not retried: input.path uses ${{{UNSET}}}, which is not set" in log
+
+
+SETUP_MISTAKES = {
+    "unset variable": ({"output": {"path": f"${{{UNSET}}}/dt={{ds}}", "id_columns": ["customer_id"],
+                                   "predictions": {"probability": "default_probability"}}},
+                       f"output.path uses ${{{UNSET}}}, which is not set in the environment"),
+    "missing preprocessing module": ({"preprocess": "no_such_module:transform"}, "no_such_module"),
+    "unknown schema": ({"schema": "credit_features@9"}, "credit_features@9"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SETUP_MISTAKES))
+def test_a_setup_mistake_fails_the_task_at_once_without_a_marker(airflow, case):
+    """Without a marker, exit 2 used to be retried as "the partition may not be there yet"."""
+    ds = {"missing preprocessing module": "2026-01-22", "unknown schema": "2026-01-23",
+          "unset variable": "2026-01-24"}[case]
+    changes, says = SETUP_MISTAKES[case]
+    write_setup_job(airflow["setup"], airflow["job"], **changes)
+    write_nightly(airflow["setup"], {"retries": 2, "retry_delay_minutes": 0})
+    partition(airflow, ds)
+    log = dags_test(airflow, ds, dag_id=SETUP_DAG)
+    assert tries(airflow, ds, SETUP_DAG) == {"score": ("failed", 1)}, log
+    assert "usage or spec error (exit 2), not retried: batchinfer run: " in log
+    assert says in log
+
+
+def test_no_shard_yet_is_retried_without_a_marker(airflow):
+    ds = "2026-01-25"  # no partition: it has not arrived
+    write_setup_job(airflow["setup"], airflow["job"])
+    write_nightly(airflow["setup"], {"retries": 2, "retry_delay_minutes": 0})
+    log = dags_test(airflow, ds, dag_id=SETUP_DAG)
+    assert tries(airflow, ds, SETUP_DAG) == {"score": ("failed", 3)}, log
+    assert log.count("no shard yet (exit 2), will retry if tries are left: batchinfer run: ") == 3
+
+
+# -- the error file the task reads (docs/contract.md §2) -------------------------------------------
+
+@pytest.mark.parametrize("args, code, error", [
+    (["run", "job.yaml", "--ds", "2026-02-01"], 2, "NoShardsError"),
+    (["run", "job.yaml", "--ds", "2026-01-31", "--set", f"output.path=${{{UNSET}}}/x"], 2, "SpecError"),
+    (["run", "job.yaml", "--ds", "2026-01-31", "--set", "schema=credit_features@9"], 2, "UnknownSchemaError"),
+    (["run", "job.yaml", "--no-such-flag"], 2, "UsageError"),
+])
+def test_a_failing_command_writes_its_error_file(airflow, tmp_path, args, code, error):
+    error_file = tmp_path / "error.json"
+    result = run_cli(*args, cwd=airflow["job"], env={"BATCHINFER_ERROR_FILE": str(error_file)})
+    assert result.returncode == code, result.stderr
+    record = json.loads(error_file.read_text())
+    assert record["exit_code"] == code and record["error"] == error
+    if error != "UsageError":  # argparse's line is its own
+        assert one_line_error(result) == f"batchinfer run: {record['message']}"
+
+
+def test_a_command_that_succeeds_writes_no_error_file(airflow, tmp_path):
+    error_file = tmp_path / "error.json"
+    result = run_cli("plan", "job.yaml", "--ds", "2026-01-31", cwd=airflow["job"],
+                     env={"BATCHINFER_ERROR_FILE": str(error_file)})
+    assert result.returncode == 0, result.stderr
+    assert not error_file.exists()
+
+
+# -- README's "Nightly with Airflow", as a user types it (issue 18, item 6) ----------------------
+
+def readme_nightly_commands() -> list[str]:
+    """The command lines of the first ```bash block in README's "Nightly with Airflow"."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("\n## Nightly with Airflow\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def test_readme_nightly_section_runs_as_written_after_the_demo(tmp_path):
+    install, *typed = readme_nightly_commands()
+    assert install.startswith('.venv/bin/pip install -e ".[cpu,airflow]"')  # done: this is that venv
+    assert typed[-1].startswith("airflow dags test nightly_credit_risk 2026-01-15")
+    # A fresh clone: the repository's DAG, jobs and schemas, and its .venv (this one).
+    clone = tmp_path / "clone"
+    for folder in ("airflow_dags", "pipelines", "schemas"):
+        shutil.copytree(REPO / folder, clone / folder, symlinks=False, ignore=shutil.ignore_patterns(
+            "__pycache__", "mlflow.db*", "mlruns", "model", "tokenizer.json"))
+    venv = Path(sys.executable).parent.parent
+    assert (venv / "bin" / "activate").is_file(), f"{sys.executable} is not a virtual environment's"
+    (clone / ".venv").symlink_to(venv)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "CREDIT_", "BATCHINFER_"))}
+    env["PYTHONPATH"] = str(REPO)  # this checkout's batchinfer (the venv's editable install may be another's)
+    # README's first command (with fewer rows), then the section's commands as written.
+    script = "set -e\n.venv/bin/python -m batchinfer demo --rows 1200\n" + "\n".join(typed) + "\n"
+    result = subprocess.run(["bash", "-c", script], cwd=clone, env=env, capture_output=True, text=True,
+                            timeout=900)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+    ds = "2026-01-15"
+    manifest = json.loads((clone / "demo" / "scores" / f"dt={ds}" / "_manifest.json").read_text())
+    assert manifest["ds"] == ds and manifest["job"] == "credit_risk_nightly"
+    assert manifest["totals"]["rows_in"] == 1200 and manifest["triple"]["model_version"] == "credit_risk:1"
+    assert task_states(clone / "demo" / "airflow" / "airflow.db", "nightly_credit_risk", ds) == {
+        "wait_for_marker": ("success", 1), "score": ("success", 1)}

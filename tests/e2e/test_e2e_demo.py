@@ -110,3 +110,33 @@ def test_demo_rows_not_a_multiple_of_six_is_a_usage_error(tmp_path, rows):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "give a positive multiple of 6" in lines[0]
     assert not (tmp_path / "d").exists()
+
+
+def test_demo_prepares_the_nightly_job(demo):
+    """What README's "Nightly with Airflow" needs (tests/e2e/test_airflow.py runs it): each date's
+    features with its marker, models:/credit_risk/1 registered once (two demos ran) and stamped
+    like the demo's model file, and the variables in demo/nightly.env."""
+    from batchinfer.demo.nightly import NIGHTLY_DATES
+    from batchinfer.io.tracking import mlflow_client
+    from batchinfer.triple.contract import PARTS, declaration_from_tags
+
+    folder = demo["folder"]
+    assert "  nightly      . " in demo["first"].stdout and "  nightly      . " in demo["second"].stdout
+    shards = {p.name: p.read_bytes() for p in demo["data"].glob("*.parquet")}
+    for ds in NIGHTLY_DATES:
+        partition = folder / "features" / f"dt={ds}"
+        assert {p.name: p.read_bytes() for p in partition.glob("*.parquet")} == shards
+        assert (partition / "_SUCCESS").read_bytes() == b""
+    env = dict(line.removeprefix("export ").split("=", 1) for line in
+               (folder / "nightly.env").read_text().splitlines() if line.startswith("export "))
+    store = f"sqlite:///{folder.resolve()}/mlflow.db"
+    assert env == {"CREDIT_FEATURES_URL": str((folder / "features").resolve()),
+                   "CREDIT_SCORES_URL": str((folder / "scores").resolve()),
+                   "CREDIT_TRACKING_URI": store,
+                   "AIRFLOW_HOME": str((folder / "airflow").resolve()),
+                   "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+    [version] = mlflow_client(store).search_model_versions("name = 'credit_risk'")
+    assert str(version.version) == "1"
+    sidecar = json.loads((folder / "models" / "credit_risk.onnx.batchinfer.json").read_text())
+    declared = declaration_from_tags(version.tags)
+    assert {k: declared[k] for k in PARTS} == {k: sidecar[k] for k in PARTS}

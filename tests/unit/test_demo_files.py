@@ -107,7 +107,7 @@ def test_repository_job_is_the_demo_job_pointed_at_production():
     expected["schemas"] = {"root": "../../schemas"}
     expected["model"] = {**demo_spec["model"], "uri": "models:/credit_risk/1"}
     expected["output"] = {**demo_spec["output"], "path": "${CREDIT_SCORES_URL}/dt={ds}"}
-    expected["tracking"] = {**demo_spec["tracking"], "experiment": "credit_risk_nightly"}
+    expected["tracking"] = {"uri": "${CREDIT_TRACKING_URI}", "experiment": "credit_risk_nightly"}
     assert repo_spec == expected
     # The schema root resolves from the job's folder to the repository's schemas/.
     root = (REPO / "pipelines/credit_risk" / repo_spec["schemas"]["root"]).resolve()
