@@ -68,6 +68,11 @@ class TorchModelHandler(BatchModelHandler[TorchModel]):
         return self.options.get("precision", "fp32")   # the choices are checked by the registry
 
     def open_model(self) -> TorchModel:
+        if not zipfile.is_zipfile(self.model_path):
+            # Not the format at all: the same bytes fail on every retry (exit 2). A zip that
+            # torch refuses may be a version skew or the device, so it stays a runtime failure.
+            raise ModelFileError(f"{self.model_path} is not a torch.export program (torch.export.save "
+                                 f"writes a zip archive): point model.uri at a .pt2 it wrote")
         if "torch" not in sys.modules:
             # torch's OpenMP threads busy-wait between calls by default; beside the pipeline's
             # own threads (Arrow, the writer) that starves them. Measured on 2 cores with the
@@ -82,11 +87,6 @@ class TorchModelHandler(BatchModelHandler[TorchModel]):
         if self.precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise ModelError(f"model.options.precision is bf16 but {torch.cuda.get_device_name(device)} "
                              f"does not support bfloat16: use fp16 or fp32")
-        if not zipfile.is_zipfile(self.model_path):
-            # Not the format at all: the same bytes fail on every retry (exit 2). A zip that
-            # torch refuses may be a version skew or the device, so it stays a runtime failure.
-            raise ModelFileError(f"{self.model_path} is not a torch.export program (torch.export.save "
-                                 f"writes a zip archive): point model.uri at a .pt2 it wrote")
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
