@@ -159,6 +159,22 @@ def test_tokens_need_the_lengths_input(project):
     assert not (project / "out" / "never").exists()
 
 
+def test_sequence_inputs_the_job_lists(project, by_rows):
+    """``batch.sequence_inputs`` names the inputs a call cuts (the lengths input is always one);
+    a name the model does not take is exit 2 before any work."""
+    preds, _, manifest, _ = _run(project, "out/listed", "--set", "batch.tokens=200",
+                                 "--set", "batch.sequence_inputs=[input_ids]")
+    columns = [c for c in by_rows[0].column_names if c not in EXECUTION]
+    assert manifest["totals"] == by_rows[2]["totals"]
+    assert preds.select(columns).equals(by_rows[0].select(columns))
+    result = run_cli("run", "job.yaml", "--ds", DS, "--set", "output.path=out/never",
+                     "--set", "batch.tokens=200", "--set", "batch.sequence_inputs=[token_ids]",
+                     cwd=project)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "batch.sequence_inputs names ['token_ids'], which the model does not take" in one_line_error(result)
+    assert not (project / "out" / "never").exists()
+
+
 @pytest.mark.parametrize("fault", ["mid_write", "write:3", "before_commit"])
 def test_killed_token_run_commits_nothing_and_its_rerun_is_the_row_partition(project, by_rows, fault):
     """Crash safety is the batch's, whatever sizes the model calls: killed (SIGKILL) while
