@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="(re)build report.html of a committed output")
     p.add_argument("output")
 
-    p = sub.add_parser("validate", help="check the input against the schema only")
+    p = sub.add_parser("validate", help="check the input against the schema and the preprocessing")
     _job_args(p)
 
     p = sub.add_parser("plan", help="resolve shards, triple and contract; write nothing")
@@ -394,7 +394,12 @@ def cmd_validate(args) -> int:
     print(f"{report.shards} shards, {report.rows_in} rows, {report.rows_bad} bad "
           f"({report.bad_fraction:.2%}; max {q.max_bad_fraction:.2%}), "
           f"{len(report.unreadable)} unreadable (max {q.max_bad_shards})")
+    raised = report.preprocess.raised
     for (column, check), n in sorted(report.by_reason.items(), key=lambda kv: -kv[1]):
+        if check == "preprocess" and raised:   # by exception type: the reason is the error
+            for kind, rows in sorted(raised.items(), key=lambda kv: -kv[1]):
+                print(f"  {rows:>8}  (row): preprocess {kind} (first: {report.preprocess.first[kind]})")
+            continue
         print(f"  {n:>8}  {column or '(row)'}: {check}")
     for name, reason in report.unreadable:
         print(f"  unreadable  {name}: {reason}")

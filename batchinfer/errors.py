@@ -4,8 +4,12 @@
      ├── UsageError           → 2   the user's mistake in how the job is described
      │    ├── SpecError               bad, missing or unknown job-spec key; bad --set; {ds} without --ds
      │    ├── UnknownSchemaError      `name@N` not found (the message lists the known versions)
-     │    ├── PreprocessError         the preprocessing module or function cannot be imported, or
+     │    ├── PreprocessError         the preprocessing module or function cannot be imported,
      │    │                           returns something that does not fit the batch or the model
+     │    │                           (another shape than the model's input), or raises on (nearly)
+     │    │                           every row: a fault of the function, not of the data
+     │    ├── ModelFileError          model.uri names no model of its backend: no such file or
+     │    │                           registry version, a folder, bytes not of the backend's format
      │    └── NoShardsError           no shard matches input.path
      ├── ContractError        → 3   the version triple or declaration does not hold
      ├── DataQualityError     → 4   bad rows or unreadable shards above the quarantine thresholds
@@ -57,7 +61,13 @@ class UnknownSchemaError(UsageError):
 
 
 class PreprocessError(UsageError):
-    """The preprocessing module or function cannot be loaded."""
+    """The preprocessing cannot be loaded, returns what the batch or the model cannot take, or
+    fails on (nearly) every row for one reason (contract §6 "Preprocessing faults")."""
+
+
+class ModelFileError(UsageError):
+    """``model.uri`` names no model its backend can read: the same bytes (or their absence) fail
+    the same way on every retry, so it is the user's to fix, not the system's (exit 2, not 5)."""
 
 
 class NoShardsError(UsageError):

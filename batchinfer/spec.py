@@ -171,11 +171,13 @@ class BatchSpec(_Strict):
     """``rows``: rows per batch (the unit of reading, validation, scoring, files and crash
     safety). ``tokens``: size each model call by padded tokens instead, longest rows first
     within the batch, which is the bounded window rows are sorted in (handlers/tokens.py).
-    ``lengths_from``: the model input that marks a row's real tokens."""
+    ``lengths_from``: the model input that marks a row's real tokens. ``sequence_inputs``: the
+    inputs cut to each call's longest row (default: told from the model's declared shapes)."""
 
     rows: int = Field(default=65536, gt=0, le=16_777_216)
     tokens: int | None = Field(default=None, gt=0)
     lengths_from: str = Field(default="attention_mask", min_length=1)
+    sequence_inputs: list[str] | None = None
 
 
 class TrackingSpec(_Strict):

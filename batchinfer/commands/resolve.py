@@ -68,9 +68,8 @@ def resolve(job: Job, *, list_input_files: bool = True, check: bool = True) -> R
     """Look up schema, preprocessing, model and shards; compute the triple; check the contract.
 
     Raises:
-        UsageError: the schema, preprocessing or shards cannot be found (exit 2).
+        UsageError: the schema, preprocessing, model or shards cannot be found (exit 2).
         ContractError: the triple does not match the model's declaration (exit 3).
-        ModelError: the model cannot be found (exit 5).
     """
     spec = job.spec
     schema, features, preprocessor = resolve_inputs(job)

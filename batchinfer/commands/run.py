@@ -26,10 +26,18 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from ..backends import declared_options, handler_class
-from ..errors import BatchInferError, ContractError, DataQualityError, ModelError, RuntimeFailure, SpecError
+from ..errors import (
+    BatchInferError,
+    ContractError,
+    DataQualityError,
+    ModelError,
+    PreprocessError,
+    RuntimeFailure,
+    SpecError,
+)
 from ..io.commit import Attempt, CommitOutcome, PartitionCommit
 from ..io.outputs import DRIFT, METRICS, PROFILE, REPORT, write_json
-from ..io.records import Challenger, Manifest, ModelStats, ShardResult, Totals
+from ..io.records import Challenger, Manifest, ModelStats, PreprocessStats, ShardResult, Totals
 from ..pipeline.runners import check as check_runner
 from ..redaction import mask
 from ..rows.columns import check_output_columns
@@ -327,7 +335,8 @@ def _load(resolved: Resolved, spec: ModelFields, found: "ResolvedModel", digest:
     cls = handler_class(spec.backend)
     options = {k: v for k, v in spec.options.items() if k != "allow_pickle"}
     handler = cls(str(found.path), digest=digest, device=spec.device, options=options,
-                  tokens=batch.tokens, lengths_from=batch.lengths_from)
+                  tokens=batch.tokens, lengths_from=batch.lengths_from,
+                  sequence_inputs=batch.sequence_inputs)
     declared = found.declaration or {}
     for key, here in handler.runtime_facts().items():
         # e.g. a TensorRT engine runs only under the TensorRT version and on the GPU
@@ -343,6 +352,7 @@ def _load(resolved: Resolved, spec: ModelFields, found: "ResolvedModel", digest:
             raise SpecError(f"batch.tokens sizes model calls by the lengths in the model input "
                             f"{batch.lengths_from!r}, which this model does not take (its inputs: "
                             f"{inputs}): set batch.lengths_from, or size batches by batch.rows")
+        handler.sequence_inputs(model)   # which inputs a call cuts: exit 2 here if it cannot tell
     outputs = handler.ask(model, "output_names")
     output_spec = resolved.job.spec.output
     if predictions:
@@ -425,7 +435,9 @@ def _score(resolved: Resolved, handler: "BatchModelHandler", attempt: Attempt, h
             raise KeyboardInterrupt from None
         ours = _our_error(exc)
         if ours is not None:
-            raise ours from None
+            # Its own cause stays (a preprocessing fault's is the function's exception, which
+            # --debug shows); Beam's wrapping goes.
+            raise ours from ours.__cause__
         raise RuntimeFailure(f"the scoring pipeline failed: {_last_line(exc)}") from exc
 
 
@@ -451,13 +463,20 @@ def _plans(resolved: Resolved, attempt: Attempt, header: Manifest,
     gate = DriftGate(resolved.job, tuple(resolved.features), baseline) if baseline is not None else None
     commit = CommitPlan(output_url=spec.output.path, attempt=attempt.attempt,
                         replacing=attempt.replacing, shard_count=len(resolved.shards),
-                        header=header, breach=spec.quarantine.breach, drift=gate)
+                        header=header, breach=spec.quarantine.breach, drift=gate,
+                        preprocess=spec.preprocess)
     return plan, commit
 
 
 def _refusal(outcome: CommitOutcome) -> BatchInferError:
     """The error of a refused commit, from the code and message the commit step recorded."""
     message = outcome.message or "nothing committed"
+    if outcome.code == PreprocessError.exit_code:
+        # The function's exception stayed on the worker; its traceback came back as text.
+        trace = sum((r.preprocess for r in outcome.results), PreprocessStats()).trace
+        if trace:
+            log.debug("the preprocessing's first failure:\n%s", trace.rstrip())
+        return PreprocessError(message)
     return ModelError(message) if outcome.code == ModelError.exit_code else DataQualityError(message)
 
 

@@ -1,14 +1,22 @@
-"""``batchinfer validate``: check a partition's shards against the schema only (SPEC §2), and
-the read → validate loop that every reader of a job's input outside the pipeline shares."""
+"""``batchinfer validate``: check a partition's shards against the schema and the preprocessing
+(SPEC §2) — the pipeline's own Prepare step (pipeline/prepare.py), no model — and the read →
+validate loop that every reader of a job's input outside the pipeline shares."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from ..errors import PreprocessError
+from ..io.records import PreprocessStats
 from ..io.shards import ShardReader, Unreadable, list_input
+from ..pipeline.prepare import prepare_batch, preprocess_fault
 from ..rows.validation import ValidationResult, validate_batch
 from ..spec import Job
-from ..triple.schemas import SchemaVersion, resolve_schema
+from ..triple.schemas import SchemaVersion
+from .resolve import resolve_inputs
+
+log = logging.getLogger("batchinfer")
 
 
 @dataclass
@@ -19,14 +27,26 @@ class ValidationReport:
     unreadable: list[tuple[str, str]]
     by_reason: dict[tuple[str, str], int]     # (column, check) → rows whose first failure it is
     ignored: list[str] = field(default_factory=list)   # metadata files input.path matched
+    preprocess: PreprocessStats = PreprocessStats()   # the rows it raised on, by exception type
 
     @property
     def bad_fraction(self) -> float:
         return self.rows_bad / self.rows_in if self.rows_in else 0.0
 
     def breach(self, job: Job) -> str | None:
-        """Why ``run`` would refuse to commit this input (exit 4), or None."""
-        return job.spec.quarantine.breach(self.rows_in, self.rows_bad, len(self.unreadable))
+        """Why ``run`` would refuse to commit this input (exit 4), or None.
+
+        Raises:
+            PreprocessError: the rows over the thresholds are a preprocessing fault, as ``run``
+                would say (exit 2; pipeline/prepare.py rule (b)).
+        """
+        why = job.spec.quarantine.breach(self.rows_in, self.rows_bad, len(self.unreadable))
+        fault = preprocess_fault(self.preprocess, job.spec.preprocess) if why else None
+        if fault:
+            if self.preprocess.trace:
+                log.debug("the preprocessing's first failure:\n%s", self.preprocess.trace.rstrip())
+            raise PreprocessError(fault)
+        return why
 
 
 def validated_batches(reader: ShardReader, schema: SchemaVersion, rows: int,
@@ -43,26 +63,37 @@ def validated_batches(reader: ShardReader, schema: SchemaVersion, rows: int,
 
 
 def validate_input(job: Job) -> ValidationReport:
-    """Check every shard against the schema only (no preprocessing, no model, no writes).
+    """Check every shard against the schema and the preprocessing, batch by batch as ``run``
+    does (no model, no writes).
 
     Unlike ``run``, this needs no model declaration: it answers "is this data fit?" alone.
+
+    Raises:
+        PreprocessError: the preprocessing cannot be loaded, or fails on every row of a batch
+            (a fault of the function, exit 2 as in ``run``).
     """
     spec = job.spec
-    schema = resolve_schema(spec.schemas.root, spec.schema_)
+    schema, _, preprocessor = resolve_inputs(job)
     listing = list_input(spec.input.path)
     rows_in = rows_bad = 0
     unreadable: list[tuple[str, str]] = []
     by_reason: dict[tuple[str, str], int] = {}
+    preprocess = PreprocessStats()
     for shard in listing.shards:
         name = job.display(shard.url)
         counts: dict[tuple[str, str], int] = {}
         bad = 0
+        stats = PreprocessStats()
         try:
             reader = ShardReader(shard.url)
-            for result in validated_batches(reader, schema, spec.batch.rows, name):
-                q = result.quarantine
-                bad += q.num_rows
-                if q.num_rows:
+            first = 0
+            for batch in reader.batches(spec.batch.rows):
+                prepared = prepare_batch(batch, schema, preprocessor, source_shard=name,
+                                         first_row=first)
+                first += batch.num_rows
+                stats += prepared.stats
+                for q in prepared.quarantine:
+                    bad += q.num_rows
                     pairs = zip(q.column("_column").to_pylist(), q.column("_check").to_pylist())
                     for column, check in pairs:
                         key = (column or "", check)
@@ -72,7 +103,8 @@ def validate_input(job: Job) -> ValidationReport:
             continue
         rows_in += reader.num_rows
         rows_bad += bad
+        preprocess += stats
         for key, n in counts.items():
             by_reason[key] = by_reason.get(key, 0) + n
     return ValidationReport(len(listing.shards), rows_in, rows_bad, unreadable, by_reason,
-                            [job.display(url) for url in listing.ignored])
+                            [job.display(url) for url in listing.ignored], preprocess)

@@ -9,8 +9,9 @@ implements four hooks:
 - ``input_names(model)``, ``output_names(model)``: what it takes and gives, by name;
 - ``predict(model, inputs)``: run it on a dict of input arrays, return a dict of output arrays.
 
-Three more have defaults: ``device_used(model)`` ("cpu"), ``default_chunk_rows(model)`` (None:
-the whole batch per call) and ``model_key()`` (backend, digest, device, options). Every handler is
+Four more have defaults: ``device_used(model)`` ("cpu"), ``default_chunk_rows(model)`` (None:
+the whole batch per call), ``input_shapes(model)`` (none known) and ``model_key()`` (backend,
+digest, device, options). Every handler is
 built the same way, ``cls(model_path, digest=…, device=…, options=…)``, with options already
 checked against the backend's entry.
 
@@ -32,7 +33,7 @@ import numpy as np
 
 from .. import backends
 from ..beam_compat import ModelHandler, PredictionResult
-from ..errors import ModelError, PreprocessError, one_line
+from ..errors import ModelError, PreprocessError, SpecError, one_line
 from ..rows.isolation import run_isolating
 from . import tokens as token_calls
 
@@ -131,6 +132,9 @@ class ServedModel:
     def output_names(self) -> list[str]:
         return list(self._handler.output_names(self._model))
 
+    def input_shapes(self) -> dict[str, tuple]:
+        return dict(self._handler.input_shapes(self._model))
+
     def default_chunk_rows(self) -> Optional[int]:
         return self._handler.default_chunk_rows(self._model)
 
@@ -158,6 +162,9 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
         tokens: the job's ``batch.tokens``: size model calls by padded tokens, longest rows
             first (handlers/tokens.py); None sizes them by rows.
         lengths_from: the input whose non-zero entries mark a row's real tokens.
+        sequence_inputs: the inputs cut to each call's longest row with ``tokens`` (the job's
+            ``batch.sequence_inputs``); None: the lengths input and the inputs the model
+            declares alike (:func:`~batchinfer.handlers.tokens.sequence_inputs`).
 
     Raises:
         SpecError: an option the backend does not take (when built outside a checked spec).
@@ -168,7 +175,8 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
 
     def __init__(self, model_path: str, *, digest: str, device: str = "auto",
                  options: Optional[Mapping[str, Any]] = None, tokens: Optional[int] = None,
-                 lengths_from: str = "attention_mask"):
+                 lengths_from: str = "attention_mask",
+                 sequence_inputs: Optional[Sequence[str]] = None):
         options = dict(options or {})
         if self.backend:
             options = backends.check_options(self.backend, options)
@@ -180,6 +188,11 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
         self.chunk_rows: Optional[int] = options.get("chunk_rows")
         self.tokens = tokens
         self.lengths_from = lengths_from
+        self.listed_sequences = tuple(sequence_inputs) if sequence_inputs is not None else None
+        # Asked of the model once (see input_shapes): each input's shape past the rows, and the
+        # inputs cut like sequences with batch.tokens.
+        self._shapes: Optional[dict[str, tuple]] = None
+        self._sequences: Optional[frozenset[str]] = None
         # Each output's shape past the rows and its dtype, from the first call (see _check_outputs).
         self._signature: dict[str, tuple] = {}
         self._warm = False                      # the untimed first call was made
@@ -211,6 +224,16 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
     def default_chunk_rows(self, model: ModelT) -> Optional[int]:
         """Rows per ``predict`` call when the job does not say; None = the whole batch."""
         return None
+
+    def input_shapes(self, model: ModelT) -> dict[str, tuple]:
+        """Each input's shape past the rows, as the model declares it: an int for a fixed size,
+        a str naming a dynamic dim (ONNX's ``dim_param``, a torch.export symbol: inputs that share
+        the name share the size), None for a dynamic dim without a name. An input left out (by
+        default, every input) has an unknown shape and is not checked.
+
+        Example: an ONNX model with inputs ``x [N, 8]`` and ``ids [N, L]`` → ``{"x": (8,),
+        "ids": ("L",)}``."""
+        return {}
 
     def is_out_of_memory(self, exc: BaseException) -> bool:
         """True if ``exc``, raised by ``predict``, means the device ran out of memory: the rows
@@ -284,10 +307,13 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
         if item.rows == 0:
             return Inference(np.zeros(0, np.int64), {}, [], 0.0)
         inputs = self._as_inputs(model, item.features)
+        self._check_shapes(model, inputs)
         tally = _Tally()
         lengths = self._lengths(inputs)
         order = None
+        sequences: frozenset[str] = frozenset()
         if self.tokens and lengths is not None:
+            sequences = self._check_sequences(model, inputs)
             # Rows are scored longest first and put back in their places below (tokens.py).
             order = token_calls.longest_first(lengths)
             inputs = {k: v[order] for k, v in inputs.items()}
@@ -295,7 +321,7 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
         by_tokens = lengths if order is not None else None
 
         def run(start: int, stop: int) -> dict[str, np.ndarray]:
-            return self._run_chunked(model, inputs, start, stop, tally, by_tokens)
+            return self._run_chunked(model, inputs, start, stop, tally, by_tokens, sequences)
 
         done, failed = run_isolating(item.rows, run)
         if not failed:
@@ -335,6 +361,63 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
             return None
         return token_calls.sequence_lengths(mask)
 
+    def declared_shapes(self, model: Any) -> dict[str, tuple]:
+        """:meth:`input_shapes`, asked once (the model is this handler's for its lifetime)."""
+        if self._shapes is None:
+            self._shapes = dict(self.ask(model, "input_shapes"))
+        return self._shapes
+
+    def sequence_inputs(self, model: Any) -> frozenset[str]:
+        """The inputs that ``batch.tokens`` cuts to each call's longest row (asked once).
+
+        Raises:
+            SpecError: the choice cannot be made or made safely (tokens.sequence_inputs).
+        """
+        if self._sequences is None:
+            try:
+                self._sequences = token_calls.sequence_inputs(
+                    self.lengths_from, self.ask(model, "input_names"), self.declared_shapes(model),
+                    self.listed_sequences)
+            except ValueError as exc:
+                raise SpecError(f"batch.tokens: {exc}") from None
+        return self._sequences
+
+    def _check_shapes(self, model: Any, inputs: dict[str, np.ndarray]) -> None:
+        """Each input's shape past the rows against the model's declared one, before any model
+        call: preprocessing of the wrong width fails every row alike, and isolating them one by
+        one would take a model call per row to say so.
+
+        Raises:
+            PreprocessError: an input of another rank, or another size on a fixed dim.
+        """
+        declared = self.declared_shapes(model)
+        for name, value in inputs.items():
+            want = declared.get(name)
+            if want is None:
+                continue
+            have = np.shape(value)[1:]
+            if len(have) != len(want) or any(isinstance(w, int) and w != h for w, h in zip(want, have)):
+                shown = token_calls.shape_text
+                raise PreprocessError(
+                    f"preprocessing returned model input {name!r} of shape {shown(have)}; the "
+                    f"model {self.model_path} takes {shown(want)}: make the preprocessing return "
+                    f"what the model takes (or use the model it was written for); nothing committed")
+
+    def _check_sequences(self, model: Any, inputs: dict[str, np.ndarray]) -> frozenset[str]:
+        """The sequence inputs, each padded to the lengths input's length: a call cuts them all
+        to one width, which must mean the same positions in each."""
+        padded = np.shape(inputs[self.lengths_from])[1]
+        sequences = self.sequence_inputs(model)
+        for name in sorted(sequences):
+            shape = np.shape(inputs[name])
+            if len(shape) < 2 or shape[1] != padded:
+                raise PreprocessError(
+                    f"batch.tokens cuts sequence input {name!r} like {self.lengths_from!r}, but the "
+                    f"preprocessing returned it as {list(shape)} beside {self.lengths_from!r} "
+                    f"padded to {padded}: pad every sequence input to the same length (or leave "
+                    f"{name!r} out of batch.sequence_inputs); nothing committed")
+        return sequences
+
     def _as_inputs(self, model: Any, features: Any) -> dict[str, np.ndarray]:
         names = self.ask(model, "input_names")
         if isinstance(features, Mapping):
@@ -350,14 +433,15 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
         return {names[0]: features}
 
     def _run_chunked(self, model: Any, inputs: dict[str, np.ndarray], start: int, stop: int,
-                     tally: "_Tally", by_tokens: Optional[np.ndarray] = None
-                     ) -> dict[str, np.ndarray]:
+                     tally: "_Tally", by_tokens: Optional[np.ndarray] = None,
+                     sequences: frozenset[str] = frozenset()) -> dict[str, np.ndarray]:
         """``predict`` over rows ``[start, stop)`` in chunks, halving the chunk and retrying the
         same rows when the device runs out of memory (the smaller chunk is kept for the rest of
         the process's batches: the next batch would run out of memory just the same).
 
         Chunks hold ``chunk_rows`` rows, or, given ``by_tokens`` (the rows' lengths, longest
-        first), at most ``batch.tokens`` padded tokens each, cut to their longest row."""
+        first), at most ``batch.tokens`` padded tokens each, the ``sequences`` inputs cut to
+        their longest row."""
         max_rows = self.chunk_rows or self.ask(model, "default_chunk_rows")
         step = max_rows or (stop - start)
         if self._oom_limit is not None:
@@ -370,7 +454,7 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
             if by_tokens is not None:
                 budget = min(self.tokens or 0, self._oom_tokens or sys.maxsize)
                 hi, width = token_calls.next_call(by_tokens, lo, stop, budget, max_rows)
-                chunk = token_calls.call_inputs(inputs, lo, hi, padded, width)
+                chunk = token_calls.call_inputs(inputs, lo, hi, sequences, width)
             else:
                 hi = min(lo + step, stop)
                 width = padded

@@ -27,6 +27,17 @@ _ORT_TYPES = {
 }
 
 
+def _dim(value: Any) -> int | str | None:
+    """An ONNX Runtime input dim: its size, its symbolic name (``dim_param``), or None when it
+    has neither. ``unk__N`` names are made up by shape inference, one per dim, so they say
+    nothing about which dims are equal: unnamed too."""
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    if isinstance(value, str) and value and not value.startswith("unk__"):
+        return value
+    return None
+
+
 def providers_for(device: str, options: dict[str, Any], model_path: str = "") -> tuple[list, str]:
     """The execution providers to ask for, and the device they give ("cpu", "cuda:0").
 
@@ -117,6 +128,10 @@ class OnnxModelHandler(BatchModelHandler[Any]):
 
     def output_names(self, model: Any) -> list[str]:
         return [o.name for o in model.get_outputs()]
+
+    def input_shapes(self, model: Any) -> dict[str, tuple]:
+        # An input of unknown rank reports [] (a scalar too): left out, so unknown.
+        return {i.name: tuple(_dim(d) for d in i.shape[1:]) for i in model.get_inputs() if i.shape}
 
     def predict(self, model: Any, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         feed = {}

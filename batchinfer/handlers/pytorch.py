@@ -28,12 +28,13 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+import zipfile
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
 
-from ..errors import ModelError, one_line
+from ..errors import ModelError, ModelFileError, one_line
 from .base import BatchModelHandler, cast_input
 
 # Rows per call on CPU, as for ONNX Runtime: intermediate activations stay in cache. Measured on
@@ -54,6 +55,7 @@ class TorchModel:
     autocast: Any                    # torch dtype, or None for fp32
     stream: Any = None               # torch.cuda.Stream on CUDA
     pinned: dict[str, Any] = field(default_factory=dict)   # input name → reusable pinned buffer
+    shapes: dict[str, tuple] = field(default_factory=dict)  # input name → shape past the rows
 
 
 class TorchModelHandler(BatchModelHandler[TorchModel]):
@@ -66,6 +68,11 @@ class TorchModelHandler(BatchModelHandler[TorchModel]):
         return self.options.get("precision", "fp32")   # the choices are checked by the registry
 
     def open_model(self) -> TorchModel:
+        if not zipfile.is_zipfile(self.model_path):
+            # Not the format at all: the same bytes fail on every retry (exit 2). A zip that
+            # torch refuses may be a version skew or the device, so it stays a runtime failure.
+            raise ModelFileError(f"{self.model_path} is not a torch.export program (torch.export.save "
+                                 f"writes a zip archive): point model.uri at a .pt2 it wrote")
         if "torch" not in sys.modules:
             # torch's OpenMP threads busy-wait between calls by default; beside the pipeline's
             # own threads (Arrow, the writer) that starves them. Measured on 2 cores with the
@@ -96,19 +103,28 @@ class TorchModelHandler(BatchModelHandler[TorchModel]):
         inputs = list(signature.user_inputs)
         outputs = list(signature.user_outputs)
         dtypes = {}
+        shapes = {}
         for node in program.graph.nodes:
             if node.op == "placeholder" and node.name in inputs:
                 value = node.meta.get("val")
                 dtypes[node.name] = _numpy_dtype(torch, value.dtype) if value is not None else None
+                if value is not None and len(value.shape) >= 1:
+                    # An int is a size the program was exported with fixed; a SymInt a dynamic
+                    # dim, named by its symbol (shared by inputs torch.export found equal).
+                    shapes[node.name] = tuple(d if isinstance(d, int) else str(d)
+                                              for d in value.shape[1:])
         autocast = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[self.precision]
         stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        return TorchModel(module, device, inputs, outputs, dtypes, autocast, stream)
+        return TorchModel(module, device, inputs, outputs, dtypes, autocast, stream, shapes=shapes)
 
     def input_names(self, model: TorchModel) -> list[str]:
         return model.inputs
 
     def output_names(self, model: TorchModel) -> list[str]:
         return model.outputs
+
+    def input_shapes(self, model: TorchModel) -> dict[str, tuple]:
+        return model.shapes
 
     def device_used(self, model: TorchModel) -> str:
         device = model.device

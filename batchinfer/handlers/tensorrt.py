@@ -20,13 +20,13 @@ suite's ``tensorrt`` cases and ``bench/gpu_check.sh`` run it where both are pres
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 
-from ..errors import ModelError, one_line
+from ..errors import ModelError, SpecError, one_line
 from .base import BatchModelHandler, cast_input
 
 BUILD_SUFFIX = ".build.json"   # beside the engine: what export --to tensorrt built it with
@@ -43,6 +43,7 @@ class TrtModel:
     buffers: dict[str, Any]           # tensor name → torch device tensor at the profile's max shape
     max_batch: int
     device: str
+    shapes: dict[str, tuple] = field(default_factory=dict)   # input → declared shape past the rows
 
 
 class TensorRTModelHandler(BatchModelHandler[TrtModel]):
@@ -78,6 +79,9 @@ class TensorRTModelHandler(BatchModelHandler[TrtModel]):
         inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         outputs = [n for n in names if n not in inputs]
         dtypes = {n: np.dtype(trt.nptype(engine.get_tensor_dtype(n))) for n in names}
+        # The network's shapes: -1 for a dim the optimisation profile leaves dynamic (unnamed).
+        shapes = {n: tuple(int(d) if d >= 0 else None for d in tuple(engine.get_tensor_shape(n))[1:])
+                  for n in inputs}
         # the profile's max shape for every input; outputs follow from the inputs' shapes
         max_batch = None
         for name in inputs:
@@ -93,13 +97,16 @@ class TensorRTModelHandler(BatchModelHandler[TrtModel]):
                                  f"profile's maximum ({shape})")
             buffers[name] = torch.empty(shape, dtype=_torch_dtype(torch, dtypes[name]), device=device)
         return TrtModel(engine, context, torch.cuda.Stream(device), inputs, outputs, dtypes, buffers,
-                        int(max_batch or 1), f"cuda:{device.index}")
+                        int(max_batch or 1), f"cuda:{device.index}", shapes)
 
     def input_names(self, model: TrtModel) -> list[str]:
         return model.inputs
 
     def output_names(self, model: TrtModel) -> list[str]:
         return model.outputs
+
+    def input_shapes(self, model: TrtModel) -> dict[str, tuple]:
+        return model.shapes
 
     def device_used(self, model: TrtModel) -> str:
         return model.device
@@ -114,8 +121,8 @@ class TensorRTModelHandler(BatchModelHandler[TrtModel]):
         import torch
 
         rows = len(next(iter(inputs.values())))
-        if rows > model.max_batch:   # chunk_rows set above the engine's profile
-            raise ModelError(f"{rows} rows per call exceed the engine's profile (max batch "
+        if rows > model.max_batch:   # chunk_rows set above the engine's profile: the job's mistake
+            raise SpecError(f"{rows} rows per call exceed the engine's profile (max batch "
                              f"{model.max_batch}): lower model.options.chunk_rows or rebuild the "
                              f"engine with `batchinfer export --to tensorrt`")
         context = model.context

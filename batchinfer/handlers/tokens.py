@@ -10,11 +10,13 @@ before anything leaves the handler, so output order and accounting do not change
 
 Sequence inputs are right-padded (real tokens first, then padding), as every tokenizer pads by
 default; a row's length is the position after its last non-zero entry in the lengths input
-(``attention_mask`` unless ``batch.lengths_from`` names another).
+(``attention_mask`` unless ``batch.lengths_from`` names another). Which inputs are sequences —
+cut to each call's longest row — is told by the model's declared shapes, never by an array's
+width, which a dense input can share by chance (:func:`sequence_inputs`).
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -76,15 +78,68 @@ def plan_calls(lengths: np.ndarray, start: int, stop: int, tokens: int,
     return calls
 
 
-def call_inputs(inputs: Mapping[str, np.ndarray], lo: int, hi: int, padded: int,
+def sequence_inputs(lengths_from: str, names: Sequence[str], shapes: Mapping[str, tuple],
+                    listed: Sequence[str] | None = None) -> frozenset[str]:
+    """The inputs a call cuts to its longest row: the lengths input, and either those
+    ``listed`` (``batch.sequence_inputs``) or the inputs whose declared axis 1 is dynamic and
+    the lengths input's own — the same dim name (ONNX ``dim_param``, a torch.export symbol), or
+    any dynamic dim where the model names none (TensorRT). A fixed axis 1 is never cut.
+
+    Args:
+        lengths_from: the lengths input (``batch.lengths_from``).
+        names: the model's inputs.
+        shapes: each input's declared shape past the rows (``BatchModelHandler.input_shapes``).
+        listed: the inputs the job names, or None to tell them from ``shapes``.
+
+    Example: ``input_ids [N, L]``, ``attention_mask [N, L]``, ``dense [N, 64]`` →
+    ``{"input_ids", "attention_mask"}``, whatever width the batch is padded to.
+
+    Raises:
+        ValueError: the lengths input's length is fixed or not its only axis past the rows, a
+            listed input is not the model's or has a fixed axis 1, or nothing is listed and the
+            model declares no shape for the lengths input.
+    """
+    declared = shapes.get(lengths_from)
+    if declared is not None:
+        if len(declared) != 1:
+            raise ValueError(f"the model declares its lengths input {lengths_from!r} as "
+                             f"{shape_text(declared)}, not [rows, length]")
+        if isinstance(declared[0], int):
+            raise ValueError(f"the model fixes the length of {lengths_from!r} at {declared[0]}, so "
+                             f"calls cannot be cut to their longest row: size them by batch.rows")
+    if listed is not None:
+        unknown = [n for n in listed if n not in names]
+        if unknown:
+            raise ValueError(f"batch.sequence_inputs names {unknown}, which the model does not "
+                             f"take (its inputs: {list(names)})")
+        fixed = [n for n in listed if shapes.get(n) and isinstance(shapes[n][0], int)]
+        if fixed:
+            raise ValueError(f"batch.sequence_inputs names {fixed}, whose length the model fixes "
+                             f"({', '.join(f'{n} {shape_text(shapes[n])}' for n in fixed)}): a call "
+                             f"cannot cut them")
+        return frozenset([lengths_from, *listed])
+    if declared is None:
+        raise ValueError(f"the model declares no shape for {lengths_from!r}, so which inputs are "
+                         f"sequences cannot be told: list them in batch.sequence_inputs")
+    length = declared[0]
+    found = {lengths_from}
+    for name in names:
+        shape = shapes.get(name)
+        if shape and not isinstance(shape[0], int) and (length is None or shape[0] == length):
+            found.add(name)
+    return frozenset(found)
+
+
+def call_inputs(inputs: Mapping[str, np.ndarray], lo: int, hi: int, sequences: Collection[str],
                 width: int) -> dict[str, np.ndarray]:
-    """Rows ``[lo, hi)`` of ``inputs``, every sequence input (second axis ``padded`` long, as
-    the lengths input's) cut to ``width``: the rest of it is padding for these rows."""
-    out = {}
-    for name, value in inputs.items():
-        if value.ndim >= 2 and value.shape[1] == padded:
-            out[name] = value[lo:hi, :width]
-        else:
-            out[name] = value[lo:hi]
-    return out
+    """Rows ``[lo, hi)`` of ``inputs``, each of the ``sequences`` inputs cut to ``width``: the
+    rest of it is padding for these rows."""
+    return {name: value[lo:hi, :width] if name in sequences else value[lo:hi]
+            for name, value in inputs.items()}
+
+
+def shape_text(dims: Sequence) -> str:
+    """A declared shape past the rows, written whole: ``(8,)`` → ``[N, 8]``, ``("L",)`` →
+    ``[N, L]``, a dynamic dim without a name ``?``."""
+    return "[" + ", ".join(["N", *("?" if d is None else str(d) for d in dims)]) + "]"
 

@@ -225,6 +225,32 @@ class ModelStats:
 
 
 @dataclass(frozen=True)
+class PreprocessStats:
+    """What the preprocessing did with the valid rows it was given: how many, and the rows it
+    raised on by exception type (``KeyError``), with each type's first message (``KeyError:
+    'income'``) and the first failure's traceback, for ``--debug``. The commit step and
+    ``validate`` tell a broken function from bad rows by them (contract §6 "Preprocessing
+    faults")."""
+
+    rows: int = 0
+    raised: dict[str, int] = field(default_factory=dict)
+    first: dict[str, str] = field(default_factory=dict)
+    trace: str | None = None
+
+    def __add__(self, other: "PreprocessStats") -> "PreprocessStats":
+        raised = dict(self.raised)
+        for kind, n in other.raised.items():
+            raised[kind] = raised.get(kind, 0) + n
+        return PreprocessStats(self.rows + other.rows, raised, {**other.first, **self.first},
+                               self.trace or other.trace)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "PreprocessStats":
+        return cls(int(data.get("rows", 0)), {str(k): int(n) for k, n in data.get("raised", {}).items()},
+                   {str(k): str(m) for k, m in data.get("first", {}).items()}, data.get("trace"))
+
+
+@dataclass(frozen=True)
 class ShardResult:
     """What a finished shard leaves in scratch for the commit: its manifest entry, plus what goes
     to the metrics, not the manifest: the time spent per stage, the model's statistics, the
@@ -239,13 +265,15 @@ class ShardResult:
     quarantine: tuple[tuple[str | None, str, int], ...] = ()
     batches: tuple[tuple[int, float], ...] = ()
     challengers: dict[str, ChallengerShard] = field(default_factory=dict)   # by challenger name
+    preprocess: PreprocessStats = PreprocessStats()
 
     def to_dict(self) -> dict[str, Any]:
         return {"record": self.record.to_dict(), "seconds": dict(self.seconds),
                 "model": asdict(self.model), "profile": dict(self.profile),
                 "quarantine": [list(q) for q in self.quarantine],
                 "batches": [list(b) for b in self.batches],
-                "challengers": {k: v.to_dict() for k, v in self.challengers.items()}}
+                "challengers": {k: v.to_dict() for k, v in self.challengers.items()},
+                "preprocess": asdict(self.preprocess)}
 
     @classmethod
     def from_dict(cls, data: dict) -> "ShardResult":
@@ -253,7 +281,8 @@ class ShardResult:
                    ModelStats(**data.get("model", {})), dict(data.get("profile", {})),
                    tuple((c, k, int(n)) for c, k, n in data.get("quarantine", [])),
                    tuple((int(r), float(ms)) for r, ms in data.get("batches", [])),
-                   {k: ChallengerShard.from_dict(v) for k, v in data.get("challengers", {}).items()})
+                   {k: ChallengerShard.from_dict(v) for k, v in data.get("challengers", {}).items()},
+                   PreprocessStats.from_dict(data.get("preprocess", {})))
 
 
 def with_challenger_shards(challengers: tuple[Challenger, ...],

@@ -20,9 +20,10 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Tuple
 
 from ..beam_compat import beam
-from ..errors import BatchInferError, DataQualityError, ModelError
+from ..errors import BatchInferError, DataQualityError, ModelError, PreprocessError
 from ..io.commit import Attempt, CommitOutcome, PartitionCommit
-from ..io.records import Manifest, ModelStats, ShardResult, Totals, with_challenger_shards
+from ..io.records import Manifest, ModelStats, PreprocessStats, ShardResult, Totals, with_challenger_shards
+from .prepare import preprocess_fault
 
 # The quarantine thresholds: (rows_in, rows quarantined, unreadable shards) → why the partition
 # must not commit, or None (spec.QuarantineSpec.breach; a bound method of a pydantic model pickles).
@@ -45,6 +46,8 @@ class CommitPlan:
         drift: with a monitoring baseline, ``drift(results, layout)`` says why the partition
             drifted too far to commit (a message for exit 4), or None
             (:class:`batchinfer.commands.monitor.DriftGate`); None without a baseline.
+        preprocess: the job's ``preprocess`` (``module:function``; None: the default), named by
+            a preprocessing fault's line.
     """
 
     output_url: str
@@ -54,6 +57,7 @@ class CommitPlan:
     header: Manifest
     breach: Breach
     drift: Callable[[list[ShardResult], Any], "str | None"] | None = None
+    preprocess: str | None = None
 
     def begin(self) -> Attempt:
         return PartitionCommit(self.output_url).begin(self.attempt, replacing=self.replacing)
@@ -81,7 +85,7 @@ class CommitPartition(beam.DoFn):
         plan = self.plan
         attempt = plan.begin()
         results = attempt.results(plan.shard_count)
-        refusal = refuse(results, plan.breach)
+        refusal = refuse(results, plan.breach, plan.preprocess)
         if refusal is None and plan.drift is not None:
             drifted = plan.drift(results, attempt.layout)
             refusal = DataQualityError(drifted) if drifted else None
@@ -100,9 +104,12 @@ class CommitPartition(beam.DoFn):
         yield outcome.status
 
 
-def refuse(results: list[ShardResult], breach: Breach) -> BatchInferError | None:
+def refuse(results: list[ShardResult], breach: Breach,
+           preprocess: str | None = None) -> BatchInferError | None:
     """Why the partition must not commit, or None: a model that raised on every row it was given
-    (exit 5: not the data's fault), or bad rows or shards above the thresholds (exit 4)."""
+    (exit 5: not the data's fault), or bad rows or shards above the thresholds — mostly rows the
+    preprocessing raised on for one reason (exit 2: its fault, pipeline/prepare.py rule (b)),
+    otherwise exit 4."""
     model = sum((r.model for r in results), ModelStats())
     if model.rows and model.raised == model.rows:
         return ModelError(f"the model raised on every one of the {model.rows} rows it was given "
@@ -110,6 +117,9 @@ def refuse(results: list[ShardResult], breach: Breach) -> BatchInferError | None
     totals = Totals.of([r.record for r in results])
     why = breach(totals.rows_in, totals.rows_quarantined, totals.shards_unreadable)
     if why:
+        fault = preprocess_fault(sum((r.preprocess for r in results), PreprocessStats()), preprocess)
+        if fault:
+            return PreprocessError(fault)
         return DataQualityError(f"data quality: {why}; nothing committed: run `batchinfer validate` "
                                 f"to see why")
     return None

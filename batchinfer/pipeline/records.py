@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence, Union
 
-from ..io.records import ChallengerShard, FileRecord, ModelStats, ShardRecord, ShardResult, ShardStatus
+from ..io.records import ChallengerShard, FileRecord, ModelStats, PreprocessStats, ShardRecord, ShardResult, ShardStatus
 from ..rows.profile import ColumnStats, merge_columns
 
 
@@ -39,6 +39,7 @@ class BatchRecord:
     profile: dict[str, ColumnStats] = field(default_factory=dict)   # scored rows' columns
     quarantine: dict[tuple[str | None, str], int] = field(default_factory=dict)  # (column, check)
     compute_ms: float | None = None   # model time; None when no row reached the model
+    preprocess: PreprocessStats = PreprocessStats()
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,8 @@ def fold_shard(name: str, records: Sequence[Record], challengers: Sequence[str] 
     return ShardResult(record, seconds, model, {k: v.to_dict() for k, v in profile.items()},
                        tuple((c, k, n) for (c, k), n in sorted(by_check.items(), key=str)),
                        tuple((b.model.rows, b.compute_ms) for b in batches if b.compute_ms is not None),
-                       _fold_challengers(name, batches, records, challengers))
+                       _fold_challengers(name, batches, records, challengers),
+                       sum((b.preprocess for b in batches), PreprocessStats()))
 
 
 def _fold_challengers(name: str, batches: list[BatchRecord], records: Sequence[Record],

@@ -38,20 +38,19 @@ from .. import faults
 from ..beam_compat import PredictionResult, RunInference, beam, in_global_window
 from ..handlers.base import BatchModelHandler, Inference, Prepared
 from ..io.outputs import PREDICTIONS, QUARANTINE, Layout, challenger_folder, parquet_bytes, write_file, write_json
-from ..io.records import FileRecord, ModelStats
+from ..io.records import FileRecord, ModelStats, PreprocessStats
 from ..io.shards import ShardReader, Unreadable
 from ..rows.arrow_types import plain_array
 from ..rows.hashing import row_hashes
-from ..rows.isolation import run_isolating
 from ..rows.profile import ColumnStats, numeric_values
 from ..rows.quarantine import Failure, build_quarantine
-from ..rows.validation import validate_batch
 from ..triple.contract import Triple
 from ..triple.preprocess import Preprocessor
 from ..triple.schemas import SchemaVersion
 from . import progress
 from .coders import register_coders
 from .commit import CommitPlan, add_commit
+from .prepare import prepare_batch
 from .records import BatchRecord, ChallengerBatchRecord, ShardInfo, fold_shard
 
 # Prediction files: dictionary-encode only the columns that repeat one value per batch, keep
@@ -134,6 +133,7 @@ class Payload:
     source_rows: np.ndarray        # int64 row of each valid row within its shard
     quarantine: list[pa.Table]     # rows already quarantined (schema, preprocess)
     seconds: dict[str, float] = field(default_factory=dict)   # time spent per stage
+    preprocess: PreprocessStats = PreprocessStats()
 
 
 def build(pipeline: beam.Pipeline, plan: ScoringPlan, commit: CommitPlan, *, handler: BatchModelHandler,
@@ -228,40 +228,23 @@ class ReadShard(beam.DoFn):
 
 
 class PrepareBatch(beam.DoFn):
-    """Validate, hash and preprocess one batch; bad rows go to the payload's quarantine."""
+    """Validate and preprocess one batch (:func:`~.prepare.prepare_batch`); bad rows go to the
+    payload's quarantine."""
 
     def __init__(self, plan: ScoringPlan):
         self.plan = plan
 
     def process(self, element) -> Iterator[Prepared]:
-        index, number, first_row, batch, read_s = (element.shard, element.number,
-                                                   element.first_row, element.batch, element.read_s)
         plan = self.plan
-        name = plan.shard_names[index]
-        t0 = time.perf_counter()
-        result = validate_batch(batch, plan.schema.schema, source_shard=name, first_row=first_row)
-        t1 = time.perf_counter()
-        quarantine = [result.quarantine] if result.quarantine.num_rows else []
-        valid = result.valid
-        source_rows = result.valid_rows.astype(np.int64) + first_row
-        features: Any = None
-        if valid.num_rows:
-            done, failed = run_isolating(valid.num_rows,
-                                         lambda s, e: plan.preprocessor(valid.slice(s, e - s)))
-            if failed:
-                rows = np.array([r for r, _ in failed], dtype=np.int64)
-                quarantine.append(build_quarantine(
-                    name, source_rows[rows],
-                    [[Failure(None, "preprocess", f"preprocessing failed: {msg}")] for _, msg in failed],
-                    valid.take(pa.array(rows))))
-                keep = _rows_of(done)
-                valid = valid.take(pa.array(keep))
-                source_rows = source_rows[keep]
-            features = _concat_features([r for _, _, r in done]) if done else None
-        seconds = {"read": read_s, "validate": t1 - t0, "preprocess": time.perf_counter() - t1}
-        yield Prepared(key=(index, number), rows=valid.num_rows, features=features,
-                       payload=Payload(first_row, batch.num_rows, valid, source_rows, quarantine,
-                                       seconds))
+        prepared = prepare_batch(element.batch, plan.schema, plan.preprocessor,
+                                 source_shard=plan.shard_names[element.shard],
+                                 first_row=element.first_row)
+        seconds = {"read": element.read_s, **prepared.seconds}
+        yield Prepared(key=(element.shard, element.number), rows=prepared.valid.num_rows,
+                       features=prepared.features,
+                       payload=Payload(element.first_row, element.batch.num_rows, prepared.valid,
+                                       prepared.source_rows, prepared.quarantine, seconds,
+                                       prepared.stats))
 
 
 class _Writer(beam.DoFn):
@@ -401,7 +384,8 @@ class WriteBatch(_Writer):
                            inference.tokens, inference.padded_tokens)
         return (index, BatchRecord(number, payload.rows_in, int(ok.size), quarantined,
                                    tuple(files), first_reason, seconds, model, profile, by_check,
-                                   inference.compute_ms if item.rows else None))
+                                   inference.compute_ms if item.rows else None,
+                                   payload.preprocess))
 
     def _profile(self, scored: pa.RecordBatch, outputs: dict[str, np.ndarray]) -> dict[str, ColumnStats]:
         """This batch's statistics of the scored rows' features and predictions: a few numpy
@@ -521,29 +505,3 @@ def _finite_rows(outputs: dict[str, np.ndarray], n: int) -> np.ndarray:
 
 def _constant_dictionary(value: str, n: int) -> pa.Array:
     return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([value]))
-
-
-def _rows_of(done) -> np.ndarray:
-    if not done:
-        return np.zeros(0, np.int64)
-    return np.concatenate([np.arange(s, e, dtype=np.int64) for s, e, _ in done])
-
-
-def _concat_features(parts: list[Any]) -> Any:
-    if len(parts) == 1:
-        return parts[0]
-    if isinstance(parts[0], dict):
-        return {k: _concat_padded([p[k] for p in parts]) for k in parts[0]}
-    return _concat_padded(parts)
-
-
-def _concat_padded(arrays: list[np.ndarray]) -> np.ndarray:
-    """One array from the preprocessing's parts (a batch split around rows it rejected). A
-    sequence input is padded to each part's longest row, so parts may differ in length: the
-    shorter ones are right-padded with zeros, which is what padding is (docs/contract.md)."""
-    arrays = [np.asarray(a) for a in arrays]
-    if arrays[0].ndim >= 2 and len({a.shape[1] for a in arrays}) > 1:
-        width = max(a.shape[1] for a in arrays)
-        arrays = [np.pad(a, [(0, 0), (0, width - a.shape[1])] + [(0, 0)] * (a.ndim - 2))
-                  for a in arrays]
-    return np.concatenate(arrays)

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from ..errors import ContractError, ModelError
+from ..errors import ContractError, ModelFileError, one_line
 
 PREPROCESS_PREFIX = "batchinfer-preprocess/1\n"
 SIDECAR_SUFFIX = ".batchinfer.json"
@@ -82,12 +82,13 @@ def model_files(model_path: str | Path) -> list[Path]:
     """The files whose bytes make up the model: the file, then ONNX external data by name.
 
     Raises:
-        ModelError: the model file does not exist.
+        ModelFileError: the model file (or an external-data file) does not exist, or an ``.onnx``
+            file is not an ONNX model.
         ContractError: an external-data path leaves the model's folder (safe loading).
     """
     path = Path(model_path)
     if not path.is_file():
-        raise ModelError(f"model file {model_path} not found")
+        raise ModelFileError(f"model file {model_path} not found")
     if path.suffix.lower() != ".onnx":
         return [path]
     return [path, *onnx_external_files(path)]
@@ -100,7 +101,7 @@ def onnx_external_files(path: Path) -> list[Path]:
     try:
         proto = onnx.load(str(path), load_external_data=False)
     except Exception as exc:
-        raise ModelError(f"{path} is not a readable ONNX model: {exc}") from None
+        raise ModelFileError(f"{path} is not a readable ONNX model: {one_line(exc)}") from None
     folder = path.parent.resolve()
     locations: set[str] = set()
     for tensor in _all_tensors(proto.graph):
@@ -116,7 +117,7 @@ def onnx_external_files(path: Path) -> list[Path]:
                 f"{path}: external data {location!r} leaves the model's folder; refusing to load "
                 f"it (keep external-data files beside the model)")
         if not target.is_file():
-            raise ModelError(f"{path}: external data file {location!r} not found")
+            raise ModelFileError(f"{path}: external data file {location!r} not found")
         files.append(folder / location)
     return files
 

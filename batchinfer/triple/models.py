@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Mapping
 
 from .. import backends
-from ..errors import ModelError, StorageError, one_line
+from ..errors import ModelFileError, SpecError, StorageError, one_line
 from .contract import Triple, declaration_from_tags, declaration_tags, read_sidecar, write_sidecar
 
 _REGISTRY_URI = re.compile(r"^models:/(?P<name>[^/]+)/(?P<version>[0-9]+)$")
@@ -42,20 +42,22 @@ def resolve_model(uri: str, backend: str, tracking_uri: str) -> ResolvedModel:
     """Find the model file and read its declaration.
 
     Raises:
-        ModelError: the file or registry version does not exist, or holds no model file.
+        ModelFileError: the file or registry version does not exist, or holds no model file
+            (exit 2: a retry finds the same nothing).
+        SpecError: a ``models:`` URI that is not ``models:/<name>/<version>``.
         StorageError: the registry cannot be reached.
     """
     ref = registry_ref(uri)
     if ref is None:
         if uri.startswith("models:"):
-            raise ModelError(f"model.uri {uri}: use models:/<name>/<version>")
+            raise SpecError(f"model.uri {uri}: use models:/<name>/<version>")
         path = Path(uri)
         if path.is_dir():
-            raise ModelError(f"model.uri {uri} is a folder, not a model file: point it at the "
+            raise ModelFileError(f"model.uri {uri} is a folder, not a model file: point it at the "
                              f"{'/'.join(backends.get(backend).suffixes)} file inside")
         if not path.is_file():
             what = "is not a regular file" if path.exists() else "not found"
-            raise ModelError(f"model file {uri} {what}")
+            raise ModelFileError(f"model file {uri} {what}: fix model.uri")
         return ResolvedModel(uri, path, read_sidecar(path))
     client = _client(tracking_uri)
     name, version = ref
@@ -103,7 +105,7 @@ def _model_file(folder: Path, backend: str, uri: str) -> Path:
     found = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in suffixes)
     if len(found) != 1:
         what = "no" if not found else f"{len(found)}"
-        raise ModelError(f"{uri} holds {what} {'/'.join(suffixes)} files; it must hold exactly one")
+        raise ModelFileError(f"{uri} holds {what} {'/'.join(suffixes)} files; it must hold exactly one")
     return found[0]
 
 
@@ -116,7 +118,7 @@ def _client(tracking_uri: str):
 def _registry_error(exc: Exception, what: str, tracking_uri: str) -> Exception:
     text = one_line(exc, 200)
     if "RESOURCE_DOES_NOT_EXIST" in text or "not found" in text.lower():
-        return ModelError(f"{what} not found in the registry at {tracking_uri}: {text}")
+        return ModelFileError(f"{what} not found in the registry at {tracking_uri}: {text}")
     return StorageError(f"cannot read {what} from the registry at {tracking_uri}: {text}")
 
 

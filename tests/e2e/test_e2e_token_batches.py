@@ -159,6 +159,22 @@ def test_tokens_need_the_lengths_input(project):
     assert not (project / "out" / "never").exists()
 
 
+def test_sequence_inputs_the_job_lists(project, by_rows):
+    """``batch.sequence_inputs`` names the inputs a call cuts (the lengths input is always one);
+    a name the model does not take is exit 2 before any work."""
+    preds, _, manifest, _ = _run(project, "out/listed", "--set", "batch.tokens=200",
+                                 "--set", "batch.sequence_inputs=[input_ids]")
+    columns = [c for c in by_rows[0].column_names if c not in EXECUTION]
+    assert manifest["totals"] == by_rows[2]["totals"]
+    assert preds.select(columns).equals(by_rows[0].select(columns))
+    result = run_cli("run", "job.yaml", "--ds", DS, "--set", "output.path=out/never",
+                     "--set", "batch.tokens=200", "--set", "batch.sequence_inputs=[token_ids]",
+                     cwd=project)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "batch.sequence_inputs names ['token_ids'], which the model does not take" in one_line_error(result)
+    assert not (project / "out" / "never").exists()
+
+
 @pytest.mark.parametrize("fault", ["mid_write", "write:3", "before_commit"])
 def test_killed_token_run_commits_nothing_and_its_rerun_is_the_row_partition(project, by_rows, fault):
     """Crash safety is the batch's, whatever sizes the model calls: killed (SIGKILL) while
@@ -176,3 +192,78 @@ def test_killed_token_run_commits_nothing_and_its_rerun_is_the_row_partition(pro
     assert manifest["totals"] == by_rows[2]["totals"]
     assert preds.select(columns).equals(by_rows[0].select(columns))
     assert quarantine.equals(by_rows[1])
+
+
+# -- a dense input as wide as the padded batch is not a sequence ---------------------------------
+
+WIDTH = 300   # every batch padded to it, and the dense input's fixed width
+
+DENSE_PREPROCESS = PREPROCESS.replace(
+    "width = max([len(t) for t in texts] + [1])", f"width = {WIDTH}").replace(
+    '    return {"input_ids": ids, "attention_mask": mask}',
+    f'''    # per-row features, as wide as the padded sequences by construction
+    sizes = np.array([len(t) for t in texts], np.int64)[:, None]
+    dense = ((sizes + np.arange({WIDTH})) % 5).astype(np.float32)
+    return {{"input_ids": ids, "attention_mask": mask, "dense": dense}}''')
+assert f"width = {WIDTH}" in DENSE_PREPROCESS and "dense" in DENSE_PREPROCESS
+
+
+def dense_model(path: Path) -> Path:
+    """The byte model with a third input ``dense [N, 300]`` (fixed) and a third output
+    ``dense_total``, the sum of a row's dense values (small integers: exact)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = numpy_helper.from_array(np.arange(VOCAB, dtype=np.float32), "table")
+    nodes = [helper.make_node("Gather", ["table", "input_ids"], ["values"]),
+             helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["values", "maskf"], ["masked"]),
+             helper.make_node("ReduceSum", ["masked", "axis"], ["total"], keepdims=0),
+             helper.make_node("ReduceSum", ["dense", "axis"], ["dense_total"], keepdims=0)]
+    axis = numpy_helper.from_array(np.array([1], np.int64), "axis")
+    graph = helper.make_graph(
+        nodes, "bytes_and_dense",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["N", "L"]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["N", "L"]),
+         helper.make_tensor_value_info("dense", TensorProto.FLOAT, ["N", WIDTH])],
+        [helper.make_tensor_value_info("total", TensorProto.FLOAT, ["N"]),
+         helper.make_tensor_value_info("dense_total", TensorProto.FLOAT, ["N"])],
+        [table, axis])
+    return save_onnx(graph, path)
+
+
+@pytest.fixture(scope="module")
+def dense_project(project, tmp_path_factory) -> Path:
+    """The same documents, padded to 300 tokens beside a dense input 300 wide."""
+    import shutil
+
+    folder = tmp_path_factory.mktemp("dense")
+    shutil.copytree(project / "data", folder / "data")
+    (folder / "dense_preprocess.py").write_text(DENSE_PREPROCESS)
+    dense_model(folder / "models" / "dense.onnx")
+    write_job(folder, name="dense", schema="documents@1", preprocess="dense_preprocess:transform",
+              model="models/dense.onnx", schemas={"root": str(REPO / "schemas")},
+              output={"path": "out/{ds}", "id_columns": ["doc_id"]},
+              quarantine={"max_bad_fraction": 0.05}, batch={"rows": 64})
+    stamped = run_cli("stamp", "models/dense.onnx", "--job", "job.yaml", "--model-version", "dense:1",
+                      cwd=folder)
+    assert stamped.returncode == 0, stamped.stderr
+    return folder
+
+
+def test_a_dense_input_as_wide_as_the_padded_sequences_is_never_cut(dense_project):
+    """Before, every input whose second axis had the lengths input's length was cut like a
+    sequence: ``dense`` (300 wide, as every batch is padded to 300) reached the model cut to
+    each call's longest row, which ONNX Runtime refused (most rows quarantined). The model
+    declares it ``[N, 300]``, fixed: it is not a sequence, and both runs commit the same."""
+    preds_r, quar_r, manifest_r, _ = _run(dense_project, "out/rows")
+    preds_t, quar_t, manifest_t, _ = _run(dense_project, "out/tokens", "--set", "batch.tokens=200")
+    assert manifest_t["totals"] == manifest_r["totals"]
+    assert manifest_r["totals"]["rows_quarantined"] == 4                # as the byte model's
+    columns = [c for c in preds_r.column_names if c not in EXECUTION]
+    assert preds_t.select(columns).equals(preds_r.select(columns))
+    assert quar_t.equals(quar_r)
+    texts = dict(zip(*pq.read_table(dense_project / "data" / f"dt={DS}").to_pydict().values()))
+    for doc_id, dense_total in zip(preds_t.column("doc_id").to_pylist(),
+                                   preds_t.column("dense_total").to_pylist()):
+        size = len(texts[doc_id].encode("utf-8")[:300])
+        assert dense_total == float(sum((size + j) % 5 for j in range(WIDTH)))

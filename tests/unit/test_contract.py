@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from batchinfer.errors import ContractError, ModelError, PreprocessError
+from batchinfer.errors import ContractError, ModelFileError, PreprocessError
 from batchinfer.triple.contract import (
     PARTS,
     Triple,
@@ -102,10 +102,10 @@ def test_model_digest_of_non_onnx_file(tmp_path):
     assert model_digest(path) == _sha(b"\x00not onnx\x01")
 
 
-def test_model_digest_missing_file_is_model_error(tmp_path):
-    with pytest.raises(ModelError) as excinfo:
+def test_model_digest_missing_file_is_the_users_mistake(tmp_path):
+    with pytest.raises(ModelFileError) as excinfo:
         model_digest(tmp_path / "absent.onnx")
-    assert excinfo.value.exit_code == 5
+    assert excinfo.value.exit_code == 2   # a retry cannot make it appear
 
 
 def _external_model(folder: Path, location: str = "weights.bin") -> tuple[Path, Path]:
@@ -149,10 +149,10 @@ def test_model_digest_external_files_in_name_order(tmp_path):
     assert model_digest(target) == _sha(b"".join(p.read_bytes() for p in files))
 
 
-def test_model_digest_missing_external_file_is_model_error(tmp_path):
+def test_model_digest_missing_external_file_is_the_users_mistake(tmp_path):
     model, weights = _external_model(tmp_path)
     weights.unlink()
-    with pytest.raises(ModelError):
+    with pytest.raises(ModelFileError):
         model_digest(model)
 
 
@@ -196,11 +196,12 @@ def test_external_data_in_subfolder_is_allowed(tmp_path):
     assert model_files(model) == [model, weights]
 
 
-def test_unreadable_onnx_is_model_error(tmp_path):
+def test_unreadable_onnx_is_the_users_mistake(tmp_path):
     path = tmp_path / "model.onnx"
     path.write_bytes(b"\xff\xfe not a protobuf \x00" * 10)
-    with pytest.raises(ModelError):
+    with pytest.raises(ModelFileError) as excinfo:
         model_digest(path)
+    assert excinfo.value.exit_code == 2   # the same bytes fail on every retry
 
 
 @pytest.mark.parametrize("name", ["model.pkl", "model.pickle", "model.pt", "model.PTH",

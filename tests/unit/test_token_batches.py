@@ -55,6 +55,9 @@ class FakeEncoder(BatchModelHandler):
     def output_names(self, model):
         return ["total", "length"]
 
+    def input_shapes(self, model):
+        return {"input_ids": ("L",), "attention_mask": ("L",)}   # as an ONNX export declares
+
     def is_out_of_memory(self, exc):
         return isinstance(exc, _DeviceFull)
 
@@ -195,10 +198,108 @@ def test_a_lengths_input_that_is_not_rows_by_length_is_refused():
 
     features = padded([4, 9, 2])
     features["attention_mask"] = features["attention_mask"].sum(1)      # [rows]: counts
+    with pytest.raises(PreprocessError, match=r"'attention_mask' of shape \[N\]; .* takes \[N, L\]"):
+        infer(FakeEncoder(tokens=100), features)                        # as the model declares it
+    undeclared = FakeEncoder(tokens=100)
+    undeclared.input_shapes = lambda model: {}
     with pytest.raises(PreprocessError, match=r"'attention_mask'.*\[3\], not \[rows, length\]"):
-        infer(FakeEncoder(tokens=100), features)
+        infer(undeclared, features)                                     # whatever it declares
     assert PreprocessError("x").exit_code == 2
     handler = FakeEncoder(chunk_rows=8)
+    handler.input_shapes = lambda model: {}
     handler.predict = lambda model, inputs: {"total": inputs["input_ids"].sum(1), "length": inputs["attention_mask"]}
     result = infer(handler, features)
     assert result.tokens == 0 and result.outputs["length"].tolist() == [4, 9, 2]
+
+
+# -- which inputs a call cuts: the model's declared shapes, never an array's width -------------
+
+class DenseFakeEncoder(FakeEncoder):
+    """FakeEncoder with a fixed-width ``dense`` input ``[N, width]`` beside its sequences; its
+    ``dense_total`` sums all of a row's dense values (exact), whatever width it is given, as a
+    model that broadcasts would: cutting it would change predictions without an error."""
+
+    def __init__(self, width, **kwargs):
+        super().__init__(**kwargs)
+        self.width = width
+
+    def input_names(self, model):
+        return ["input_ids", "attention_mask", "dense"]
+
+    def output_names(self, model):
+        return ["total", "length", "dense_total"]
+
+    def input_shapes(self, model):
+        return {**super().input_shapes(model), "dense": (self.width,)}
+
+    def predict(self, model, inputs):
+        out = super().predict(model, {k: inputs[k] for k in ("input_ids", "attention_mask")})
+        return {**out, "dense_total": inputs["dense"].sum(1).astype(np.float32)}
+
+
+def test_a_dense_input_as_wide_as_the_padded_batch_is_not_cut():
+    """``dense`` is exactly as wide as the batch's padded length (40), so an array's width
+    cannot tell it from a sequence: the model's declared shape ([N, 40], fixed) does."""
+    rng = np.random.default_rng(11)
+    lengths = [40] + rng.integers(1, 40, 299).tolist()
+    features = padded(lengths, seed=2)
+    assert features["input_ids"].shape[1] == 40
+    features["dense"] = rng.integers(0, 9, (300, 40)).astype(np.float32)
+    by_rows = infer(DenseFakeEncoder(40, chunk_rows=32), features)
+    tokens = DenseFakeEncoder(40, tokens=256)
+    by_tokens = infer(tokens, features)
+    assert any(width < 40 for _, width in tokens.calls)                 # the sequences were cut
+    for name in ("total", "length", "dense_total"):
+        assert np.array_equal(by_tokens.outputs[name], by_rows.outputs[name]), name
+    assert by_tokens.outputs["dense_total"].tolist() == features["dense"].sum(1).tolist()
+
+
+def test_sequence_inputs_are_told_by_declared_dims():
+    names = ["input_ids", "attention_mask", "token_type_ids", "dense", "chars"]
+    shapes = {"input_ids": ("L",), "attention_mask": ("L",), "token_type_ids": ("L",),
+              "dense": (64,), "chars": ("C",)}
+    found = token_calls.sequence_inputs("attention_mask", names, shapes)
+    assert found == {"input_ids", "attention_mask", "token_type_ids"}  # not the fixed, not "C"
+    unnamed = {"input_ids": (None,), "attention_mask": (None,), "dense": (64,)}  # TensorRT's -1
+    assert token_calls.sequence_inputs("attention_mask", names[:2] + ["dense"], unnamed) == \
+        {"input_ids", "attention_mask"}
+    assert token_calls.sequence_inputs("attention_mask", names, shapes, ["chars"]) == \
+        {"chars", "attention_mask"}                                       # as the job lists them
+
+
+@pytest.mark.parametrize("shapes, listed, said", [
+    ({"attention_mask": (128,)}, None, "fixes the length of 'attention_mask' at 128"),
+    ({"attention_mask": ("L", 4)}, None, "[N, L, 4], not [rows, length]"),
+    ({}, None, "list them in batch.sequence_inputs"),
+    ({"attention_mask": ("L",)}, ["ids"], "names ['ids'], which the model does not take"),
+    ({"attention_mask": ("L",), "dense": (64,)}, ["dense"], "dense [N, 64]"),
+])
+def test_sequence_inputs_that_cannot_be_told_or_cut_are_refused(shapes, listed, said):
+    with pytest.raises(ValueError) as info:
+        token_calls.sequence_inputs("attention_mask", ["attention_mask", "dense"], shapes, listed)
+    assert said in str(info.value)
+
+
+def test_sequence_inputs_padded_to_another_length_are_refused():
+    from batchinfer.errors import PreprocessError
+
+    features = padded([4, 9, 2])
+    features["input_ids"] = np.pad(features["input_ids"], [(0, 0), (0, 3)])
+    handler = FakeEncoder(tokens=100)
+    handler.input_shapes = lambda model: {"input_ids": (None,), "attention_mask": (None,)}
+    with pytest.raises(PreprocessError, match=r"'input_ids'.*\[3, 12\] beside 'attention_mask' padded to 9"):
+        infer(handler, features)
+    assert handler.calls == []
+
+
+def test_an_input_of_another_width_than_the_model_declares_fails_before_any_call():
+    """One column too few fails every row alike: found on the batch, without a model call, not
+    after isolating every row by calling the model on it alone."""
+    from batchinfer.errors import PreprocessError
+
+    handler = DenseFakeEncoder(8, chunk_rows=16)
+    features = {**padded([3] * 500), "dense": np.zeros((500, 7), np.float32)}
+    with pytest.raises(PreprocessError) as info:
+        infer(handler, features)
+    assert "'dense' of shape [N, 7]; the model fake.model takes [N, 8]" in str(info.value)
+    assert info.value.exit_code == 2 and handler.calls == []

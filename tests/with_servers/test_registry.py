@@ -71,10 +71,10 @@ def test_stamp_run_and_contract_through_the_registry(tmp_path, mlflow_live, stam
     assert len(lines) == 1 and "preprocess_hash" in lines[0], broken.stderr
     assert not (tmp_path / "out2").exists()
 
-    # A version that does not exist: exit 5, one line naming it.
+    # A version that does not exist: exit 2 (the job's mistake, not retried), one line naming it.
     missing = run_cli("run", str(job), "--ds", DS, "--set", f"model.uri=models:/{name}/7",
                       cwd=tmp_path, track=True)
-    assert missing.returncode == 5, (missing.stdout, missing.stderr)
+    assert missing.returncode == 2, (missing.stdout, missing.stderr)
     lines = missing.stderr.strip().splitlines()
     assert len(lines) == 1 and f"models:/{name}/7" in lines[0], missing.stderr
     assert "Traceback" not in missing.stderr
