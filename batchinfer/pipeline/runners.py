@@ -146,8 +146,8 @@ def check_option_names(name: str, options: Mapping[str, Any]) -> list[str]:
                              f"{owner[flag]}), which runner {name} ignores: remove it "
                              f"(--set runner.options={{}} clears the file's options)")
             continue
-        close = difflib.get_close_matches(flag[2:], sorted(here), n=2)
-        known = f"runner.options.{key}" + (f" (did you mean {' or '.join(close)}?)" if close else "")
+        close = difflib.get_close_matches(flag[2:], sorted(here), n=1)
+        known = f"runner.options.{key}" + (f" (did you mean {close[0]}?)" if close else "")
         if name in JOB_SERVICE_OPTIONS:
             warnings.append(f"runner {name}: {known} is not an option Beam knows here; it goes "
                             f"to the job service, which ignores it unless it is one of its own")

@@ -177,8 +177,8 @@ def project(tmp_path_factory):
 
 @pytest.mark.parametrize("sets, expected", [
     (["runner.name=dask", "runner.options.dask_client_adress=tcp://127.0.0.1:8786"],
-     "(did you mean dask_client_address"),
-    (["runner.options.direct_num_worker=2"], "(did you mean direct_num_workers or num_workers?)"),
+     "(did you mean dask_client_address?)"),
+    (["runner.options.direct_num_worker=2"], "(did you mean direct_num_workers?)"),
     (["runner.options.totally_bogus=1"], "unknown option runner.options.totally_bogus."),
     (["runner.name=dask", "runner.options.flink_master=flink-jm:8081"],
      "runner.options.flink_master is an option of runner flink or portable"),
