@@ -79,7 +79,8 @@ class ModelFields(_Strict):
 
 
 # A challenger's name is a folder under output.path (challengers/<name>/): one safe path segment.
-CHALLENGER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+# fullmatch, never match with `$`: `$` also matches before a final newline ("c\n" passed).
+CHALLENGER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
 
 class ChallengerSpec(ModelFields):
@@ -93,7 +94,7 @@ class ChallengerSpec(ModelFields):
     @model_validator(mode="after")
     def _safe_name(self) -> "ChallengerSpec":
         name = self.name or default_challenger_name(self.uri)
-        if not CHALLENGER_NAME.match(name):
+        if not CHALLENGER_NAME.fullmatch(name):
             what = f"name {self.name!r}" if self.name else f"name {name!r} (from its uri)"
             raise ValueError(f"model.challengers: {what} is not a safe folder name (letters, "
                              f"digits, '_', '.', '-'; starting with a letter or digit): set name")
@@ -104,7 +105,7 @@ class ChallengerSpec(ModelFields):
 def default_challenger_name(uri: str) -> str:
     """The name a challenger gets without ``name``: its file's stem, or ``<name>-<version>`` of
     a registry URI."""
-    registry = re.match(r"^models:/([^/]+)/([^/]+)$", uri)
+    registry = re.fullmatch(r"models:/([^/]+)/([^/]+)", uri)
     if registry:
         return f"{registry[1]}-{registry[2]}"
     last = uri.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]

@@ -314,6 +314,27 @@ def test_bad_ds_format(tmp_path, bad):
     assert "YYYY-MM-DD" in message
 
 
+@pytest.mark.parametrize("challenger", [{"uri": "models/c.onnx", "name": "c\n"},
+                                        {"uri": "models:/credit/4\n"}])
+def test_a_challenger_name_with_a_final_newline_is_refused(tmp_path, challenger):
+    """``re.match`` with ``$`` took ``c\\n`` for a safe folder name (and the challenger
+    committed under challengers/c\\n/); so did the name taken from ``models:/credit/4\\n``."""
+    model = {"uri": "models/model.onnx", "challengers": [challenger]}
+    with pytest.raises(SpecError) as excinfo:
+        load_job(_job_file(tmp_path, extra={"model": model}), ds=DS)
+    assert "is not a safe folder name" in _one_line_spec_error(excinfo)
+
+
+@pytest.mark.parametrize("key, value", [("name", "testjob\n"), ("schema", "feats@1\n"),
+                                        ("preprocess", "prep:transform\n")])
+def test_pydantic_patterns_refuse_a_final_newline(tmp_path, key, value):
+    """pydantic-core matches ``pattern=`` with Rust's regex, whose ``$`` is the end of the
+    text only: pinned here, as Python's ``re`` would let these through."""
+    with pytest.raises(SpecError) as excinfo:
+        load_job(_job_file(tmp_path, extra={key: value}), ds=DS)
+    assert f"{key}: String should match pattern" in _one_line_spec_error(excinfo)
+
+
 @pytest.mark.parametrize("ds, expected", [
     ("2026-02-30", "--ds '2026-02-30' is not a date: 2026-02-30 is not a day of February 2026 (it has 28 days)"),
     ("2025-02-29", "is not a day of February 2025 (it has 28 days)"),
