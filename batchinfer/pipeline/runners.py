@@ -126,12 +126,9 @@ def check_option_names(name: str, options: Mapping[str, Any]) -> list[str]:
     from ..beam_compat import option_flags
 
     flags = option_flags()
-    owner: dict[str, str] = {}  # flag → the options class that registers it
-    for cls, cls_flags in flags.items():
-        for flag in cls_flags:
-            owner.setdefault(flag, cls.__name__)
-    here = {f[2:] for f, cls in owner.items()
-            if name in OWN_OPTIONS.get(cls, (name,)) and f != "--runner"}
+    owner = {flag: cls.__name__ for cls, cls_flags in flags.items() for flag in cls_flags}
+    here = {flag[2:] for cls, cls_flags in flags.items()
+            if name in OWN_OPTIONS.get(cls.__name__, (name,)) for flag in cls_flags} - {"runner"}
     unknown, elsewhere, warnings = [], [], []
     for key in map(str, options):
         flag = "--" + key.lstrip("-")
