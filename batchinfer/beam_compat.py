@@ -13,6 +13,9 @@ that moves or changes one fails there, with its name, rather than somewhere insi
   samples sizes by encoding elements, which pickles whole batches with the default coder.
 - Emitting elements from ``finish_bundle`` needs a ``WindowedValue``; batchinfer's elements
   live in the global window.
+- The flags Beam's option parser knows, by the options class that registers them
+  (``PipelineOptions._add_argparse_args``, on Beam's own parser class): Beam only warns about a
+  flag it does not know and runs without it; batchinfer refuses it (``pipeline/runners.py``).
 """
 from __future__ import annotations
 
@@ -36,6 +39,22 @@ def size_estimating_coder_impl(encode: Callable[[Any], bytes], decode: Callable[
                                size_estimator: Callable[[Any], int]):
     """A coder implementation that encodes with ``encode`` but sizes with ``size_estimator``."""
     return beam.coders.coder_impl.CallbackCoderImpl(encode, decode, size_estimator=size_estimator)
+
+
+def option_flags() -> dict[type, tuple[str, ...]]:
+    """The flags (``--name``, aliases included) of every ``PipelineOptions`` subclass imported
+    so far, by class, as Beam's own parser registers them (``get_all_options`` does the same).
+    A runner's own options class (Beam's ``DaskOptions``) is known once its module is imported."""
+    from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+
+    flags = {}
+    # Beam's get_all_options: the last of classes that share a name wins (a module imported twice).
+    for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
+        parser = _BeamArgumentParser(allow_abbrev=False, add_help=False)
+        cls._add_argparse_args(parser)
+        flags[cls] = tuple(s for action in parser._actions for s in action.option_strings
+                           if s.startswith("--"))
+    return flags
 
 
 def in_global_window(value: Any) -> WindowedValue:

@@ -19,10 +19,13 @@ Order matters and is part of the contract (SPEC §3):
 """
 from __future__ import annotations
 
+import calendar
+import difflib
 import hashlib
 import json
 import os
 import re
+import typing
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -36,7 +39,7 @@ from .errors import SpecError
 from .io.reach import ANY_DATE, reach_conflict
 from .rows.columns import check_output_columns
 
-DATE_FORMAT = re.compile(r"^\d{4}-\d{2}-\d{2}$")  # a partition date, YYYY-MM-DD
+DATE_FORMAT = re.compile(r"\d{4}-\d{2}-\d{2}")  # a partition date, YYYY-MM-DD (fullmatch)
 ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _ENV = re.compile(r"\$\{(%s)\}" % ENV_NAME)
 # A date that stands for "some partition" where the spec is checked without --ds.
@@ -78,7 +81,8 @@ class ModelFields(_Strict):
 
 
 # A challenger's name is a folder under output.path (challengers/<name>/): one safe path segment.
-CHALLENGER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+# fullmatch, never match with `$`: `$` also matches before a final newline ("c\n" passed).
+CHALLENGER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
 
 class ChallengerSpec(ModelFields):
@@ -95,7 +99,7 @@ class ChallengerSpec(ModelFields):
     @model_validator(mode="after")
     def _safe_name(self) -> "ChallengerSpec":
         name = self.name or default_challenger_name(self.uri)
-        if not CHALLENGER_NAME.match(name):
+        if not CHALLENGER_NAME.fullmatch(name):
             what = f"name {self.name!r}" if self.name else f"name {name!r} (from its uri)"
             raise ValueError(f"model.challengers: {what} is not a safe folder name (letters, "
                              f"digits, '_', '.', '-'; starting with a letter or digit): set name")
@@ -106,7 +110,7 @@ class ChallengerSpec(ModelFields):
 def default_challenger_name(uri: str) -> str:
     """The name a challenger gets without ``name``: its file's stem, or ``<name>-<version>`` of
     a registry URI."""
-    registry = re.match(r"^models:/([^/]+)/([^/]+)$", uri)
+    registry = re.fullmatch(r"models:/([^/]+)/([^/]+)", uri)
     if registry:
         return f"{registry[1]}-{registry[2]}"
     last = uri.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
@@ -320,12 +324,16 @@ def read_mapping(path: Path, what: str, *, allow_empty: bool = False) -> dict:
 
 def check_date(value: str, what: str) -> date:
     """``value`` as a date; SpecError unless it is a real calendar date written YYYY-MM-DD."""
-    try:
-        if DATE_FORMAT.match(value):
-            return date.fromisoformat(value)
-    except ValueError:
-        pass
-    raise SpecError(f"{what} {value!r} is not a date: use YYYY-MM-DD (e.g. 2026-01-31)")
+    if not DATE_FORMAT.fullmatch(value):
+        raise SpecError(f"{what} {value!r} is not a date: use YYYY-MM-DD (e.g. 2026-01-31)")
+    year, month, day = (int(part) for part in value.split("-"))
+    if not 1 <= month <= 12:
+        raise SpecError(f"{what} {value!r} is not a date: there is no month {month} (01-12)")
+    days = calendar.monthrange(year, month)[1]
+    if not 1 <= day <= days:
+        raise SpecError(f"{what} {value!r} is not a date: {value} is not a day of "
+                        f"{calendar.month_name[month]} {year} (it has {days} days)")
+    return date(year, month, day)
 
 
 def _check_paths(data: dict, spec: "JobSpec", folder: Path, ds: str | None,
@@ -485,7 +493,7 @@ def _describe(exc: ValidationError) -> str:
         loc = ".".join("schema" if p == "schema_" else str(p) for p in err["loc"])
         kind = err["type"]
         if kind == "extra_forbidden":
-            parts.append(f"unknown key '{loc}'")
+            parts.append(f"unknown key '{loc}'{_did_you_mean(err['loc'])}")
         elif kind == "missing":
             parts.append(f"missing required key '{loc}'")
         elif kind == "value_error":  # our own validators: the message says it all
@@ -495,3 +503,42 @@ def _describe(exc: ValidationError) -> str:
             shown = "" if isinstance(got, (dict, list)) else f" (got {str(got)[:80]!r})"
             parts.append(f"{loc}: {err['msg']}{shown}")
     return "; ".join(parts)
+
+
+def _did_you_mean(loc: tuple) -> str:
+    """`` (did you mean 'max_bad_fraction'?)`` for an unknown key at ``loc``, from the keys of
+    the mapping it is in (its model's fields); the mapping's keys when none is close."""
+    keys = _keys_at(JobSpec, loc[:-1])
+    if not keys:
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), keys, n=1)
+    if close:
+        return f" (did you mean {close[0]!r}?)"
+    return f" (known keys{' of ' + '.'.join(map(str, loc[:-1])) if loc[:-1] else ''}: {', '.join(keys)})"
+
+
+def _keys_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The keys (aliases where a field has one) of the model that ``loc`` leads to from
+    ``model``; list indexes in ``loc`` stand for the list's items. Empty when ``loc`` leads to
+    something other than a model (a plain mapping such as ``runner.options``)."""
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        fields = {f.alias or name: f for name, f in model.model_fields.items()}
+        field = fields.get(str(part))
+        inner = _model_in(field.annotation) if field is not None else None
+        if inner is None:
+            return []
+        model = inner
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model an annotation holds: ``MonitorSpec | None`` and ``list[ChallengerSpec]`` too."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None

@@ -501,6 +501,36 @@ class DaskCluster(_Served):
         with Client(self.address, timeout=30) as client:
             return client.run(lambda dask_worker: dask_worker.state.executed_count)
 
+    def wait_for_no_clients(self, timeout: float) -> None:
+        """Wait until the scheduler has no client but the one asking (and its own
+        ``fire-and-forget`` pseudo-client): a client that died has been removed."""
+        from distributed import Client
+
+        deadline = time.monotonic() + timeout
+        with Client(self.address, timeout=30) as client:
+            while True:
+                others = set(client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.clients)))
+                others -= {client.id, "fire-and-forget"}
+                if not others:
+                    return
+                assert time.monotonic() < deadline, f"clients still connected: {others}"
+                time.sleep(0.1)
+
+    def wait_until_idle(self, timeout: float) -> None:
+        """Wait until the scheduler holds no task and no worker runs one (a cancelled task that
+        was running finishes first): after that nothing of an earlier job can still happen."""
+        from distributed import Client
+
+        deadline = time.monotonic() + timeout
+        with Client(self.address, timeout=30) as client:
+            while True:
+                tasks = client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
+                running = client.run(lambda dask_worker: len(dask_worker.state.all_running_tasks))
+                if tasks == 0 and not any(running.values()):
+                    return
+                assert time.monotonic() < deadline, f"{tasks} tasks, running per worker {running}"
+                time.sleep(0.1)
+
     def __exit__(self, *exc) -> None:
         try:
             if self.nanny is not None:

@@ -141,7 +141,7 @@ def clean_after_commit(layout: Layout, manifest: Manifest) -> None:
             name = entry.rstrip("/").rsplit("/", 1)[-1]
             # _tmp/ is ours alone (SPEC §4); in predictions/, quarantine/ and challengers/<name>/
             # only attempts are.
-            if kind == TMP or (ATTEMPT.match(name) and name != committed):
+            if kind == TMP or (ATTEMPT.fullmatch(name) and name != committed):
                 try:
                     fs.rm(entry, recursive=True)
                 except OSError:

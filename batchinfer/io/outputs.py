@@ -35,7 +35,7 @@ REPORT = "report.html"        # the job report, beside METRICS
 DRIFT = "_drift"              # <attempt>.json/.html of runs that drift stopped (not cleaned up)
 # `<UTC time>-<8 hex>` (SPEC §6). Cleanup removes only folders named like this: output.path is
 # the user's, and a folder of theirs that happens to sit in predictions/ is not ours to delete.
-ATTEMPT = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
+ATTEMPT = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{8}")  # fullmatch: `$` passes a final newline
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from .. import backends
 from ..errors import ModelFileError, SpecError, StorageError, one_line
 from .contract import Triple, declaration_from_tags, declaration_tags, read_sidecar, write_sidecar
 
-_REGISTRY_URI = re.compile(r"^models:/(?P<name>[^/]+)/(?P<version>[0-9]+)$")
+_REGISTRY_URI = re.compile(r"models:/(?P<name>[^/]+)/(?P<version>[0-9]+)")  # fullmatch
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class ResolvedModel:
 
 
 def registry_ref(uri: str) -> tuple[str, str] | None:
-    match = _REGISTRY_URI.match(uri)
+    match = _REGISTRY_URI.fullmatch(uri)
     return (match["name"], match["version"]) if match else None
 
 

@@ -23,8 +23,8 @@ from ..errors import ContractError, SpecError, UnknownSchemaError, UsageError
 from .sources import ModuleSource
 
 LOCK_FILE = "lock.json"
-_REF = re.compile(r"^(?P<name>[A-Za-z0-9_][A-Za-z0-9_.-]*)@(?P<version>[0-9]+)$")
-_VERSION_FILE = re.compile(r"^v(?P<version>[0-9]+)\.py$")
+_REF = re.compile(r"(?P<name>[A-Za-z0-9_][A-Za-z0-9_.-]*)@(?P<version>[0-9]+)")  # fullmatch
+_VERSION_FILE = re.compile(r"v(?P<version>[0-9]+)\.py")  # fullmatch: `$` passes "v1.py\n"
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class SchemaVersion:
 
 
 def parse_ref(ref: str) -> tuple[str, int]:
-    match = _REF.match(ref)
+    match = _REF.fullmatch(ref)
     if not match:
         raise SpecError(f"schema {ref!r}: use name@N, e.g. credit_features@2")
     return match["name"], int(match["version"])
@@ -67,7 +67,7 @@ def known_versions(root: str | Path) -> list[str]:
     if root.is_dir():
         for folder in sorted(p for p in root.iterdir() if p.is_dir()):
             for file in folder.iterdir():
-                match = _VERSION_FILE.match(file.name)
+                match = _VERSION_FILE.fullmatch(file.name)
                 if match:
                     found.append((folder.name, int(match["version"])))
     return [f"{name}@{version}" for name, version in sorted(found)]

@@ -226,6 +226,16 @@ TRIPLE = Triple(model_version="credit_risk:3", model_digest="d" * 64,
                 schema_version="credit_features@1", preprocess_hash="p" * 64)
 
 
+def test_a_registry_uri_with_a_final_newline_is_not_one():
+    """``$`` matched before the final newline: ``models:/credit/4\\n`` was read as version 4."""
+    from batchinfer.triple.models import registry_ref, resolve_model
+
+    assert registry_ref("models:/credit/4") == ("credit", "4")
+    assert registry_ref("models:/credit/4\n") is None
+    with pytest.raises(ModelError, match="use models:/<name>/<version>"):
+        resolve_model("models:/credit/4\n", "onnxruntime", "sqlite:///unused.db")
+
+
 def test_sidecar_write_read_roundtrip(tmp_path):
     model = tmp_path / "model.onnx"
     model.write_bytes(b"model bytes")

@@ -191,6 +191,20 @@ def test_clean_after_commit(tmp_path, memory_root, where):
         assert not (tmp_path / "out" / "_tmp").exists()
 
 
+def test_cleanup_keeps_a_users_folder_named_like_an_attempt_but_for_a_final_newline(tmp_path):
+    """Only attempts are ours in predictions/: ``ATTEMPT`` with ``$`` also took a name ending
+    in a newline for one, and the commit's cleanup deleted the user's folder."""
+    layout = Layout.for_url(str(tmp_path / "out"), WINNER)
+    kept = [f"predictions/{WINNER}/part-00000-00000.parquet"]
+    _populate(layout, WINNER, names=("part-00000-00000.parquet",))
+    theirs = f"predictions/{LOSER}\n/README"
+    write_file(layout.fs, layout.abs(theirs), b"mine")
+    manifest = _manifest(WINNER, files=kept)
+    assert create_manifest(layout, manifest)
+    clean_after_commit(layout, manifest)
+    assert (tmp_path / "out" / theirs).read_bytes() == b"mine"
+
+
 def test_remove_attempt_of_the_last_run_out_leaves_no_empty_tmp(tmp_path):
     layout = Layout.for_url(str(tmp_path / "out"), "a")
     _populate(layout, "a")

@@ -81,6 +81,129 @@ def test_unknown_runner_names_the_known_ones(tmp_path):
     assert "dask" in one_line_error(result, "plan")
 
 
+# -- option names: Beam only warns about a flag it does not know, and runs without it ----------
+
+DASK = {"dask_client_address": "tcp://127.0.0.1:8786"}
+DATAFLOW = {"project": "my-project", "region": "europe-west4", "temp_location": "gs://my-bucket/tmp"}
+
+
+@pytest.mark.parametrize("runner, options, expected", [
+    # A local Dask cluster started inside the launcher, which then committed there.
+    ("dask", {"dask_client_adress": "tcp://127.0.0.1:8786"},
+     "unknown option runner.options.dask_client_adress (did you mean dask_client_address"),
+    ("direct", {"direct_num_worker": 2}, "(did you mean direct_num_workers"),
+    ("direct", {"totally_bogus": 1, "direct_num_workers": 2}, "unknown option runner.options.totally_bogus."),
+    ("dataflow", {**DATAFLOW, "num_worker": 4}, "(did you mean num_workers"),
+])
+def test_an_option_beam_does_not_know_is_refused_with_the_closest_names(runner, options, expected):
+    from batchinfer.errors import SpecError
+    from batchinfer.pipeline.runners import check
+
+    with pytest.raises(SpecError) as caught:
+        check(runner, options)
+    message = caught.value.message
+    assert message.startswith(f"runner {runner}: ") and expected in message, message
+    assert "\n" not in message and "apache_beam/options/pipeline_options.py" in message
+    if runner == "dask":  # the runner's own options are listed: its options class was imported
+        assert "Runner dask's own options: dask_client_address, dask_connection_timeout" in message
+
+
+@pytest.mark.parametrize("runner, options, expected", [
+    ("dask", {**DASK, "flink_master": "flink-jm:8081"},
+     "runner.options.flink_master is an option of runner flink or portable (Beam's "
+     "FlinkRunnerOptions), which runner dask ignores"),
+    # Not the workers of the Dask cluster: the direct runner's processes.
+    ("dask", {**DASK, "direct_num_workers": 4}, "runner.options.direct_num_workers is an option of "
+     "runner direct or portable (Beam's DirectOptions), which runner dask ignores"),
+    ("flink", {"flink_master": "flink-jm:8081", "direct_num_workers": 4}, "which runner flink ignores"),
+    ("direct", {"flink_master": "flink-jm:8081"}, "which runner direct ignores"),
+    ("direct", {"runner": "DataflowRunner"}, "runner.options.runner: set runner.name instead"),
+])
+def test_an_option_of_another_runner_is_refused(runner, options, expected):
+    """Known to Beam but read only by another runner: it would do nothing here, which is the
+    same surprise as a misspelt option (``parallelism`` on Dask, ``direct_num_workers`` on
+    Dask). Exit 2, naming the runner it belongs to and how to clear a file's options."""
+    from batchinfer.errors import SpecError
+    from batchinfer.pipeline.runners import check
+
+    with pytest.raises(SpecError) as caught:
+        check(runner, options)
+    assert expected in caught.value.message, caught.value.message
+
+
+@pytest.mark.parametrize("runner, options", [
+    ("direct", {}),
+    ("direct", {"direct_num_workers": 2, "direct_running_mode": "multi_processing",
+                "experiments": ["a", "b"], "no_direct_runner_use_stacked_bundle": True}),
+    ("dask", DASK),
+    ("dask", {**DASK, "dask_npartitions": 4}),
+    ("dataflow", {**DATAFLOW, "num_workers": 4, "sdk_container_image": "img:1"}),
+    # A job service may be Flink's or Beam's Python one (an FnApiRunner): both are its options.
+    ("portable", {"job_endpoint": "localhost:8099", "environment_type": "EXTERNAL",
+                  "environment_config": "localhost:50000", "parallelism": 4, "direct_num_workers": 2}),
+    ("flink", FLINK),
+])
+def test_options_of_the_runner_and_batchinfers_defaults_pass(runner, options, caplog):
+    from batchinfer.pipeline.runners import check
+
+    check(runner, options)
+    assert not [r for r in caplog.records if r.name == "batchinfer"]
+    if runner == "dask":  # batchinfer's own default is one of Beam's Dask options
+        assert ("--dask_partition_size=1" in beam_args(runner, options)) == ("dask_npartitions" not in options)
+
+
+@pytest.mark.parametrize("runner, options", [
+    ("flink", {"flink_master": "flink-jm:8081", "checkpointing_interval": 60000}),
+    ("portable", {"job_endpoint": "localhost:8099", "checkpointing_interval": 60000}),
+])
+def test_a_job_service_runner_warns_about_an_option_only_its_job_service_may_know(runner, options, caplog):
+    """Beam's PortableRunner adds the options its job service describes when the job is
+    submitted (the Java Flink runner's ``checkpointing_interval``): they cannot be known before,
+    so a name Beam's Python SDK does not know is a warning there, not an error."""
+    from batchinfer.pipeline.runners import check
+
+    check(runner, options)
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "batchinfer"]
+    assert warning.startswith(f"runner {runner}: runner.options.checkpointing_interval is not an "
+                              f"option Beam knows here; it goes to the job service"), warning
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("runner-options")
+    numeric_project(folder, shards=2, rows=100)
+    return folder
+
+
+@pytest.mark.parametrize("sets, expected", [
+    (["runner.name=dask", "runner.options.dask_client_adress=tcp://127.0.0.1:8786"],
+     "(did you mean dask_client_address?)"),
+    (["runner.options.direct_num_worker=2"], "(did you mean direct_num_workers?)"),
+    (["runner.options.totally_bogus=1"], "unknown option runner.options.totally_bogus."),
+    (["runner.name=dask", "runner.options.flink_master=flink-jm:8081"],
+     "runner.options.flink_master is an option of runner flink or portable"),
+])
+def test_run_with_an_option_the_runner_does_not_take_exits_2_before_any_work(project, sets, expected):
+    args = [a for item in sets for a in ("--set", item)]
+    result = run_cli("run", "job.yaml", "--ds", DS, *args, "--set", "output.path=out_refused", cwd=project)
+    assert result.returncode == 2, result.stderr
+    assert expected in one_line_error(result)
+    assert not (project / "out_refused").exists()
+
+
+def test_run_with_the_runners_own_options_commits(tmp_path):
+    """A job file written for Dask, switched to the direct runner as the refusal says
+    (``runner.options={}`` clears the file's options), with the direct runner's own options."""
+    numeric_project(tmp_path, shards=2, rows=100,
+                    runner={"name": "dask", "options": {"dask_client_address": "tcp://x:8786"}})
+    result = run_cli("run", "job.yaml", "--ds", DS, "--set", "runner.name=direct",
+                     "--set", "runner.options={}", "--set", "runner.options.direct_num_workers=1",
+                     "--set", "runner.options.direct_running_mode=in_memory", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((tmp_path / "out" / f"dt={DS}" / "_manifest.json").read_text())
+    assert (manifest["runner"], manifest["totals"]["rows_scored"]) == ("direct", 200)
+
+
 # -- the commit step ----------------------------------------------------------------------------
 
 @pytest.fixture

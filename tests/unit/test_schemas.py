@@ -102,6 +102,16 @@ def test_parse_ref():
     assert parse_ref("credit_features@12") == ("credit_features", 12)
 
 
+def test_a_ref_or_version_file_with_a_final_newline_is_not_one(tmp_path):
+    """``$`` matches before a final newline: ``feats@1\n`` read as feats@1, and a file
+    ``v2.py\n`` listed as version 2 (the patterns are fullmatched now)."""
+    with pytest.raises(SpecError, match="name@N"):
+        parse_ref("feats@1\n")
+    write_schema(tmp_path, "feats", 1)
+    (tmp_path / "feats" / "v2.py\n").write_text("")
+    assert known_versions(tmp_path) == ["feats@1"]
+
+
 def test_module_that_fails_to_import_is_usage_error(tmp_path):
     _module(tmp_path, "broken", 1, "import pandera.polars as pa\nraise ValueError('boom in schema')\n")
     with pytest.raises(UsageError) as excinfo:

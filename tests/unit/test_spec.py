@@ -8,7 +8,7 @@ import yaml
 
 from batchinfer.errors import SpecError
 from batchinfer.spec import Job, apply_override, load_job
-from factories import DS, write_job
+from factories import DS, numeric_project, one_line_error, run_cli, write_job
 
 SECRET = "s3cr3t-t0ken-value"
 
@@ -104,6 +104,40 @@ def test_unknown_nested_key_is_named_by_dotted_path(tmp_path):
     with pytest.raises(SpecError) as excinfo:
         load_job(path, ds=DS)
     assert "unknown key 'batch.row'" in _one_line_spec_error(excinfo)
+
+
+@pytest.mark.parametrize("sections, overrides, expected", [
+    ({"quarantine": {"max_bad_fractoin": 0.05}}, [],
+     "unknown key 'quarantine.max_bad_fractoin' (did you mean 'max_bad_fraction'?)"),
+    ({"monitor": {"warn": {"pis": 0.1}}}, [], "unknown key 'monitor.warn.pis' (did you mean 'psi'?)"),
+    ({"extra": {"model": {"uri": "m.onnx", "challengers": [{"uri": "c.onnx", "nmae": "c"}]}}}, [],
+     "unknown key 'model.challengers.0.nmae' (did you mean 'name'?)"),
+    ({}, ["quarantine.max_bad_fractoin=0.05"], "(did you mean 'max_bad_fraction'?)"),
+    ({}, ["quarntine.max_bad_fraction=0.05"], "unknown key 'quarntine' (did you mean 'quarantine'?)"),
+    ({}, ["runner.optoins.direct_num_workers=2"], "unknown key 'runner.optoins' (did you mean 'options'?)"),
+])
+def test_an_unknown_key_suggests_the_known_key_closest_to_it(tmp_path, sections, overrides, expected):
+    """From the keys of the mapping it is in (its model's fields), in the file or a --set path."""
+    with pytest.raises(SpecError) as excinfo:
+        load_job(_job_file(tmp_path, **sections), ds=DS, overrides=overrides)
+    assert expected in _one_line_spec_error(excinfo)
+
+
+def test_a_misspelt_top_level_key_is_suggested_beside_the_missing_one(tmp_path):
+    data = _raw(_job_file(tmp_path))
+    data["modle"] = data.pop("model")
+    with pytest.raises(SpecError) as excinfo:
+        load_job(_rewrite(tmp_path / "job.yaml", data), ds=DS)
+    message = _one_line_spec_error(excinfo)
+    assert "missing required key 'model'" in message
+    assert "unknown key 'modle' (did you mean 'model'?)" in message
+
+
+def test_an_unknown_key_like_no_known_one_lists_the_known_keys(tmp_path):
+    with pytest.raises(SpecError) as excinfo:
+        load_job(_job_file(tmp_path, batch={"rows": 10, "colour": "blue"}), ds=DS)
+    assert ("unknown key 'batch.colour' (known keys of batch: rows, tokens, lengths_from)"
+            in _one_line_spec_error(excinfo))
 
 
 @pytest.mark.parametrize("key", ["name", "input", "schema", "model", "output"])
@@ -278,6 +312,59 @@ def test_bad_ds_format(tmp_path, bad):
         load_job(_job_file(tmp_path), ds=bad)
     message = _one_line_spec_error(excinfo)
     assert "YYYY-MM-DD" in message
+
+
+@pytest.mark.parametrize("challenger", [{"uri": "models/c.onnx", "name": "c\n"},
+                                        {"uri": "models:/credit/4\n"}])
+def test_a_challenger_name_with_a_final_newline_is_refused(tmp_path, challenger):
+    """``re.match`` with ``$`` took ``c\\n`` for a safe folder name (and the challenger
+    committed under challengers/c\\n/); so did the name taken from ``models:/credit/4\\n``."""
+    model = {"uri": "models/model.onnx", "challengers": [challenger]}
+    with pytest.raises(SpecError) as excinfo:
+        load_job(_job_file(tmp_path, extra={"model": model}), ds=DS)
+    assert "is not a safe folder name" in _one_line_spec_error(excinfo)
+
+
+@pytest.mark.parametrize("key, value", [("name", "testjob\n"), ("schema", "feats@1\n"),
+                                        ("preprocess", "prep:transform\n")])
+def test_pydantic_patterns_refuse_a_final_newline(tmp_path, key, value):
+    """pydantic-core matches ``pattern=`` with Rust's regex, whose ``$`` is the end of the
+    text only: pinned here, as Python's ``re`` would let these through."""
+    with pytest.raises(SpecError) as excinfo:
+        load_job(_job_file(tmp_path, extra={key: value}), ds=DS)
+    assert f"{key}: String should match pattern" in _one_line_spec_error(excinfo)
+
+
+@pytest.mark.parametrize("ds, expected", [
+    ("2026-02-30", "--ds '2026-02-30' is not a date: 2026-02-30 is not a day of February 2026 (it has 28 days)"),
+    ("2025-02-29", "is not a day of February 2025 (it has 28 days)"),
+    ("2026-04-31", "is not a day of April 2026 (it has 30 days)"),
+    ("2026-01-00", "is not a day of January 2026"),
+    ("2026-13-01", "--ds '2026-13-01' is not a date: there is no month 13 (01-12)"),
+])
+def test_a_well_formed_date_that_is_not_on_the_calendar_says_so(tmp_path, ds, expected):
+    """Not "use YYYY-MM-DD": the user did."""
+    with pytest.raises(SpecError) as excinfo:
+        load_job(_job_file(tmp_path), ds=ds)
+    message = _one_line_spec_error(excinfo)
+    assert expected in message and "use YYYY-MM-DD" not in message
+
+
+def test_a_leap_day_is_a_date(tmp_path):
+    assert load_job(_job_file(tmp_path), ds="2024-02-29").ds == "2024-02-29"
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--ds", "2026-02-30"], "batchinfer plan: --ds '2026-02-30' is not a date: 2026-02-30 is not a "
+                             "day of February 2026 (it has 28 days)"),
+    (["--ds", DS, "--set", "quarantine.max_bad_fractoin=0.05"],
+     "unknown key 'quarantine.max_bad_fractoin' (did you mean 'max_bad_fraction'?)"),
+])
+def test_the_cli_says_what_was_meant(tmp_path, args, expected):
+    numeric_project(tmp_path, shards=1, rows=10, stamp=False)
+    result = run_cli("plan", "job.yaml", *args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert expected in one_line_error(result, "plan")
 
 
 # -- ${NAME} interpolation -----------------------------------------------------------------------

@@ -11,6 +11,8 @@ the closing note, never asserted.
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -148,24 +150,81 @@ def test_launcher_killed_mid_job_the_job_still_commits_and_the_retry_is_a_noop(
     the job and died takes nothing with it. The launcher is killed (SIGKILL) while the job runs on
     the job service; the job commits on its own; the retried launch finds the partition
     committed by that attempt and exits 0 without scoring anything."""
-    gate = tmp_path / "gate"
-    gate.mkdir()
-    (tmp_path / "gated.py").write_text(GATE_SOURCE.format(gate=str(gate)))
-    numeric_project(tmp_path, shards=2, rows=500, preprocess="gated:transform")
-    sets = ["--set", "runner.name=portable"]
-    for key, value in beam_job_service.options.items():
-        sets += ["--set", f"runner.options.{key}={value}"]
-    launcher = start_cli("run", "job.yaml", "--ds", DS, *sets, cwd=tmp_path)
+    assert_commits_without_its_launcher(tmp_path, "portable", beam_job_service.options)
+
+
+def test_dask_launcher_killed_mid_job_the_workers_still_commit_and_the_retry_is_a_noop(
+        tmp_path, dask_cluster):
+    """The same on a Dask cluster. dask.distributed releases a client's tasks when the client
+    disconnects, so before the fix the scheduler dropped the job with its launcher and nothing
+    was committed; the runner now marks the job's final tasks fire-and-forget."""
+    assert_commits_without_its_launcher(
+        tmp_path, "dask", {"dask_client_address": dask_cluster.address},
+        # Before opening the gate, let the scheduler see the launcher gone: without the fix it
+        # then releases the job before any gated task can finish.
+        launcher_gone=lambda: dask_cluster.wait_for_no_clients(60))
+
+
+def test_dask_launcher_interrupted_cancels_the_job_and_nothing_is_committed(tmp_path, dask_cluster):
+    """Ctrl-C still commits nothing (contract §6): the fire-and-forget tasks are cancelled before
+    the launcher removes its attempt, so once the cluster is idle there is no manifest, and the
+    next run commits the partition with nothing of the interrupted attempt in it."""
+    options = {"dask_client_address": dask_cluster.address}
+    launcher, gate, sets = launch_gated(tmp_path, "dask", options)
+    try:
+        launcher.send_signal(signal.SIGINT)
+        _, stderr = launcher.communicate(timeout=120)
+    finally:
+        (gate / "go").touch()
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 130, stderr
+    dask_cluster.wait_until_idle(120)  # the tasks already running have finished
     out = tmp_path / "out" / f"dt={DS}"
+    assert not (out / "_manifest.json").exists()
+    rerun = run_cli("run", "job.yaml", "--ds", DS, *sets, cwd=tmp_path, fresh=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr
+    _, _, manifest = check_partition(out, shard_paths(tmp_path))   # no file of the first attempt
+    assert manifest["totals"]["rows_scored"] == 1000
+
+
+def launch_gated(folder: Path, runner: str, options: dict) -> tuple[subprocess.Popen, Path, list[str]]:
+    """Start ``run`` on ``runner`` in ``folder`` (2 shards × 500 rows) with a preprocessing that
+    waits at a gate; return (the launcher, the gate, its ``--set`` arguments) once a worker is
+    scoring, inside the gate (touch ``gate/go`` to open it)."""
+    gate = folder / "gate"
+    gate.mkdir()
+    (folder / "gated.py").write_text(GATE_SOURCE.format(gate=str(gate)))
+    numeric_project(folder, shards=2, rows=500, preprocess="gated:transform")
+    sets = ["--set", f"runner.name={runner}"]
+    for key, value in options.items():
+        sets += ["--set", f"runner.options.{key}={value}"]
+    launcher = start_cli("run", "job.yaml", "--ds", DS, *sets, cwd=folder)
     try:
         deadline = time.monotonic() + 300
         while not any(gate.glob("ready-*")):
             assert launcher.poll() is None, launcher.communicate()
             assert time.monotonic() < deadline, "the job never reached preprocessing"
             time.sleep(0.05)
+    except BaseException:
+        launcher.kill()
+        (gate / "go").touch()
+        raise
+    return launcher, gate, sets
+
+
+def assert_commits_without_its_launcher(folder: Path, runner: str, options: dict,
+                                        launcher_gone=lambda: None) -> None:
+    """SIGKILL the launcher of a gated job once a worker is scoring, open the gate, and check
+    that the job commits a whole partition on its own and that the retried launch is a no-op
+    (exit 0)."""
+    launcher, gate, sets = launch_gated(folder, runner, options)
+    out = folder / "out" / f"dt={DS}"
+    try:
         launcher.kill()  # the launcher dies mid-job, as an Airflow worker can
         launcher.wait()
         assert not (out / "_manifest.json").exists()
+        launcher_gone()
     finally:
         (gate / "go").touch()
     # The commit step's record of what it did is the job's last write (after manifest and cleanup).
@@ -174,9 +233,10 @@ def test_launcher_killed_mid_job_the_job_still_commits_and_the_retry_is_a_noop(
         assert time.monotonic() < deadline, "the job did not commit without its launcher"
         time.sleep(0.1)
     committed = json.loads((out / "_manifest.json").read_text())
-    retry = run_cli("run", "job.yaml", "--ds", DS, *sets, cwd=tmp_path, fresh=True, timeout=600)
+    retry = run_cli("run", "job.yaml", "--ds", DS, *sets, cwd=folder, fresh=True, timeout=600)
     assert retry.returncode == 0, retry.stderr
     assert f"already committed with this triple (attempt {committed['attempt']})" in retry.stdout
-    _, _, manifest = check_partition(out, shard_paths(tmp_path))   # the retry tidied the scratch
+    _, _, manifest = check_partition(out, shard_paths(folder))   # the retry tidied the scratch
     assert manifest == committed
+    assert manifest["runner"] == runner
     assert manifest["totals"]["rows_scored"] == 1000
