@@ -78,10 +78,10 @@ CONFIG_FILE = "nightly.yaml"
 ERROR_FILE_ENV = "BATCHINFER_ERROR_FILE"
 NO_RETRY = {3: "contract", 4: "data quality"}
 # A job folder's name makes its DAG's id, nightly_<name>: within Airflow's 250 characters.
-_FOLDER_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,242}$")
+_FOLDER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,242}")  # fullmatch: `$` would take a trailing newline
 _GLOB = re.compile(r"[*?\[]")
 # One file name: no folder separator, no glob character, no control character (a newline).
-_MARKER = re.compile(r"^[^/\\*?\[\]\x00-\x1f\x7f]+$")
+_MARKER = re.compile(r"[^/\\*?\[\]\x00-\x1f\x7f]+")  # fullmatch
 
 
 class Nightly(BaseModel):
@@ -130,7 +130,7 @@ class Nightly(BaseModel):
         # "", "." and ".." name the partition folder itself, which always exists: the sensor
         # would be satisfied before the partition is complete.
         if value is not None and (value in (".", "..") or value != value.strip()
-                                  or not _MARKER.match(value)):
+                                  or not _MARKER.fullmatch(value)):
             raise ValueError("must be one file name such as _SUCCESS (not '.' or '..', "
                              "no '/', '\\', '*', '?', '[' or ']')")
         return value
@@ -341,7 +341,7 @@ def stand_in_dag(dag_id: str, job_folder: Path, error: str) -> DAG:
 def job_dag(job_folder: Path) -> DAG:
     """The job's DAG, ``nightly_<folder>``, or its stand-in when its configuration is wrong."""
     name = job_folder.name
-    if not _FOLDER_NAME.match(name):
+    if not _FOLDER_NAME.fullmatch(name):
         # Its own id, that no valid folder's can be: the name made safe, and a digest of it.
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:200]
         return stand_in_dag(f"nightly_{safe}-{sha256(name.encode()).hexdigest()[:8]}", job_folder,
