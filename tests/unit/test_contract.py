@@ -232,7 +232,7 @@ def test_a_registry_uri_with_a_final_newline_is_not_one():
 
     assert registry_ref("models:/credit/4") == ("credit", "4")
     assert registry_ref("models:/credit/4\n") is None
-    with pytest.raises(ModelError, match="use models:/<name>/<version>"):
+    with pytest.raises(ModelFileError, match="use models:/<name>/<version>"):
         resolve_model("models:/credit/4\n", "onnxruntime", "sqlite:///unused.db")
 
 
