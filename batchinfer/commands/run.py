@@ -300,9 +300,7 @@ def load_challengers(resolved: Resolved) -> "list[tuple[BatchModelHandler, str]]
     if not resolved.challengers:
         return []
     output = resolved.job.spec.output
-    champion = _load(resolved, resolved.job.spec.model, resolved.model,
-                     resolved.triple.model_digest, output.predictions)[2]  # a cache look-up
-    columns = list(output.predictions.values()) if output.predictions else champion
+    columns = prediction_columns(resolved)   # the champion's outputs, or as mapped
     loaded = []
     for challenger in resolved.challengers:
         own = challenger.spec.predictions
@@ -318,8 +316,8 @@ def load_challengers(resolved: Resolved) -> "list[tuple[BatchModelHandler, str]]
                 raise SpecError(f"its predictions map to the columns {list(own.values())}, not "
                                 f"to the champion's prediction columns {columns} (the same "
                                 f"names in the same order): {hint}")
-            if own is None and not output.predictions and outputs != champion:
-                raise SpecError(f"its outputs {outputs} are not the champion's {champion}: "
+            if own is None and not output.predictions and outputs != columns:
+                raise SpecError(f"its outputs {outputs} are not the champion's {columns}: "
                                 f"{hint}, or export it with the champion's output names")
         except BatchInferError as exc:
             raise type(exc)(f"challenger {challenger.name}: {exc.message}") from None
@@ -486,7 +484,8 @@ def prediction_columns(resolved: Resolved) -> list[str]:
     mapped = resolved.job.spec.output.predictions
     if mapped:
         return list(mapped.values())
-    return _load(resolved, resolved.job.spec.model, resolved.model, resolved.triple.model_digest)[2]
+    return _load(resolved, resolved.job.spec.model, resolved.model, resolved.triple.model_digest,
+                 None)[2]
 
 
 def _run_params(job: Job, resolved: Resolved, attempt: Attempt, device: str) -> dict[str, str]:
