@@ -86,11 +86,18 @@ def watch(shards: int, mode: str, *, label: str = "scoring",
         progress = Progress(TextColumn("{task.description}"), TextColumn("{task.fields[bar]}"),
                             TextColumn("{task.fields[line]}"), transient=True,
                             refresh_per_second=4, console=console)
-        task = progress.add_task(label, total=None, bar=bar(0, None), line="starting")
+        def fields() -> tuple[str, str]:
+            line, done, total = describe(counters.snapshot(), shards, time.perf_counter() - start)
+            return bar(done, total), line
+
+        # The first frame already says what is counted (shards 0/N, rows 0/?): a short job may
+        # end before the first poll.
+        shown, line = fields()
+        task = progress.add_task(label, total=None, bar=shown, line=line)
 
         def tick() -> None:
-            line, done, total = describe(counters.snapshot(), shards, time.perf_counter() - start)
-            progress.update(task, bar=bar(done, total), line=line)
+            shown, line = fields()
+            progress.update(task, bar=shown, line=line)
 
         with progress, _polling(tick, 0.25):
             yield

@@ -159,6 +159,15 @@ class ColumnStatsModel(_Checked):
         return self
 
 
+class PreprocessStatsModel(_Checked):
+    """``io.records.PreprocessStats``: what the preprocessing did with a shard's valid rows."""
+
+    rows: Count = 0
+    raised: dict[str, Count] = Field(default_factory=dict)
+    first: dict[str, str] = Field(default_factory=dict)
+    trace: str | None = None
+
+
 class ShardResultModel(_Checked):
     record: ShardModel
     seconds: dict[str, Finite] = Field(default_factory=dict)
@@ -167,6 +176,7 @@ class ShardResultModel(_Checked):
     quarantine: list[tuple[str | None, str, Count]] = Field(default_factory=list)
     batches: list[tuple[Count, Finite]] = Field(default_factory=list)
     challengers: dict[str, ChallengerShardModel] = Field(default_factory=dict)
+    preprocess: PreprocessStatsModel = Field(default_factory=PreprocessStatsModel)
 
 
 class OutcomeModel(_Checked):

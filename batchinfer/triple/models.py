@@ -50,7 +50,7 @@ def resolve_model(uri: str, backend: str, tracking_uri: str) -> ResolvedModel:
     ref = registry_ref(uri)
     if ref is None:
         if uri.startswith("models:"):
-            raise SpecError(f"model.uri {uri}: use models:/<name>/<version>")
+            raise SpecError(f"model.uri {uri!r}: use models:/<name>/<version>")
         path = Path(uri)
         if path.is_dir():
             raise ModelFileError(f"model.uri {uri} is a folder, not a model file: point it at the "

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from batchinfer.errors import ContractError, ModelFileError, PreprocessError
+from batchinfer.errors import ContractError, ModelFileError, PreprocessError, SpecError
 from batchinfer.triple.contract import (
     PARTS,
     Triple,
@@ -232,8 +232,9 @@ def test_a_registry_uri_with_a_final_newline_is_not_one():
 
     assert registry_ref("models:/credit/4") == ("credit", "4")
     assert registry_ref("models:/credit/4\n") is None
-    with pytest.raises(ModelFileError, match="use models:/<name>/<version>"):
+    with pytest.raises(SpecError, match="use models:/<name>/<version>") as excinfo:
         resolve_model("models:/credit/4\n", "onnxruntime", "sqlite:///unused.db")
+    assert "\n" not in str(excinfo.value)   # one line: the URI is quoted
 
 
 def test_sidecar_write_read_roundtrip(tmp_path):

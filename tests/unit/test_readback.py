@@ -38,6 +38,7 @@ from batchinfer.io.records import (
     FileRecord,
     Manifest,
     ModelStats,
+    PreprocessStats,
     ShardRecord,
     ShardResult,
     Totals,
@@ -76,7 +77,9 @@ def _shard_result() -> ShardResult:
     return ShardResult(manifest.shards[0], {"read": 0.1, "infer": 0.2},
                        ModelStats(10, 1, "boom", 0, 500, 3.0, 0, 0), profile,
                        (("f1", "in_range(-10, 10)", 2), (None, "not_nullable", 1)),
-                       ((8, 1.5), (2, 0.5)), {"v2": manifest.challengers[0].shards[0]})
+                       ((8, 1.5), (2, 0.5)), {"v2": manifest.challengers[0].shards[0]},
+                       PreprocessStats(10, {"KeyError": 2}, {"KeyError": "KeyError: 'income'"},
+                                       "Traceback (most recent call last): …"))
 
 
 def _baseline() -> dict:
@@ -195,6 +198,20 @@ def test_shard_result_reader(document):
         run_columns(results, ["f0", "term"], None)
         health_metrics(results, None)
         Totals.of([r.record for r in results])
+
+
+def test_scratch_records_read_back_whole():
+    """What a shard and the commit step leave in scratch is read back with every field: the
+    schema at the edge checks them, and must not drop one it does not know (the preprocessing's
+    statistics were dropped once, and with them the preprocessing-fault rule)."""
+    fs, root = _root()
+    attempt = PartitionCommit(f"memory://{root}").begin(ATTEMPT)
+    result = _shard_result()
+    fs.pipe_file(attempt.layout.shard_result(0), json.dumps(result.to_dict()).encode())
+    assert attempt.results(1) == [result]
+    outcome = CommitOutcome("refused", _manifest(), 4, "too many", (result,))
+    attempt.record(outcome)
+    assert attempt.outcome(TRIPLE) == outcome
 
 
 @given(mutated(CommitOutcome("refused", _manifest(), 4, "too many", (_shard_result(),)).to_dict()))

@@ -136,7 +136,7 @@ def test_a_misspelt_top_level_key_is_suggested_beside_the_missing_one(tmp_path):
 def test_an_unknown_key_like_no_known_one_lists_the_known_keys(tmp_path):
     with pytest.raises(SpecError) as excinfo:
         load_job(_job_file(tmp_path, batch={"rows": 10, "colour": "blue"}), ds=DS)
-    assert ("unknown key 'batch.colour' (known keys of batch: rows, tokens, lengths_from)"
+    assert ("unknown key 'batch.colour' (known keys of batch: rows, tokens, lengths_from, sequence_inputs)"
             in _one_line_spec_error(excinfo))
 
 
