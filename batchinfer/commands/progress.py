@@ -3,7 +3,8 @@
 A driver thread polls the pipeline's counters (:mod:`batchinfer.pipeline.progress`) while the
 pipeline runs; the pipeline itself only bumps them once per batch. On a terminal it draws a
 ``rich`` progress bar (removed when scoring ends: the run's summary follows); otherwise it
-prints a plain line every ``BATCHINFER_PROGRESS_SECONDS`` (default 30) when something moved;
+prints a plain line every ``BATCHINFER_PROGRESS_SECONDS`` (default 30) when something moved, and
+one last line where scoring ended;
 ``--quiet`` shows nothing.
 """
 from __future__ import annotations
@@ -105,15 +106,18 @@ def watch(shards: int, mode: str, *, label: str = "scoring",
     every = float(os.environ.get("BATCHINFER_PROGRESS_SECONDS", "30"))
     last = {"at": start, "done": -1}
 
-    def plain() -> None:
+    def plain(final: bool = False) -> None:
         snap = counters.snapshot()
         now = time.perf_counter()
-        if snap.rows_done != last["done"] and now - last["at"] >= every:
+        if snap.rows_done != last["done"] and (final or now - last["at"] >= every):
             last["at"], last["done"] = now, snap.rows_done
             emit(f"progress: {describe(snap, shards, now - start)[0]}")
 
     with _polling(plain, min(1.0, max(every, 0.05))):
         yield
+    # A last line with where scoring ended: a short job's rows may all be counted between two
+    # polls, and the log should not end on a line that says less than was done.
+    plain(final=True)
 
 
 @contextlib.contextmanager

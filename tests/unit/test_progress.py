@@ -125,3 +125,17 @@ def test_plain_lines_before_and_during_the_run():
     assert line.startswith("shards 2/12, rows 250/~1,200, 250 rows/s, ETA 0:00:03"), line
     assert bar(done, total, width=24) == "[bar.complete]━━━━━[/][bar.back]" + "─" * 19 + "[/]"
     assert bar(10, 10, width=4) == "[bar.complete]━━━━[/]"
+
+
+def test_plain_mode_ends_on_where_scoring_ended(monkeypatch):
+    """A short job may count all its rows between two polls: the last plain line still says
+    what was done, not the first frame's ``rows 0/?``."""
+    from batchinfer.commands import progress
+    from batchinfer.pipeline import progress as counters
+
+    monkeypatch.setenv("BATCHINFER_PROGRESS_SECONDS", "3600")  # no poll prints during the block
+    lines: list[str] = []
+    with progress.watch(2, "plain", emit=lines.append):
+        counters.shard_opened(0, 100)
+        counters.rows_written(0, 100, 1)
+    assert lines and lines[-1].startswith("progress: shards 1/2, rows 100/~200, "), lines
