@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from .errors import ModelError, SpecError
 
-# Accepted by every backend: `allow_pickle` lifts the refusal of pickle-based model files (SPEC
+# Accepted by every backend: `allow_pickle` lifts the refusal of pickle-based model files (contract
 # §5.6); `share_across_processes` serves one copy of the model to all worker processes of a
 # machine (`model_copies` of them), see handlers/base.py.
 COMMON_OPTIONS: Mapping[str, type] = MappingProxyType(

@@ -1,4 +1,4 @@
-"""Command line: parse, call the library, print, map errors to exit codes (SPEC §2).
+"""Command line: parse, call the library, print, map errors to exit codes (contract §2).
 
 Heavy libraries (Beam, MLflow, onnxruntime) are imported only by the commands that need them.
 Every failure prints one line — what was wrong and what to do — and exits with its code;
@@ -31,14 +31,14 @@ def _job_args(p: argparse.ArgumentParser) -> None:
 def _spec_options(p: argparse.ArgumentParser, ds_help: str,
                   set_help: str = "override one spec key by dotted path; value parsed as YAML "
                                   "(repeatable)") -> None:
-    """``--ds`` and ``--set``, as every command that reads a job spec takes them (SPEC §2)."""
+    """``--ds`` and ``--set``, as every command that reads a job spec takes them (contract §2)."""
     p.add_argument("--ds", help=ds_help)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help=set_help)
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage errors in one line, like every other error (SPEC §2), with where to look."""
+    """Usage errors in one line, like every other error (contract §2), with where to look."""
 
     def error(self, message: str):
         _record_error(2, "UsageError", f"{message} (see {self.prog} --help)")
@@ -168,7 +168,7 @@ ERROR_FILE_ENV = "BATCHINFER_ERROR_FILE"
 
 def _record_error(exit_code: int, error: str, message: str) -> None:
     """The failure as JSON in the file ``$BATCHINFER_ERROR_FILE`` names, when it is set, for a
-    caller that acts on which error it was, not only on the exit code (SPEC §2: the nightly DAG
+    caller that acts on which error it was, not only on the exit code (contract §2: the nightly DAG
     retries a partition that has not arrived, not a mistake in the job)."""
     path = os.environ.get(ERROR_FILE_ENV)
     if not path:
@@ -202,7 +202,7 @@ def _configure_logging(debug: bool) -> None:
     logging.basicConfig(level=logging.INFO if debug else logging.ERROR, handlers=[handler], force=True)
     logging.getLogger("batchinfer").setLevel(logging.DEBUG if debug else logging.WARNING)
     # Beam logs a failing DoFn at ERROR with its traceback before re-raising; batchinfer reports
-    # that failure itself in one line (SPEC §2), so Beam's copy is only shown with --debug.
+    # that failure itself in one line (contract §2), so Beam's copy is only shown with --debug.
     logging.getLogger("apache_beam").setLevel(logging.INFO if debug else logging.CRITICAL)
     # torch's exporter logs notes about optional packages (torchvision) with its own handler.
     logging.getLogger("torch").setLevel(logging.INFO if debug else logging.ERROR)

@@ -1,4 +1,4 @@
-"""One exception tree for batchinfer, mapped to the exit codes of the contract (SPEC §2).
+"""One exception tree for batchinfer, mapped to the exit codes of the contract (contract §2).
 
     BatchInferError                 (root; never raised itself)
      ├── UsageError           → 2   the user's mistake in how the job is described

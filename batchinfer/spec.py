@@ -1,6 +1,6 @@
 """The job spec: YAML → --set overrides → typed model → templating → a resolved Job.
 
-Order matters and is part of the contract (SPEC §3):
+Order matters and is part of the contract (contract §3):
 
 1. the YAML file is parsed into plain data;
 2. ``--set a.b=value`` overrides are applied to that data (values parsed as YAML);
@@ -86,7 +86,7 @@ CHALLENGER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
 
 class ChallengerSpec(ModelFields):
-    """A model scored beside the champion on the same prepared batches (SPEC §6 "Challengers").
+    """A model scored beside the champion on the same prepared batches (contract §6 "Challengers").
 
     ``name`` defaults to the model file's stem (``models/credit_v4.onnx`` → ``credit_v4``; a
     registry URI ``models:/credit/4`` → ``credit-4``). ``predictions`` maps its model's outputs
@@ -142,7 +142,7 @@ class QuarantineSpec(_Strict):
     max_bad_shards: int = Field(default=0, ge=0)
 
     def breach(self, rows_in: int, rows_bad: int, unreadable_shards: int) -> str | None:
-        """Why a partition with these counts must not commit (exit 4), or None (SPEC §5.1)."""
+        """Why a partition with these counts must not commit (exit 4), or None (contract §5.1)."""
         fraction = rows_bad / rows_in if rows_in else 0.0
         if fraction <= self.max_bad_fraction and unreadable_shards <= self.max_bad_shards:
             return None

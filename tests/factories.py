@@ -180,7 +180,7 @@ def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
 
 
 def one_line_error(result: subprocess.CompletedProcess, command: str = "run") -> str:
-    """The single stderr line of a failed command (SPEC §2: no bare traceback)."""
+    """The single stderr line of a failed command (contract §2: no bare traceback)."""
     assert "Traceback" not in result.stderr, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
@@ -263,7 +263,7 @@ def partition_files(out: Path) -> set[str]:
 
 
 def check_partition(out: Path, shard_paths: Sequence[Path]) -> tuple[pa.Table, pa.Table, dict]:
-    """A committed local partition holds what SPEC §4–§5 promise: every shard listed, every file's
+    """A committed local partition holds what contract §4–§5 promise: every shard listed, every file's
     sha256 and row count right and under the manifest's attempt, per-shard and total accounting
     (§5.1), each input row exactly once, no file outside the manifest, no scratch left.
     Returns (predictions, quarantine, manifest)."""

@@ -1,5 +1,5 @@
 """Real servers for integration tests: an S3-compatible store, an MLflow tracking server, and a
-fault-injecting HTTP proxy (DESIGN "Real components and how tests start them").
+fault-injecting HTTP proxy (the real components the suite runs against, started once per session).
 
 Each server is a plain context manager (usable outside pytest) with a session-scoped pytest
 fixture around it. Servers are subprocesses on 127.0.0.1, so job subprocesses reach them over
@@ -618,7 +618,7 @@ def new_bucket(s3_server) -> str:
 @pytest.fixture(scope="session")
 def stamped_template(tmp_path_factory) -> Path:
     """One :func:`factories.numeric_project` (3 shards × 1000 rows, a stamped MLP) and a sqlite
-    MLflow store created once (DESIGN: a *new* store must not be raced), for tests to copy."""
+    MLflow store created once (a *new* store must not be raced: measured), for tests to copy."""
     from factories import numeric_project
 
     folder = tmp_path_factory.mktemp("template")

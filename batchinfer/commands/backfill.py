@@ -1,4 +1,4 @@
-"""``batchinfer backfill``: score every partition of a date range, one after another (SPEC §2).
+"""``batchinfer backfill``: score every partition of a date range, one after another (contract §2).
 
 Each date is a ``run`` of its own: the same checks, its own commit and its own MLflow run.
 Partitions already committed with the job's triple are no-ops, so a backfill that stopped (a

@@ -1,5 +1,5 @@
 """``batchinfer diff``: compare two committed outputs of the same partition, or a partition's
-champion with one of its challengers (``--challenger NAME``) (SPEC §2, §6 "Challengers").
+champion with one of its challengers (``--challenger NAME``) (contract §2, §6 "Challengers").
 
 Both sides are read through their manifests only (files a manifest does not list are not part
 of a partition). Rows are matched by ``(_source_shard, _source_row)``, one shard at a time, so
@@ -11,7 +11,7 @@ prediction tables share — bit for bit, with the largest absolute difference fo
 as models are compared (:mod:`batchinfer.rows.compare`): per float column Spearman's rank
 correlation, |A − B| quantiles and the top movers; per integer, boolean or string column the
 agreement. ``_inference_id`` and ``_compute_ms`` describe an execution and are not compared
-(SPEC §5.4); the triple columns are compared once, from the manifests.
+(contract §5.4); the triple columns are compared once, from the manifests.
 """
 from __future__ import annotations
 

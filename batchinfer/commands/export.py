@@ -1,4 +1,4 @@
-"""``batchinfer export``: convert a model for a faster backend, and prove it still agrees (SPEC §2).
+"""``batchinfer export``: convert a model for a faster backend, and prove it still agrees (contract §2).
 
 ``--to onnx`` turns a ``torch.export`` program (``.pt2``) into an ONNX model with PyTorch's
 exporter (``torch.onnx.export(..., dynamo=True)``, which keeps the batch axis dynamic), then

@@ -1,5 +1,5 @@
 """``batchinfer inspect`` and ``batchinfer track``: read a committed partition, upload its
-metrics when MLflow missed them at run time (SPEC §2, §5.7)."""
+metrics when MLflow missed them at run time (contract §2, §5.7)."""
 from __future__ import annotations
 
 import json
@@ -47,7 +47,7 @@ def upload_tracking(url: str, tracking_uri: str | None = None) -> str:
         record["report_text"] = fs.cat_file(join(root, REPORT)).decode()
     except FileNotFoundError:
         pass
-    # The record shows ${NAME} in place of environment values (SPEC §3): expand them again.
+    # The record shows ${NAME} in place of environment values (contract §3): expand them again.
     uri = tracking_uri or os.path.expandvars(record["tracking_uri"])
     run_id = upload_pending(uri, record["experiment"], record)
     record.pop("manifest_text")

@@ -1,4 +1,4 @@
-"""Resolving a job: everything it names looked up, the triple computed and checked (SPEC §1).
+"""Resolving a job: everything it names looked up, the triple computed and checked (contract §1).
 
 Used by ``plan``, ``run``, ``stamp`` and ``export``; nothing here writes.
 """

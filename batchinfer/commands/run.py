@@ -1,6 +1,6 @@
 """``batchinfer run``: score one partition and commit it.
 
-:func:`run_job` follows the contract's order (SPEC §1, §4, §5):
+:func:`run_job` follows the contract's order (contract §1, §4, §5):
 
 1. resolve everything (schema, preprocessing, shards, model) and check the triple against the
    model's declaration — before any work;
@@ -93,7 +93,7 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
             that shows live progress while the pipeline runs (see ``commands/progress.py``).
 
     Raises:
-        BatchInferError: with the exit code of what went wrong (SPEC §2).
+        BatchInferError: with the exit code of what went wrong (contract §2).
     """
     t_start = time.perf_counter()
     started = clock()
@@ -532,7 +532,7 @@ def _finish_tracking(job: Job, resolved: Resolved, tracking: "TrackingRun", atte
                                {"manifest.json": json.dumps(manifest.to_dict(), indent=2),
                                 REPORT: report},
                                tags=tags, dataset=input_dataset(manifest))
-    # MLflow's errors quote the tracking URI, which may hold a ${NAME} value (SPEC §3).
+    # MLflow's errors quote the tracking URI, which may hold a ${NAME} value (contract §3).
     error = job.display(tracking.error) if tracking.error else None
     record = {"mlflow_run_id": manifest.mlflow_run_id, "uploaded": uploaded, "error": error,
               "tracking_uri": job.display(spec.tracking.uri), "experiment": spec.tracking.experiment,

@@ -1,4 +1,4 @@
-"""``batchinfer schema publish|verify``: the lock of published schema versions (SPEC §6
+"""``batchinfer schema publish|verify``: the lock of published schema versions (contract §6
 "Published schemas"): ``<schemas root>/lock.json`` maps each published ``name@N`` to the sha256
 of its source, and a job refuses a published version whose file no longer matches."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``batchinfer stamp``: write a model's declaration of the version triple (SPEC §1)."""
+"""``batchinfer stamp``: write a model's declaration of the version triple (contract §1)."""
 from __future__ import annotations
 
 import dataclasses
@@ -21,7 +21,7 @@ def stamp(job: Job, model_uri: str | None, model_version: str | None,
 
     Besides the triple, the declaration records the schema version's source hash
     (``schema_sha256``) and the installed packages the preprocessing imports
-    (``preprocess_packages``), which every run compares (SPEC §1).
+    (``preprocess_packages``), which every run compares (contract §1).
 
     Args:
         challenger: stamp for the job's challenger of this name: its backend, declared options

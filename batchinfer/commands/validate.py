@@ -1,5 +1,5 @@
 """``batchinfer validate``: check a partition's shards against the schema and the preprocessing
-(SPEC §2) — the pipeline's own Prepare step (pipeline/prepare.py), no model — and the read →
+(contract §2) — the pipeline's own Prepare step (pipeline/prepare.py), no model — and the read →
 validate loop that every reader of a job's input outside the pipeline shares."""
 from __future__ import annotations
 

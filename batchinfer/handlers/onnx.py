@@ -90,7 +90,7 @@ class OnnxModelHandler(BatchModelHandler[Any]):
 
         so = ort.SessionOptions()
         # ONNX Runtime writes its warnings (unused initializers, say) straight to stderr, around
-        # the one line an error gets (SPEC §2); batchinfer's --debug turns them back on.
+        # the one line an error gets (contract §2); batchinfer's --debug turns them back on.
         so.log_severity_level = 2 if logging.getLogger("batchinfer").isEnabledFor(logging.DEBUG) else 3
         if "intra_op_num_threads" in self.options:
             so.intra_op_num_threads = self.options["intra_op_num_threads"]

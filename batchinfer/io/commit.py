@@ -1,4 +1,4 @@
-"""The commit protocol of one output partition (SPEC §4, §5.2–5.3), with the life cycle of a sink.
+"""The commit protocol of one output partition (contract §4, §5.2–5.3), with the life cycle of a sink.
 
     partition = PartitionCommit(url)
     partition.committed()                       # what is committed there now, or None

@@ -1,4 +1,4 @@
-"""The manifest: the one commit point of a partition (SPEC §4, §5.2).
+"""The manifest: the one commit point of a partition (contract §4, §5.2).
 
 ``_manifest.json`` is created exclusively and written last. On a local file system the bytes
 are written to scratch first and hard-linked into place (``link`` fails if the name exists, and
@@ -139,7 +139,7 @@ def clean_after_commit(layout: Layout, manifest: Manifest) -> None:
             continue
         for entry in entries:
             name = entry.rstrip("/").rsplit("/", 1)[-1]
-            # _tmp/ is ours alone (SPEC §4); in predictions/, quarantine/ and challengers/<name>/
+            # _tmp/ is ours alone (contract §4); in predictions/, quarantine/ and challengers/<name>/
             # only attempts are.
             if kind == TMP or (ATTEMPT.fullmatch(name) and name != committed):
                 try:

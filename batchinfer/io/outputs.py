@@ -1,4 +1,4 @@
-"""The output layout of a partition (SPEC §4) and writing its files.
+"""The output layout of a partition (contract §4) and writing its files.
 
     <output.path>/_manifest.json                                   the commit
     <output.path>/predictions/<attempt>/part-SSSSS-BBBBB.parquet   shard S, batch B
@@ -33,7 +33,7 @@ METRICS = "_metrics.json"
 PROFILE = "_profile.json"     # the run's column statistics and drift (monitoring), beside METRICS
 REPORT = "report.html"        # the job report, beside METRICS
 DRIFT = "_drift"              # <attempt>.json/.html of runs that drift stopped (not cleaned up)
-# `<UTC time>-<8 hex>` (SPEC §6). Cleanup removes only folders named like this: output.path is
+# `<UTC time>-<8 hex>` (contract §6). Cleanup removes only folders named like this: output.path is
 # the user's, and a folder of theirs that happens to sit in predictions/ is not ours to delete.
 ATTEMPT = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{8}")  # fullmatch: `$` passes a final newline
 

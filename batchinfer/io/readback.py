@@ -45,7 +45,7 @@ class _Checked(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True, allow_inf_nan=False)
 
 
-# -- the manifest (SPEC §4) and the scratch records of a run ---------------------------------
+# -- the manifest (contract §4) and the scratch records of a run ---------------------------------
 
 class FileModel(_Checked):
     path: Name
@@ -187,7 +187,7 @@ class OutcomeModel(_Checked):
     results: list[ShardResultModel] = Field(default_factory=list)
 
 
-# -- profiles (SPEC §6 "Drift") ----------------------------------------------------------------
+# -- profiles (contract §6 "Drift") ----------------------------------------------------------------
 
 def _check_range(count: int, low: float | None, high: float | None) -> None:
     if count and (low is None or high is None):
@@ -274,7 +274,7 @@ class RunProfileModel(_Checked):
     columns: dict[str, ColumnProfileModel] = Field(default_factory=dict)
 
 
-# -- _metrics.json (SPEC §6 "Tracking record") --------------------------------------------------
+# -- _metrics.json (contract §6 "Tracking record") --------------------------------------------------
 
 Scalar = str | int | float | bool | None
 

@@ -1,4 +1,4 @@
-"""Typed records of a partition: the manifest (SPEC §4) and what a finished shard leaves in scratch.
+"""Typed records of a partition: the manifest (contract §4) and what a finished shard leaves in scratch.
 
 Plain dataclasses with ``to_dict``/``from_dict``; JSON is only made and parsed at the edges
 (:mod:`batchinfer.io.manifest`, the per-shard scratch files). Pure: no I/O here.
@@ -34,7 +34,7 @@ def _with_files(record: Any) -> dict:
 
 @dataclass(frozen=True)
 class ShardRecord:
-    """One input shard in the manifest (SPEC §4)."""
+    """One input shard in the manifest (contract §4)."""
 
     path: str
     sha256: str | None
@@ -103,7 +103,7 @@ class ChallengerShard:
 
 @dataclass(frozen=True)
 class Challenger:
-    """A challenger model in the manifest (SPEC §6 "Challengers"): its triple, how it ran, and
+    """A challenger model in the manifest (contract §6 "Challengers"): its triple, how it ran, and
     its files under ``challengers/<name>/<attempt>/``, shard by shard in the manifest's order."""
 
     name: str
@@ -144,7 +144,7 @@ class Challenger:
 
 @dataclass(frozen=True)
 class Manifest:
-    """``_manifest.json``: the commit of a partition (SPEC §4)."""
+    """``_manifest.json``: the commit of a partition (contract §4)."""
 
     job: str
     ds: str | None

@@ -1,4 +1,4 @@
-"""Job metrics to MLflow, without ever losing results (SPEC §5.7).
+"""Job metrics to MLflow, without ever losing results (contract §5.7).
 
 The run is opened by a helper process as soon as a job starts, so MLflow's import and a new
 store's migrations (2.5 s or more here) run on another core while the job scores. After the commit, metrics and the
@@ -247,7 +247,7 @@ def sqlite_first_use_lock(uri: str):
     """Serialise processes that open a local sqlite store, on a lock file beside it.
 
     MLflow migrates a new sqlite store on first use, and two processes doing that at once fail
-    ("duplicate column name") or leave the store half-migrated (DESIGN, measured). Holding an
+    ("duplicate column name") or leave the store half-migrated (measured on this project's machines). Holding an
     exclusive lock while the client is created and the experiment looked up makes the first
     user migrate alone; later users wait only for that. Other stores need no lock.
     """
@@ -280,7 +280,7 @@ def connect(uri: str, experiment: str, artifacts: str | None = None):
 
 def spec_free(location: str | None) -> str | None:
     """``location`` unless it holds a ``${NAME}`` value of the job spec: MLflow receives no spec
-    values (SPEC §3), so such a store's experiment gets MLflow's default location instead."""
+    values (contract §3), so such a store's experiment gets MLflow's default location instead."""
     return location if location is None or redact(location) == location else None
 
 

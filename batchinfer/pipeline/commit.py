@@ -4,7 +4,7 @@
 
 Every finished shard's index meets the others on one key, so exactly one element reaches
 :class:`CommitPartition`, on one worker, once every shard's result is in scratch. It applies the
-thresholds (SPEC §5.1) and commits through :mod:`batchinfer.io.commit` (the exclusive create of
+thresholds (contract §5.1) and commits through :mod:`batchinfer.io.commit` (the exclusive create of
 ``_manifest.json``), whichever process the runner gives it: the launcher's own on the direct
 runner, a worker on Dataflow, Flink or Dask. It records what it did in the attempt's scratch; the
 launching process reads that back for its exit code and tracking. A launcher that dies (an

@@ -1,4 +1,4 @@
-"""Beam pipeline options for the runners a job spec can name (SPEC §3 ``runner``).
+"""Beam pipeline options for the runners a job spec can name (contract §3 ``runner``).
 
 The job itself never changes between runners; only these options do. ``runner.options`` are
 passed to Beam as ``--key=value`` flags (``true`` → ``--key``), so anything Beam's runner

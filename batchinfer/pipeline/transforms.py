@@ -1,4 +1,4 @@
-"""The Beam pipeline that scores one partition (DESIGN "Data flow").
+"""The Beam pipeline that scores one partition (docs/architecture.md, "One run, file by file").
 
     Create(shards) → Reshuffle → ReadShard ──batches──→ Prepare → RunInference → WriteBatch ─┐
                                    │                        └─→ RunInference[c] → WriteChallenger[c] ─┤

@@ -1,7 +1,7 @@
 """The columns batchinfer writes, and the rule that a name the user chooses never takes one of them.
 
 A partition's prediction files hold the job's id columns, the prediction columns and the audit
-columns (SPEC §4); its quarantine files hold the quarantine columns. Two columns with one name
+columns (contract §4); its quarantine files hold the quarantine columns. Two columns with one name
 cannot both be written: the later one silently replaces the earlier (ids overwritten by scores,
 a prediction column dropped in favour of ``_source_row``). So every collision is refused before
 any work, naming both sides (pure; no I/O).

@@ -1,4 +1,4 @@
-"""Stable per-row input hash: the ``_input_hash`` column (SPEC §4, §5 guarantee 4).
+"""Stable per-row input hash: the ``_input_hash`` column (contract §4, §5 guarantee 4).
 
 A row's hash depends only on the values and canonical types of the hashed columns. It does not
 depend on the machine, the numpy or pyarrow version, batch boundaries, chunking, slice offsets

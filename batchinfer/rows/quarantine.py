@@ -1,4 +1,4 @@
-"""Quarantine rows: the dead-letter output for input rows that cannot be scored (SPEC §4).
+"""Quarantine rows: the dead-letter output for input rows that cannot be scored (contract §4).
 
 Every rejected input row becomes exactly one quarantine row::
 

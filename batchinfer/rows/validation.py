@@ -278,7 +278,7 @@ def quarantine_all(
 ) -> pa.Table:
     """Quarantine every row of ``batch`` with the same failures.
 
-    Used for shards whose columns or types do not fit the schema (SPEC §4, shard cases).
+    Used for shards whose columns or types do not fit the schema (contract §4, shard cases).
 
     Raises:
         ValueError: ``failures`` is empty.

@@ -1,4 +1,4 @@
-"""The version triple and the model's declaration of it (SPEC §1).
+"""The version triple and the model's declaration of it (contract §1).
 
 Pure functions compute the parts (digests, preprocess hash); the declaration is read from a
 sidecar ``<model file>.batchinfer.json`` or, for ``models:/name/version`` URIs, from the model
@@ -47,7 +47,7 @@ class Triple:
 def preprocess_hash(module: str, function: str, source_text: str,
                     assets: Sequence[tuple[str, bytes]] = (),
                     modules: Sequence[tuple[str, str]] = ()) -> str:
-    """sha256 of the preprocessing code, as SPEC §1 defines it.
+    """sha256 of the preprocessing code, as contract §1 defines it.
 
     ``"batchinfer-preprocess/1\\n<module>:<function>\\n"`` then the module's source with LF line
     endings. Each asset listed in the module's ``ASSETS`` then adds, in the listed order,

@@ -1,4 +1,4 @@
-"""What a preprocessing module imports, found from its source without running it (SPEC §6
+"""What a preprocessing module imports, found from its source without running it (contract §6
 "Preprocessing code"): the *local* modules — the job's own code, whose text goes into
 ``preprocess_hash`` and travels with the job — and the *installed* packages, recorded by
 distribution name and version in the declaration.

@@ -69,7 +69,7 @@ def resolve_model(uri: str, backend: str, tracking_uri: str) -> ResolvedModel:
         import mlflow.artifacts
 
         # MLflow draws a progress bar on stderr when tqdm is installed (sentence-transformers
-        # brings it in): it would surround the one line an error gets (SPEC §2). A user's own
+        # brings it in): it would surround the one line an error gets (contract §2). A user's own
         # setting wins.
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 

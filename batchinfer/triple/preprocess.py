@@ -66,7 +66,7 @@ class Preprocessor:
 def load_preprocessor(ref: str | None, job_folder: Path, features: Sequence[str]) -> Preprocessor:
     """Resolve the job's ``preprocess`` setting.
 
-    The job file's folder is put first on ``sys.path`` (SPEC §3), then the module is found as
+    The job file's folder is put first on ``sys.path`` (contract §3), then the module is found as
     ``import`` would find it and read; the local modules it imports are found and read; the
     module is executed once from that text (to check it), and hashed with its ASSETS and those
     modules.

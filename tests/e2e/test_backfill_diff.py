@@ -1,4 +1,4 @@
-"""`batchinfer backfill` and `batchinfer diff` (SPEC §2), driven through the CLI.
+"""`batchinfer backfill` and `batchinfer diff` (contract §2), driven through the CLI.
 
 backfill: every date in the range is a run of its own; committed partitions are skipped; it
 stops at the first failing date unless --keep-going, and exits with that date's code; running

@@ -1,4 +1,4 @@
-"""Challenger models (SPEC §6 "Challengers"), driven through the CLI and checked from the files.
+"""Challenger models (contract §6 "Challengers"), driven through the CLI and checked from the files.
 
 One job, three challengers beside the champion (a small MLP):
 - ``other``: the same architecture with other weights (a genuinely different model);

@@ -1,5 +1,5 @@
 """End-to-end: `python -m batchinfer demo` writes, stamps and scores the credit-risk demo
-(SPEC §2 `demo`), and a second `demo` is a no-op (SPEC §4, §5.3)."""
+(contract §2 `demo`), and a second `demo` is a no-op (contract §4, §5.3)."""
 from __future__ import annotations
 
 import hashlib

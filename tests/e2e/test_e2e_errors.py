@@ -1,6 +1,6 @@
 """End-to-end: bad data (quarantine, exit 4), usage errors (exit 2) and contract errors (exit 3).
 
-SPEC §2 (exit codes, one-line errors), §1 (declaration checks), §4 (quarantine, shard cases),
+contract §2 (exit codes, one-line errors), §1 (declaration checks), §4 (quarantine, shard cases),
 §5.1 (accounting and thresholds). Everything is checked from the CLI's exit code, its output
 and the files it leaves.
 """
@@ -405,7 +405,7 @@ def test_schema_new_version_exit_3(base, tmp_path):
 def test_preprocess_edited_exit_3(base, tmp_path):
     root = copy_project(base, tmp_path / "p")
     declared = _declared(root)
-    assert declared["preprocess_hash"] == prep_hash(PREP_SOURCE)       # SPEC §1 formula
+    assert declared["preprocess_hash"] == prep_hash(PREP_SOURCE)       # contract §1 formula
     edited = PREP_SOURCE + "# tuned\n"
     (root / f"{PREP}.py").write_text(edited)
     line = _contract_failure(root)

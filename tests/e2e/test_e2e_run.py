@@ -1,6 +1,6 @@
 """End-to-end: `python -m batchinfer run/plan/inspect` on generated data, checked from the files.
 
-SPEC §2 (CLI), §4 (output layout, audit columns, manifest), §5.1 (accounting), §5.3 (reruns).
+contract §2 (CLI), §4 (output layout, audit columns, manifest), §5.1 (accounting), §5.3 (reruns).
 Each CLI run costs seconds, so module-scoped fixtures run the commands once and many tests
 assert on what they left behind.
 """
@@ -433,7 +433,7 @@ def multi(tmp_path_factory):
     for ds in (DS, DS2, DS3):
         make_shards(root / "data" / f"dt={ds}", shards=2, rows=500, seed=3)
     make_multi_model(root / "models" / "model.onnx")
-    # CRLF on disk: the preprocess hash is over the source with LF line endings (SPEC §1)
+    # CRLF on disk: the preprocess hash is over the source with LF line endings (contract §1)
     (root / f"{PREP_MODULE}.py").write_bytes(PREP_SOURCE.replace("\n", "\r\n").encode())
     write_job(root, name="multijob", preprocess=f"{PREP_MODULE}:transform")
     stamp = run_cli("stamp", "models/model.onnx", "--job", "job.yaml", "--model-version", "multi:1",

@@ -1,4 +1,4 @@
-"""`batchinfer export` (SPEC §2): a torch.export program (.pt2) to ONNX with a parity check,
+"""`batchinfer export` (contract §2): a torch.export program (.pt2) to ONNX with a parity check,
 driven through the CLI; the exported model then scores a partition like any ONNX model."""
 from __future__ import annotations
 

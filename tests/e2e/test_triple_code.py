@@ -95,7 +95,7 @@ def scores(project: Path, output: str) -> list[float]:
 
 
 def expected_hash(prep: str, helpers: str) -> str:
-    """SPEC §1: the module's hash, then each local module in name order."""
+    """contract §1: the module's hash, then each local module in name order."""
     h = hashlib.sha256(f"batchinfer-preprocess/1\n{PREP}:transform\n".encode() + prep.encode())
     h.update(f"\nmodule {HELPERS} {len(helpers.encode())}\n".encode() + helpers.encode())
     return h.hexdigest()

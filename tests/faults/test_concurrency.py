@@ -1,6 +1,6 @@
-"""Two runs of one partition at once (SPEC §4 "Two runs at once", §5.2): exactly one commits,
+"""Two runs of one partition at once (contract §4 "Two runs at once", §5.2): exactly one commits,
 the other exits 0 saying "already committed by attempt …" and removes its own files; the
-output is never mixed. With a shared, existing sqlite MLflow store, and on a new one (DESIGN.md:
+output is never mixed. With a shared, existing sqlite MLflow store, and on a new one (measured:
 sqlite's first use is not safe for two processes at once).
 
 Rerun with ``.venv/bin/pytest tests/faults/test_concurrency.py -q``.
@@ -240,7 +240,7 @@ def test_two_runs_at_once_new_mlflow_store(races, capsys):
               f"runs in store: {sorted(runs.values())}; store afterwards: {state}")
     assert len(tracking_lines) == 1   # only the winner reports tracking
     # The first use of a sqlite store is serialised by a lock file (tracking.py), so the
-    # race that DESIGN measured no longer loses tracking or half-migrates the store.
+    # race measured on a new store no longer loses tracking or half-migrates the store.
     assert metrics["uploaded"], metrics["error"]
     assert state == "intact"
     assert runs[metrics["mlflow_run_id"]][1] == "FINISHED"
@@ -251,7 +251,7 @@ def test_loser_whose_files_the_winner_cleaned_still_exits_as_lost_race(tmp_path,
     """Deterministic version of the worst interleaving: run B has written its files and every
     shard's result, then run A commits and its cleanup deletes every uncommitted attempt (B's
     included) before B's commit step reads them. B must still end as the loser of the race
-    (SPEC §4: exit 0, "already committed by attempt …", its files removed), not as a runtime
+    (contract §4: exit 0, "already committed by attempt …", its files removed), not as a runtime
     failure with its debris left behind."""
     import batchinfer.commands.run as job_mod
     import batchinfer.pipeline.commit as commit_mod

@@ -1,4 +1,4 @@
-"""Crash safety (SPEC §4, §5.2–5.3): a run SIGKILLed at any fault point, then rerun, commits
+"""Crash safety (contract §4, §5.2–5.3): a run SIGKILLed at any fault point, then rerun, commits
 exactly what an uninterrupted run commits; nothing outside the manifest survives.
 
 Every run is a real ``batchinfer`` process (``cli.main`` in its own process, with
@@ -121,7 +121,7 @@ def project(tmp_path_factory, server):
     for r in stamps:
         assert r.wait().returncode == 0, r.stderr
     # The reference: an uninterrupted run (it also creates the sqlite store before the
-    # parallel runs below use it: a new store cannot take concurrent first use, DESIGN.md).
+    # parallel runs below use it: a new store cannot take concurrent first use: measured).
     ref = server.run("run", "job.yaml", "--ds", DS, "--set", "output.path=ref", cwd=folder)
     assert ref.returncode == 0, ref.stderr
     check_partition(folder / "ref", shards)
@@ -235,7 +235,7 @@ def test_kill_after_commit_keeps_commit_and_rerun_is_noop(project, crashed):
     assert k["rc"] == -signal.SIGKILL, k["stderr"]
     assert k["manifest"] is not None, "the manifest was created before after_commit"
     assert k["tmp"], "after_commit leaves scratch (the test would prove nothing otherwise)"
-    # Observed, not required by SPEC: the killed run never wrote _metrics.json and the no-op
+    # Observed, not required by the contract: the killed run never wrote _metrics.json and the no-op
     # rerun does not either (the manifest keeps the totals; the MLflow run stays RUNNING).
     out = folder / _out("after_commit")
     rerun = reruns["after_commit"]

@@ -1,4 +1,4 @@
-"""Bad input, every kind a nightly job meets (SPEC §4 shard cases and quarantine, §5.1, §5.5):
+"""Bad input, every kind a nightly job meets (contract §4 shard cases and quarantine, §5.1, §5.5):
 quarantined or recorded with a reason, one quarantine row per bad input row, the accounting
 invariant everywhere, and the job goes on within the thresholds.
 
@@ -245,7 +245,7 @@ def test_unreadable_shards_recorded_and_counted(strict_run, name, words):
     assert entry["status"] == "unreadable"
     assert entry["rows_in"] is None and entry["rows_scored"] == 0 and entry["rows_quarantined"] == 0
     assert words in entry["reason"].lower()
-    # sha256 may be null for a shard that cannot be read (SPEC §4: str|null)
+    # sha256 may be null for a shard that cannot be read (contract §4: str|null)
     assert entry["sha256"] in (None, hashlib.sha256(shards[name].read_bytes()).hexdigest())
     assert manifest["totals"]["shards_unreadable"] == len(UNREADABLE)
     assert not _quarantine_of(quar, shards[name])

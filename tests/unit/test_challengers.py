@@ -1,4 +1,4 @@
-"""The pure parts of challenger models (SPEC §6 "Challengers"): the spec's names, folding a
+"""The pure parts of challenger models (contract §6 "Challengers"): the spec's names, folding a
 challenger's batch records into its shard, the manifest entry, cleanup of challenger folders,
 and the comparison statistics of ``diff`` (checked against scipy)."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Tests for the output layout, the manifest commit, shard listing/reading, and the pure
-manifest helpers of the pipeline (SPEC §4, §5.1, §5.2)."""
+manifest helpers of the pipeline (contract §4, §5.1, §5.2)."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,4 +1,4 @@
-"""Model failures (SPEC §4: rows whose batch the model rejects, or whose output is non-finite,
+"""Model failures (contract §4: rows whose batch the model rejects, or whose output is non-finite,
 are quarantined with ``_check: "model"``; the batch is split to isolate them). A model whose
 output has another number of rows than it was given breaks the batch contract: exit 5, nothing
 committed, never isolated row by row.

@@ -1,4 +1,4 @@
-"""Live progress (SPEC §6 "Live progress"): the counters a real pipeline bumps, and what the bar
+"""Live progress (contract §6 "Live progress"): the counters a real pipeline bumps, and what the bar
 and the plain lines show, rendered without a terminal.
 
 The pipeline runs in process (the direct runner's in-memory mode, where the counters count); every

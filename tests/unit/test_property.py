@@ -1,4 +1,4 @@
-"""Property: the accounting invariant (SPEC §5.1) holds on any input (§5.5).
+"""Property: the accounting invariant (contract §5.1) holds on any input (§5.5).
 
 Schema-driven data (id Int64, f0..f3 Float32 in [-10, 10]) plus mutations — nulls, NaN, ±inf,
 out-of-range values, wrong column types, missing and extra columns, empty shards, garbage,

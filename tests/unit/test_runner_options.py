@@ -1,4 +1,4 @@
-"""Runner options (SPEC §3 ``runner``) and the commit step at the end of the pipeline
+"""Runner options (contract §3 ``runner``) and the commit step at the end of the pipeline
 (docs/runners.md): built and checked in process, no cluster needed. The runners themselves run
 for real in tests/with_servers/test_distributed_runners.py and tests/e2e/test_dataflow_dry_run.py."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Safe loading (SPEC §5.6, §1 declaration): pickle-based formats refused by default; model,
+"""Safe loading (contract §5.6, §1 declaration): pickle-based formats refused by default; model,
 external-data and engine bytes checked against the digest recorded at stamp time, before any
 output is written; ONNX external-data paths may not leave the model's folder (``../`` or a
 symlink), for ``stamp`` and ``run`` alike.

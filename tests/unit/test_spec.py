@@ -1,4 +1,4 @@
-"""Tests for batchinfer.spec: loading, validation, --set, templating, hashing, paths (SPEC §3)."""
+"""Tests for batchinfer.spec: loading, validation, --set, templating, hashing, paths (contract §3)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,7 +1,7 @@
 """The choices made for speed (bench/README.md) keep results and start-up promises.
 
 - ONNX Runtime on CPU runs a batch in calls of ``CPU_CHUNK_ROWS`` rows: the predictions are the
-  same, bit for bit, whatever the call size (SPEC §5.4: same input, triple, backend and device).
+  same, bit for bit, whatever the call size (contract §5.4: same input, triple, backend and device).
 - ``model.options.allow_spinning`` is a checked boolean.
 - Prediction files are written on a writer thread: every batch still ends up in the manifest
   with accounting intact (the e2e, crash and S3 fault tests cover the failures).

@@ -1,4 +1,4 @@
-"""Tests for batchinfer.rows.validation and batchinfer.rows.quarantine (SPEC §4 quarantine, §5.1 accounting)."""
+"""Tests for batchinfer.rows.validation and batchinfer.rows.quarantine (contract §4 quarantine, §5.1 accounting)."""
 from __future__ import annotations
 
 import json
@@ -125,7 +125,7 @@ def same_rows(a: pa.RecordBatch, b: pa.RecordBatch) -> bool:
 
 
 def check_accounting(result: ValidationResult, batch: pa.RecordBatch, first_row: int = 0) -> set[int]:
-    """SPEC §5.1 for one batch; returns the quarantined row indices (within the batch)."""
+    """contract §5.1 for one batch; returns the quarantined row indices (within the batch)."""
     n = batch.num_rows
     assert isinstance(result.valid, pa.RecordBatch)
     assert result.valid_rows.dtype == np.int64

@@ -68,7 +68,7 @@ def direct(project) -> Path:
 
 
 def assert_same_partition(out: Path, reference: Path, folder: Path, runner: str) -> None:
-    """``out`` is a complete partition (SPEC §4–§5) holding what ``reference`` holds: the same
+    """``out`` is a complete partition (contract §4–§5) holding what ``reference`` holds: the same
     rows and quarantine, predictions and ``_input_hash`` bit-identical; only the execution
     differs (attempt, ``_inference_id``, ``_compute_ms``, runner, times)."""
     preds, quar, manifest = check_partition(out, shard_paths(folder))

@@ -1,4 +1,4 @@
-"""Models from the MLflow registry (``models:/name/version``, SPEC §1 declaration by tags)
+"""Models from the MLflow registry (``models:/name/version``, contract §1 declaration by tags)
 against a real ``mlflow server``."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The whole job against a real S3-compatible server (moto in server mode), SPEC §4, §5.1–5.3.
+"""The whole job against a real S3-compatible server (moto in server mode), contract §4, §5.1–5.3.
 
 Shards live in ``s3://BUCKET/data/dt=DS/``; ``input.path`` and ``output.path`` are s3:// URLs;
 the schema, model and job file are local. Jobs reach the server only through the standard
@@ -41,7 +41,7 @@ def keys_under(fs, root: str) -> set[str]:
 
 
 def assert_committed_partition(fs, bucket: str, template: Path) -> dict:
-    """Read the partition back through s3fs following the manifest; check SPEC §5.1 and §4."""
+    """Read the partition back through s3fs following the manifest; check contract §5.1 and §4."""
     root = out_root(bucket)
     preds, quar, manifest = read_partition(root, fs=fs)
     totals = manifest["totals"]

@@ -1,4 +1,4 @@
-"""Secrets never leak (SPEC §3, §6 "`${NAME}` values"): not in outputs, logs, MLflow; and values
+"""Secrets never leak (contract §3, §6 "`${NAME}` values"): not in outputs, logs, MLflow; and values
 that are not secrets are recorded in full.
 
 Distinctive secrets are used where users put credentials: ``${BI_TOKEN}`` (a secret by its name)

@@ -1,4 +1,4 @@
-"""Job metrics to MLflow (SPEC §4 ``mlflow_run_id``, §5.7): a real ``mlflow server``, an outage
+"""Job metrics to MLflow (contract §4 ``mlflow_run_id``, §5.7): a real ``mlflow server``, an outage
 and its later upload with ``batchinfer track``, and concurrent runs on one sqlite store."""
 from __future__ import annotations
 
@@ -168,7 +168,7 @@ def test_six_concurrent_runs_on_an_existing_sqlite_store(tmp_path, stamped_templ
 
 
 def test_two_runs_racing_on_a_new_sqlite_store_still_commit(tmp_path, stamped_template):
-    """DESIGN: two processes creating a *new* sqlite store at once can fail. Whatever tracking
+    """Measured: two processes creating a *new* sqlite store at once can fail. Whatever tracking
     does then, both partitions commit; a run that could not track says so, keeps its metrics
     beside the manifest, and `batchinfer track` uploads them afterwards."""
     dates = ["2026-03-01", "2026-03-02"]
@@ -263,7 +263,7 @@ def test_artifact_location_is_beside_a_sqlite_store_and_left_to_other_stores(tmp
 
 
 def test_a_store_path_from_the_environment_is_not_sent_to_mlflow(monkeypatch):
-    """SPEC §3: MLflow receives no ``${NAME}`` value, so a sqlite store whose path holds one
+    """contract §3: MLflow receives no ``${NAME}`` value, so a sqlite store whose path holds one
     leaves the location to MLflow rather than writing it into the experiment."""
     from batchinfer import redaction
     from batchinfer.io.tracking import TrackingRun, spec_free
