@@ -127,7 +127,8 @@ def handler_class(name: str) -> Any:
     return getattr(module, class_name)
 
 
-_REGISTRY: Registry[Backend] = Registry(kind="backend", entry_type=Backend, group="batchinfer.backends", builtin=(
+# batchinfer's own backends; installed distributions add theirs (group batchinfer.backends).
+BUILTIN: tuple[Backend, ...] = (
     Backend(
         name="onnxruntime", suffixes=(".onnx",),
         options={
@@ -160,4 +161,7 @@ _REGISTRY: Registry[Backend] = Registry(kind="backend", entry_type=Backend, grou
         handler="batchinfer.handlers.tensorrt:TensorRTModelHandler",
         install="pip install 'batchinfer[gpu]' on a machine with an NVIDIA GPU (TensorRT >= 10 and a "
                 "CUDA build of torch)"),
-))
+)
+
+_REGISTRY: Registry[Backend] = Registry(kind="backend", entry_type=Backend, group="batchinfer.backends",
+                                        builtin=BUILTIN)

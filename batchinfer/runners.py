@@ -103,7 +103,8 @@ def option_owners() -> dict[str, tuple[str, ...]]:
             for owner in runners for cls in owner.own_options}
 
 
-_REGISTRY: Registry[Runner] = Registry(kind="runner", entry_type=Runner, group="batchinfer.runners", builtin=(
+# batchinfer's own runners; installed distributions add theirs (group batchinfer.runners).
+BUILTIN: tuple[Runner, ...] = (
     Runner(
         name="direct",
         beam_runner="apache_beam.runners.portability.fn_api_runner.FnApiRunner",
@@ -140,4 +141,7 @@ _REGISTRY: Registry[Runner] = Registry(kind="runner", entry_type=Runner, group="
         own_options=("DaskOptions",),
         fixes="Beam's DaskRunner with its finish_bundle outputs kept and the job finished "
               "without its launcher (pipeline/dask.py)."),
-))
+)
+
+_REGISTRY: Registry[Runner] = Registry(kind="runner", entry_type=Runner, group="batchinfer.runners",
+                                       builtin=BUILTIN)
