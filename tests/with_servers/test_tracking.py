@@ -262,17 +262,18 @@ def test_artifact_location_is_beside_a_sqlite_store_and_left_to_other_stores(tmp
     assert artifact_location(str(tmp_path / "mlruns"), "e") is None
 
 
-def test_a_store_path_from_the_environment_is_not_sent_to_mlflow(monkeypatch):
+def test_a_store_path_from_the_environment_is_not_sent_to_mlflow():
     """contract §3: MLflow receives no ``${NAME}`` value, so a sqlite store whose path holds one
     leaves the location to MLflow rather than writing it into the experiment."""
     from batchinfer import redaction
     from batchinfer.io.tracking import TrackingRun, spec_free
 
-    monkeypatch.setitem(redaction._values, "/private/stores", "BI_STORES")
-    assert spec_free("/private/stores/mlartifacts/e") is None
-    assert spec_free("/data/mlartifacts/e") == "/data/mlartifacts/e" and spec_free(None) is None
-    run = TrackingRun("sqlite:////private/stores/mlflow.db", "e")
-    try:
-        assert run.artifacts is None
-    finally:
-        run.close()
+    with redaction.scope():
+        redaction.register({"BI_STORES": "/private/stores"})
+        assert spec_free("/private/stores/mlartifacts/e") is None
+        assert spec_free("/data/mlartifacts/e") == "/data/mlartifacts/e" and spec_free(None) is None
+        run = TrackingRun("sqlite:////private/stores/mlflow.db", "e")
+        try:
+            assert run.artifacts is None
+        finally:
+            run.close()
