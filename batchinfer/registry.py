@@ -8,9 +8,10 @@ owns them is imported; a distribution adds its own by naming an entry in an entr
     [project.entry-points."batchinfer.backends"]
     echo = "echo_backend:BACKEND"       # a batchinfer.backends.Backend named "echo"
 
-The groups are read once, at the first lookup (not at import: checking a job that uses only
-batchinfer's own entries costs nothing more than a look at the installed distributions'
-metadata), and each entry point's object is loaded then. The entries are shown through a
+The groups are read once, at the first lookup, not at import (about 5 ms per group here to read
+the installed distributions' metadata), and each entry point's object is loaded then: its module
+should hold data only, as batchinfer's own entries do (a backend's handler and a runner's Beam
+runner are named by strings, imported when a job uses them). The entries are shown through a
 read-only view; :meth:`Registry.register` refuses a name that is taken, unless told to
 ``clobber`` it, and so does discovery: an installed distribution cannot silently replace one of
 batchinfer's entries or another distribution's.
