@@ -5,7 +5,8 @@ accepts (with their types) and its handler class, named as ``"module:Class"`` so
 job spec, planning or parsing a DAG never imports ONNX Runtime, torch or TensorRT. The spec
 validates ``model.backend`` and ``model.options`` here, the model resolver looks for a registry
 model's file by these suffixes, and the run builds the handler from here; ``register()`` adds a
-backend everywhere at once.
+backend everywhere at once, and so does an installed distribution that names a :class:`Backend`
+in the ``batchinfer.backends`` entry-point group (:mod:`batchinfer.registry`).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from .errors import ModelError, SpecError
+from .registry import Registry
 
 # Accepted by every backend: `allow_pickle` lifts the refusal of pickle-based model files (contract
 # §5.6); `share_across_processes` serves one copy of the model to all worker processes of a
@@ -23,7 +25,7 @@ COMMON_OPTIONS: Mapping[str, type] = MappingProxyType(
     {"allow_pickle": bool, "share_across_processes": bool, "model_copies": int})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Backend:
     """A model backend.
 
@@ -49,16 +51,22 @@ class Backend:
     declared: Mapping[str, str] = field(default_factory=dict)
 
 
-_REGISTRY: dict[str, Backend] = {}
+def register(backend: Backend, *, clobber: bool = False) -> None:
+    """Make ``backend`` available under ``backend.name``.
+
+    Raises:
+        ValueError: another backend has that name and ``clobber`` is False.
+    """
+    _REGISTRY.register(backend, clobber=clobber)
 
 
-def register(backend: Backend) -> None:
-    """Make ``backend`` available under ``backend.name`` (replacing one of the same name)."""
-    _REGISTRY[backend.name] = backend
+def entries() -> Mapping[str, Backend]:
+    """Every backend by name (a read-only view), those of installed distributions included."""
+    return _REGISTRY.entries()
 
 
 def names() -> tuple[str, ...]:
-    return tuple(sorted(_REGISTRY))
+    return tuple(sorted(_REGISTRY.names()))
 
 
 def get(name: str) -> Backend:
@@ -67,10 +75,10 @@ def get(name: str) -> Backend:
     Raises:
         SpecError: no backend has that name (the message lists the known ones).
     """
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise SpecError(f"unknown model.backend {name!r} (known: {', '.join(names())})") from None
+    backend = _REGISTRY.find(name)
+    if backend is None:
+        raise SpecError(f"unknown model.backend {name!r} (known: {', '.join(names())})")
+    return backend
 
 
 def check_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -109,7 +117,7 @@ def handler_class(name: str) -> Any:
     backend = get(name)
     if backend.handler is None:
         raise ModelError(f"backend {name!r} is not available in this version of batchinfer "
-                         f"(available: {', '.join(n for n in names() if _REGISTRY[n].handler)})")
+                         f"(available: {', '.join(n for n in names() if entries()[n].handler)})")
     module_name, class_name = backend.handler.split(":")
     try:
         module = importlib.import_module(module_name)
@@ -119,35 +127,41 @@ def handler_class(name: str) -> Any:
     return getattr(module, class_name)
 
 
-register(Backend(
-    "onnxruntime", (".onnx",),
-    options={
-        "intra_op_num_threads": int,      # 0 = ONNX Runtime's default (one per core)
-        "inter_op_num_threads": int,
-        "graph_optimization_level": ("disable", "basic", "extended", "all"),
-        "enable_cpu_mem_arena": bool,
-        "allow_spinning": bool,           # intra-op threads busy-wait for work (default: false)
-        "chunk_rows": int,                # rows per session.run call (default: 4,096 on CPU)
-        "providers": list,                # explicit provider list, overrides `device`
-        "tensorrt": bool,                 # on CUDA: TensorRT provider first (engine cache beside the model)
-        "io_binding": bool,               # bind inputs/outputs (default: on CUDA only)
-    },
-    handler="batchinfer.handlers.onnx:OnnxModelHandler",
-    install="pip install onnxruntime (CPU) or onnxruntime-gpu (CUDA/TensorRT), e.g. "
-            "pip install 'batchinfer[cpu]'"))
-register(Backend(
-    "torch", (".pt2",),
-    options={
-        "precision": ("fp32", "fp16", "bf16"),   # autocast; declared
-        "chunk_rows": int,                # rows per model call (default: 4,096 on CPU, all on CUDA)
-        "intra_op_num_threads": int,      # torch.set_num_threads (0 = torch's default)
-    },
-    handler="batchinfer.handlers.pytorch:TorchModelHandler",
-    install="pip install 'batchinfer[torch]' (CPU), or a CUDA build of torch 2.13 for GPUs",
-    declared={"precision": "fp32"}))
-register(Backend(
-    "tensorrt", (".engine", ".plan"),
-    options={"chunk_rows": int},          # default: the engine profile's max batch
-    handler="batchinfer.handlers.tensorrt:TensorRTModelHandler",
-    install="pip install 'batchinfer[gpu]' on a machine with an NVIDIA GPU (TensorRT >= 10 and a "
-            "CUDA build of torch)"))
+# batchinfer's own backends; installed distributions add theirs (group batchinfer.backends).
+BUILTIN: tuple[Backend, ...] = (
+    Backend(
+        name="onnxruntime", suffixes=(".onnx",),
+        options={
+            "intra_op_num_threads": int,      # 0 = ONNX Runtime's default (one per core)
+            "inter_op_num_threads": int,
+            "graph_optimization_level": ("disable", "basic", "extended", "all"),
+            "enable_cpu_mem_arena": bool,
+            "allow_spinning": bool,           # intra-op threads busy-wait for work (default: false)
+            "chunk_rows": int,                # rows per session.run call (default: 4,096 on CPU)
+            "providers": list,                # explicit provider list, overrides `device`
+            "tensorrt": bool,                 # on CUDA: TensorRT provider first (engine cache beside the model)
+            "io_binding": bool,               # bind inputs/outputs (default: on CUDA only)
+        },
+        handler="batchinfer.handlers.onnx:OnnxModelHandler",
+        install="pip install onnxruntime (CPU) or onnxruntime-gpu (CUDA/TensorRT), e.g. "
+                "pip install 'batchinfer[cpu]'"),
+    Backend(
+        name="torch", suffixes=(".pt2",),
+        options={
+            "precision": ("fp32", "fp16", "bf16"),   # autocast; declared
+            "chunk_rows": int,                # rows per model call (default: 4,096 on CPU, all on CUDA)
+            "intra_op_num_threads": int,      # torch.set_num_threads (0 = torch's default)
+        },
+        handler="batchinfer.handlers.pytorch:TorchModelHandler",
+        install="pip install 'batchinfer[torch]' (CPU), or a CUDA build of torch 2.13 for GPUs",
+        declared={"precision": "fp32"}),
+    Backend(
+        name="tensorrt", suffixes=(".engine", ".plan"),
+        options={"chunk_rows": int},          # default: the engine profile's max batch
+        handler="batchinfer.handlers.tensorrt:TensorRTModelHandler",
+        install="pip install 'batchinfer[gpu]' on a machine with an NVIDIA GPU (TensorRT >= 10 and a "
+                "CUDA build of torch)"),
+)
+
+_REGISTRY: Registry[Backend] = Registry(kind="backend", entry_type=Backend, group="batchinfer.backends",
+                                        builtin=BUILTIN)

@@ -12,13 +12,21 @@ Rather than remember to mask each string where it is printed, every secret value
 here when the job is loaded, and :func:`redact` is applied where strings are *made* (every
 :class:`~batchinfer.errors.BatchInferError` message) and where they *leave* the process (the
 CLI's error line, ``--debug`` tracebacks, log records). Process-wide on purpose: an exception
-raised deep in the I/O layer has no job to ask.
+raised deep in the I/O layer (or in a runner's worker thread) has no job to ask.
+
+How long a value stays registered is a :func:`scope`'s: a program that runs several jobs opens
+one per job (``with redaction.scope(): run_job(load_job(...))``), and the values registered
+inside are hidden while it is open — from every thread — and forgotten when it closes, so that
+the next job neither hides the last one's values nor loses its own when another closes. Values
+registered outside any scope (the CLI: one command, one job, one process) stay for the process.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
-from typing import Collection, Mapping
+from contextvars import ContextVar
+from typing import Collection, Iterable, Iterator, Mapping
 
 # Secrets shorter than this are not searched for: a one-letter value would mangle every path
 # that happens to contain that letter.
@@ -36,8 +44,36 @@ _URL = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<rest>[^\s'\"<>`]*)
 _PLACEHOLDERS = re.compile(r"(?:\$\{[A-Za-z_][A-Za-z0-9_]*\})+")
 _PARAMETER = re.compile(r"(?P<name>[^=&;#]+)=(?P<value>[^&;#]*)")
 
+
+class Scope:
+    """The values registered while one :func:`scope` is open (value → name)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+
+
 _lock = threading.Lock()
-_values: dict[str, str] = {}   # value → name
+_process = Scope()             # registered outside any scope: kept for the process
+_open: list[Scope] = []        # every scope open now, in any thread: redact() hides all their values
+# Where register() puts values: the innermost scope opened in this context (thread, task).
+_current: ContextVar[Scope | None] = ContextVar("batchinfer_redaction_scope", default=None)
+
+
+@contextlib.contextmanager
+def scope() -> Iterator[Scope]:
+    """Hide the values registered inside (:func:`register`, as :func:`~batchinfer.spec.load_job`
+    does) until the block ends, then forget them. Scopes nest, and scopes open in other threads
+    are independent: each forgets only its own values."""
+    opened = Scope()
+    token = _current.set(opened)
+    with _lock:
+        _open.append(opened)
+    try:
+        yield opened
+    finally:
+        _current.reset(token)
+        with _lock:
+            _open.remove(opened)
 
 
 def is_secret_name(name: str, listed: Collection[str] = ()) -> bool:
@@ -47,27 +83,35 @@ def is_secret_name(name: str, listed: Collection[str] = ()) -> bool:
 
 
 def register(secrets: Mapping[str, str]) -> None:
-    """Remember ``name → value`` pairs so that :func:`redact` hides the values from now on."""
+    """Remember ``name → value`` pairs so that :func:`redact` hides the values from now on: until
+    the current :func:`scope` closes, or for the process outside any."""
+    target = _current.get() or _process
     with _lock:
         for name, value in secrets.items():
             if len(value) >= MIN_LENGTH:
-                _values[value] = name
+                target.values[value] = name
 
 
 def mask(text: str, secrets: Mapping[str, str]) -> str:
     """``text`` with each of ``secrets``' values (longest first) replaced by ``${NAME}``, then
     the credentials of every URL in it hidden (:func:`mask_urls`)."""
-    for name, value in sorted(secrets.items(), key=lambda kv: -len(kv[1])):
-        if len(value) >= MIN_LENGTH and value in text:
-            text = text.replace(value, "${%s}" % name)
-    return mask_urls(text)
+    return _mask(text, secrets.items())
 
 
 def redact(text: str) -> str:
     """``text`` with every registered value replaced by ``${NAME}`` and URL credentials hidden."""
     with _lock:
-        secrets = {name: value for value, name in _values.items()}
-    return mask(text, secrets)
+        values = {value: name for held in (_process, *_open) for value, name in held.values.items()}
+    return _mask(text, ((name, value) for value, name in values.items()))
+
+
+def _mask(text: str, secrets: Iterable[tuple[str, str]]) -> str:
+    # (name, value) pairs rather than a mapping by name: two open scopes may hold different
+    # values under one name, and both are hidden.
+    for name, value in sorted(secrets, key=lambda kv: -len(kv[1])):
+        if len(value) >= MIN_LENGTH and value in text:
+            text = text.replace(value, "${%s}" % name)
+    return mask_urls(text)
 
 
 def mask_urls(text: str) -> str:

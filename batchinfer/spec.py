@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Sequence
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
-from . import backends, redaction
+from . import backends, redaction, runners
 from .errors import SpecError
 from .io.reach import ANY_DATE, reach_conflict
 from .rows.columns import check_output_columns
@@ -189,22 +190,29 @@ class TrackingSpec(_Strict):
     experiment: str | None = None  # default: the job's name
 
 
+def _known_runner(name: Any) -> Any:
+    """``name`` if a runner has it (:mod:`batchinfer.runners`); refused as pydantic refuses a
+    value outside a ``Literal``, naming the known runners."""
+    known = runners.names()
+    if name not in known:
+        quoted = [repr(n) for n in known]
+        expected = " or ".join(filter(None, [", ".join(quoted[:-1]), quoted[-1]]))
+        raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+    return name
+
+
 class RunnerSpec(_Strict):
-    name: Literal["direct", "portable", "flink", "dataflow", "dask"] = "direct"
+    name: Annotated[str, BeforeValidator(_known_runner)] = "direct"
     options: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _remote_runner_has_its_address(self) -> "RunnerSpec":
         # Without these Beam starts an embedded Flink or a Docker job server, or fails once the
         # work has begun (docs/runners.md).
-        missing = [k for k in REMOTE_RUNNER_NEEDS.get(self.name, ()) if not self.options.get(k)]
+        missing = [k for k in runners.get(self.name).required if not self.options.get(k)]
         if missing:
             raise ValueError(f"runner {self.name} needs {', '.join(f'runner.options.{k}' for k in missing)}")
         return self
-
-
-REMOTE_RUNNER_NEEDS = {"flink": ("flink_master",), "portable": ("job_endpoint",),
-                       "dataflow": ("project", "region", "temp_location")}
 
 
 class JobSpec(_Strict):

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
+from .. import runners
 from ..backends import declared_options, handler_class
 from ..errors import (
     BatchInferError,
@@ -119,7 +120,7 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
                                    f"{existing.attempt}); nothing to do", existing, shown)
         if dry_run:
             message = f"dry run: would score {len(resolved.shards)} shards into {shown}"
-            if spec.runner.name in BUILDS_JOB:  # build the runner's job too, submit nothing
+            if runners.get(spec.runner.name).builds_job:  # build the runner's job too, submit nothing
                 handler, device = load_handler(resolved)
                 challengers = load_challengers(resolved)
                 attempt = partition.begin(new_attempt(started), replacing=existing)
@@ -379,12 +380,6 @@ def _header(job: Job, resolved: Resolved, attempt: Attempt, device: str, started
                     model_options=_declared(spec.model), started_at=rfc3339(started),
                     finished_at="", mlflow_run_id=mlflow_run_id, totals=Totals.of([]), shards=(),
                     challengers=entries)
-
-
-# Runners whose job `run --dry-run` builds for real (Beam's dry_run option: the job graph is
-# built, the DoFns pickled, the options validated, nothing submitted). Only Beam's
-# DataflowRunner honours dry_run; the others would run the job.
-BUILDS_JOB = {"dataflow"}
 
 
 def _build_job(resolved: Resolved, handler: "BatchModelHandler", attempt: Attempt,

@@ -16,9 +16,10 @@ import re
 import select
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from ..errors import one_line
 from ..redaction import redact
@@ -29,17 +30,43 @@ from ..redaction import redact
 MLFLOW_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
                    "MLFLOW_LOGGING_LEVEL": "WARNING"}
 
+_settings_lock = threading.Lock()
+_settings_held: dict[str, int] = {}   # variable → open mlflow_settings() blocks that set it
 
-def mlflow_environment() -> None:
-    """Apply :data:`MLFLOW_DEFAULTS` where the user set nothing (before MLflow reads them: it
-    reads them when a client makes its first request, and its logging level on import)."""
-    for name, value in MLFLOW_DEFAULTS.items():
-        os.environ.setdefault(name, value)
+
+@contextlib.contextmanager
+def mlflow_settings(extra: Mapping[str, str] | None = None) -> Iterator[None]:
+    """:data:`MLFLOW_DEFAULTS` (and ``extra``) for the MLflow calls made in the block, where the
+    user set nothing.
+
+    MLflow takes these settings from the process environment only, and reads them late (its
+    logging level when it is imported, retries and timeouts at each request, the progress bar
+    at each download), so they are in ``os.environ`` while the block runs — and only then: they
+    are not left behind for the rest of the process and every child it starts. The tracking
+    helper gets them in its own environment instead. Blocks may overlap (threads, nesting): a
+    variable goes when the last block that set it ends.
+    """
+    settings = {**MLFLOW_DEFAULTS, **(extra or {})}
+    with _settings_lock:
+        mine = [name for name in settings if _settings_held.get(name) or name not in os.environ]
+        for name in mine:
+            if not _settings_held.get(name):
+                os.environ[name] = settings[name]
+            _settings_held[name] = _settings_held.get(name, 0) + 1
+    try:
+        yield
+    finally:
+        with _settings_lock:
+            for name in mine:
+                _settings_held[name] -= 1
+                if not _settings_held[name]:
+                    del _settings_held[name]
+                    os.environ.pop(name, None)
 
 
 def mlflow_client(uri: str):
-    """An MLflow client for ``uri`` (tracking and registry), with batchinfer's defaults."""
-    mlflow_environment()
+    """An MLflow client for ``uri`` (tracking and registry); use it inside :func:`mlflow_settings`
+    (the tracking helper's environment has them already)."""
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
@@ -387,25 +414,26 @@ def upload(client, run_id: str, params: Mapping[str, Any], metrics: Mapping[str,
 
 def upload_pending(uri: str, experiment: str, record: dict) -> str:
     """Upload a ``_metrics.json`` record that could not be uploaded at run time; return run id."""
-    # The record shows ${NAME} where the job's tracking.uri had a value from the environment;
-    # such a value is not sent to MLflow (a --tracking-uri given to `track` is no spec value).
-    shown = record.get("tracking_uri", "")
-    from_spec = "${" in shown and uri == os.path.expandvars(shown)
-    location = None if from_spec else artifact_location(uri, experiment)
-    client, experiment_id = connect(uri, experiment, location)
-    run_id = record.get("mlflow_run_id")
-    # The run spans the job, as at run time: from the manifest's start to its commit.
-    manifest = json.loads(record.get("manifest_text") or "{}")
-    started, finished = (_millis_of(manifest.get(k)) for k in ("started_at", "finished_at"))
-    if run_id is None:
-        run_id = client.create_run(experiment_id, run_name=record.get("run_name"),
-                                   tags=record.get("tags", {}), start_time=started).info.run_id
-    artifacts = {"manifest.json": record.get("manifest_text", "")}
-    if record.get("report_text"):
-        artifacts["report.html"] = record["report_text"]
-    upload(client, run_id, record["params"], record["metrics"], artifacts, tags=record.get("tags"),
-           end_time=finished)
-    return run_id
+    with mlflow_settings():
+        # The record shows ${NAME} where the job's tracking.uri had a value from the environment;
+        # such a value is not sent to MLflow (a --tracking-uri given to `track` is no spec value).
+        shown = record.get("tracking_uri", "")
+        from_spec = "${" in shown and uri == os.path.expandvars(shown)
+        location = None if from_spec else artifact_location(uri, experiment)
+        client, experiment_id = connect(uri, experiment, location)
+        run_id = record.get("mlflow_run_id")
+        # The run spans the job, as at run time: from the manifest's start to its commit.
+        manifest = json.loads(record.get("manifest_text") or "{}")
+        started, finished = (_millis_of(manifest.get(k)) for k in ("started_at", "finished_at"))
+        if run_id is None:
+            run_id = client.create_run(experiment_id, run_name=record.get("run_name"),
+                                       tags=record.get("tags", {}), start_time=started).info.run_id
+        artifacts = {"manifest.json": record.get("manifest_text", "")}
+        if record.get("report_text"):
+            artifacts["report.html"] = record["report_text"]
+        upload(client, run_id, record["params"], record["metrics"], artifacts, tags=record.get("tags"),
+               end_time=finished)
+        return run_id
 
 
 def _millis(moment: datetime) -> int:

@@ -1,10 +1,12 @@
 """Beam pipeline options for the runners a job spec can name (contract §3 ``runner``).
 
-The job itself never changes between runners; only these options do. ``runner.options`` are
-passed to Beam as ``--key=value`` flags (``true`` → ``--key``), so anything Beam's runner
-accepts can be set from the spec or with ``--set runner.options.key=value``. Beam itself only
-warns about a flag it does not know and runs without it; :func:`check` refuses it before any
-work (docs/runners.md "Runner options").
+The job itself never changes between runners; only these options do. What each runner is — the
+Beam runner, its required options and defaults, the package it needs, its own options classes —
+is its entry in the runner registry (:mod:`batchinfer.runners`). ``runner.options`` are passed
+to Beam as ``--key=value`` flags (``true`` → ``--key``), so anything Beam's runner accepts can be
+set from the spec or with ``--set runner.options.key=value``. Beam itself only warns about a
+flag it does not know and runs without it; :func:`check` refuses it before any work
+(docs/runners.md "Runner options").
 """
 from __future__ import annotations
 
@@ -13,41 +15,18 @@ import importlib
 import logging
 from typing import Any, Mapping
 
+from .. import runners
 from ..errors import RuntimeFailure, SpecError
 
 log = logging.getLogger("batchinfer")
 
-RUNNERS = {
-    # Beam's DirectRunner first tries the Prism runner (a Go binary it downloads when online,
-    # 0.3-0.4 s wasted and a failure when offline) and then falls back to the FnApiRunner for
-    # batch pipelines. We name the FnApiRunner directly: the same engine, predictably, on any
-    # machine. It honours --direct_num_workers and --direct_running_mode.
-    "direct": "apache_beam.runners.portability.fn_api_runner.FnApiRunner",
-    "portable": "PortableRunner",
-    "flink": "FlinkRunner",
-    "dataflow": "DataflowRunner",
-    # Beam's DaskRunner with one bug fixed (pipeline/dask.py); options.dask_client_address
-    # names the scheduler (tcp://host:8786).
-    "dask": "batchinfer.pipeline.dask.DaskRunner",
-}
-
-
-# Added unless runner.options sets one of the same group. Dask: Beam puts up to 128 elements in
-# one Dask partition, so a partition's shards would all be read by one worker; a shard per
-# partition spreads them over the cluster (each partition then loads the model once per worker
-# process, from the per-process cache).
-DEFAULTS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
-    "dask": (("dask_partition_size", "dask_npartitions"), {"dask_partition_size": 1}),
-}
-
 
 def beam_args(name: str, options: Mapping[str, Any]) -> list[str]:
-    """Command-line style Beam arguments for ``runner: {name, options}``."""
-    args = [f"--runner={RUNNERS[name]}"]
-    group, defaults = DEFAULTS.get(name, ((), {}))
-    if not any(key in options for key in group):
-        options = {**defaults, **options}
-    for key, value in options.items():
+    """Command-line style Beam arguments for ``runner: {name, options}`` (the runner's defaults
+    added where the options set none of them)."""
+    runner = runners.get(name)
+    args = [f"--runner={runner.beam_runner}"]
+    for key, value in runner.with_defaults(options).items():
         flag = "--" + str(key).lstrip("-")
         if value is True:
             args.append(flag)
@@ -95,25 +74,6 @@ def _image(environment: Any) -> str:
     return str(payload.container_image)
 
 
-# The package a runner needs beyond Beam itself, and the extra that installs it.
-NEEDS = {"dataflow": ("apache_beam.runners.dataflow.internal.apiclient", "dataflow"),
-         "dask": ("dask.distributed", "dask")}
-
-
-# Beam's options classes that only some runners read: on another runner their options do
-# nothing. `portable` hands every option to its job service, which may be Flink's, Spark's,
-# Prism's or Kafka Streams' job server, or Beam's Python one (an FnApiRunner: direct_*). Every
-# other class (setup, workers, environments, file systems, debugging, ...) may matter anywhere.
-OWN_OPTIONS = {"DirectOptions": ("direct", "portable"), "DaskOptions": ("dask",),
-               "FlinkRunnerOptions": ("flink", "portable"), "SparkRunnerOptions": ("portable",),
-               "PrismRunnerOptions": ("portable",), "KafkaStreamsRunnerOptions": ("portable",)}
-
-# Runners whose job service adds its own options when the job is submitted (Beam's
-# PortableRunner asks it, DescribePipelineOptions: the Java Flink runner's checkpointing_interval,
-# say). A flag Beam's Python SDK does not know may be one of those: a warning, not an error.
-JOB_SERVICE_OPTIONS = {"portable", "flink"}
-
-
 def check_option_names(name: str, options: Mapping[str, Any]) -> list[str]:
     """Refuse ``runner.options`` keys that are not options of runner ``name``, as Beam's own
     parser registers them (the runner's module is imported first: its options class, Beam's
@@ -126,9 +86,10 @@ def check_option_names(name: str, options: Mapping[str, Any]) -> list[str]:
     from ..beam_compat import option_flags
 
     flags = option_flags()
+    owners = runners.option_owners()
     owner = {flag: cls.__name__ for cls, cls_flags in flags.items() for flag in cls_flags}
     here = {flag[2:] for cls, cls_flags in flags.items()
-            if name in OWN_OPTIONS.get(cls.__name__, (name,)) for flag in cls_flags} - {"runner"}
+            if name in owners.get(cls.__name__, (name,)) for flag in cls_flags} - {"runner"}
     unknown, elsewhere, warnings = [], [], []
     for key in map(str, options):
         flag = "--" + key.lstrip("-")
@@ -138,14 +99,14 @@ def check_option_names(name: str, options: Mapping[str, Any]) -> list[str]:
             elsewhere.append("runner.options.runner: set runner.name instead")
             continue
         if flag in owner:
-            runners = " or ".join(OWN_OPTIONS[owner[flag]])
-            elsewhere.append(f"runner.options.{key} is an option of runner {runners} (Beam's "
+            readers = " or ".join(owners[owner[flag]])
+            elsewhere.append(f"runner.options.{key} is an option of runner {readers} (Beam's "
                              f"{owner[flag]}), which runner {name} ignores: remove it "
                              f"(--set runner.options={{}} clears the file's options)")
             continue
         close = difflib.get_close_matches(flag[2:], sorted(here), n=1)
         known = f"runner.options.{key}" + (f" (did you mean {close[0]}?)" if close else "")
-        if name in JOB_SERVICE_OPTIONS:
+        if runners.get(name).job_service:
             warnings.append(f"runner {name}: {known} is not an option Beam knows here; it goes "
                             f"to the job service, which ignores it unless it is one of its own")
         else:
@@ -161,7 +122,7 @@ def _where_to_look(name: str, flags: Mapping[type, tuple[str, ...]]) -> str:
     """Where a user finds the options of runner ``name``: its own options class's, listed, and
     Beam's module for the rest."""
     own = [f[2:] for cls, cls_flags in flags.items()
-           if OWN_OPTIONS.get(cls.__name__, ("",))[0] == name for f in cls_flags]
+           if cls.__name__ in runners.get(name).own_options for f in cls_flags]
     mine = f"Runner {name}'s own options: {', '.join(own)}; those" if own else "Those"
     return (f"{mine} of every runner are in Beam's apache_beam/options/pipeline_options.py "
             f"(docs/runners.md \"Runner options\")")
@@ -179,14 +140,14 @@ def check(name: str, options: Mapping[str, Any]) -> None:
     from apache_beam.options.pipeline_options_validator import PipelineOptionsValidator
     from apache_beam.runners.runner import create_runner
 
-    needed = NEEDS.get(name)
-    if needed is not None:
+    entry = runners.get(name)
+    if entry.needs is not None:
         try:
-            importlib.import_module(needed[0])
+            importlib.import_module(entry.needs)
         except ImportError as exc:
             raise RuntimeFailure(f"runner {name} needs a package that is not installed ({exc.name}): "
-                                 f"pip install 'batchinfer[{needed[1]}]'") from None
-    runner = create_runner(RUNNERS[name])  # imports the runner's module, and its options class
+                                 f"{entry.install}") from None
+    runner = create_runner(entry.beam_runner)  # imports the runner's module, and its options class
     for warning in check_option_names(name, options):
         log.warning("%s", warning)
     try:

@@ -2,18 +2,21 @@
 (``models:/name/version``, declaration in the model version's tags)."""
 from __future__ import annotations
 
-import os
+import contextlib
 import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Iterator, Mapping
 
 from .. import backends
 from ..errors import ModelFileError, SpecError, StorageError, one_line
 from .contract import Triple, declaration_from_tags, declaration_tags, read_sidecar, write_sidecar
 
 _REGISTRY_URI = re.compile(r"models:/(?P<name>[^/]+)/(?P<version>[0-9]+)")  # fullmatch
+# MLflow draws a progress bar on stderr when tqdm is installed (sentence-transformers brings it
+# in): it would surround the one line an error gets (contract §2). A user's own setting wins.
+QUIET_DOWNLOADS = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
 
 
 @dataclass(frozen=True)
@@ -59,27 +62,22 @@ def resolve_model(uri: str, backend: str, tracking_uri: str) -> ResolvedModel:
             what = "is not a regular file" if path.exists() else "not found"
             raise ModelFileError(f"model file {uri} {what}: fix model.uri")
         return ResolvedModel(uri, path, read_sidecar(path))
-    client = _client(tracking_uri)
     name, version = ref
-    try:
-        model_version = client.get_model_version(name, version)
-    except Exception as exc:
-        raise _registry_error(exc, f"model version {uri}", tracking_uri) from None
-    try:
-        import mlflow.artifacts
+    with _registry(tracking_uri, QUIET_DOWNLOADS) as client:
+        try:
+            model_version = client.get_model_version(name, version)
+        except Exception as exc:
+            raise _registry_error(exc, f"model version {uri}", tracking_uri) from None
+        try:
+            import mlflow.artifacts
 
-        # MLflow draws a progress bar on stderr when tqdm is installed (sentence-transformers
-        # brings it in): it would surround the one line an error gets (contract §2). A user's own
-        # setting wins.
-        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-
-        # Not artifact_uri="models:/…": MLflow resolves that against the default registry (a
-        # mlflow.db in the working folder), not this job's; ask our registry where the files are.
-        folder = mlflow.artifacts.download_artifacts(
-            artifact_uri=client.get_model_version_download_uri(name, version),
-            tracking_uri=tracking_uri, dst_path=tempfile.mkdtemp(prefix="batchinfer-model-"))
-    except Exception as exc:
-        raise _registry_error(exc, f"artifacts of {uri}", tracking_uri) from None
+            # Not artifact_uri="models:/…": MLflow resolves that against the default registry (a
+            # mlflow.db in the working folder), not this job's; ask our registry where the files are.
+            folder = mlflow.artifacts.download_artifacts(
+                artifact_uri=client.get_model_version_download_uri(name, version),
+                tracking_uri=tracking_uri, dst_path=tempfile.mkdtemp(prefix="batchinfer-model-"))
+        except Exception as exc:
+            raise _registry_error(exc, f"artifacts of {uri}", tracking_uri) from None
     path = _model_file(Path(folder), backend, uri)
     return ResolvedModel(uri, path, declaration_from_tags(model_version.tags or {}), ref)
 
@@ -90,13 +88,13 @@ def declare(model: ResolvedModel, triple: Triple, tracking_uri: str,
     (sidecar, or registry tags); return where it went."""
     if model.registry is None:
         return str(write_sidecar(model.path, triple, extra))
-    client = _client(tracking_uri)
     name, version = model.registry
-    try:
-        for key, value in declaration_tags(triple, extra).items():
-            client.set_model_version_tag(name, version, key, value)
-    except Exception as exc:
-        raise _registry_error(exc, f"tags of {model.uri}", tracking_uri) from None
+    with _registry(tracking_uri) as client:
+        try:
+            for key, value in declaration_tags(triple, extra).items():
+                client.set_model_version_tag(name, version, key, value)
+        except Exception as exc:
+            raise _registry_error(exc, f"tags of {model.uri}", tracking_uri) from None
     return f"tags of {model.uri}"
 
 
@@ -109,10 +107,14 @@ def _model_file(folder: Path, backend: str, uri: str) -> Path:
     return found[0]
 
 
-def _client(tracking_uri: str):
-    from ..io.tracking import mlflow_client
+@contextlib.contextmanager
+def _registry(tracking_uri: str, settings: Mapping[str, str] | None = None) -> Iterator[Any]:
+    """An MLflow client of the registry at ``tracking_uri``, with batchinfer's MLflow settings
+    (and ``settings``) while the block runs (:func:`~batchinfer.io.tracking.mlflow_settings`)."""
+    from ..io.tracking import mlflow_client, mlflow_settings
 
-    return mlflow_client(tracking_uri)
+    with mlflow_settings(settings):
+        yield mlflow_client(tracking_uri)
 
 
 def _registry_error(exc: Exception, what: str, tracking_uri: str) -> Exception:
@@ -129,14 +131,14 @@ def register_model(folder: Path, name: str, tracking_uri: str) -> str:
     Raises:
         StorageError: the registry cannot be reached or refuses the version.
     """
-    client = _client(tracking_uri)
     source = str(folder.resolve())
-    try:
-        if not client.search_registered_models(filter_string=f"name = '{name}'"):
-            client.create_registered_model(name)
-        found = [v for v in client.search_model_versions(f"name = '{name}'") if v.source == source]
-        version = found[0] if found else client.create_model_version(name, source=source)
-    except Exception as exc:
-        raise StorageError(f"cannot register {source} as {name} in the registry at {tracking_uri}: "
-                           f"{one_line(exc, 200)}") from None
+    with _registry(tracking_uri) as client:
+        try:
+            if not client.search_registered_models(filter_string=f"name = '{name}'"):
+                client.create_registered_model(name)
+            found = [v for v in client.search_model_versions(f"name = '{name}'") if v.source == source]
+            version = found[0] if found else client.create_model_version(name, source=source)
+        except Exception as exc:
+            raise StorageError(f"cannot register {source} as {name} in the registry at {tracking_uri}: "
+                               f"{one_line(exc, 200)}") from None
     return f"models:/{name}/{version.version}"

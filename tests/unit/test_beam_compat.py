@@ -101,10 +101,10 @@ def test_option_flags_are_beams_own_by_class_and_name_every_runner_class_batchin
     class belongs to: a class Beam renames or moves must fail here, not let options through."""
     import batchinfer.pipeline.dask  # noqa: F401  (registers Beam's DaskOptions)
     from batchinfer.beam_compat import option_flags
-    from batchinfer.pipeline.runners import OWN_OPTIONS
+    from batchinfer.runners import option_owners
 
     flags = {cls.__name__: names for cls, names in option_flags().items()}
-    assert set(OWN_OPTIONS) <= set(flags)
+    assert set(option_owners()) <= set(flags)
     assert {"--dask_client_address", "--dask_partition_size"} <= set(flags["DaskOptions"])
     assert "--direct_num_workers" in flags["DirectOptions"] and "--help" not in flags["DirectOptions"]
     assert "--no_use_public_ips" in flags["WorkerOptions"]  # aliases and negations are flags too

@@ -444,6 +444,91 @@ def test_listed_secrets_are_masked_whatever_their_name(tmp_path):
     assert job.display(job.spec.output.path) == f"s3://bucket/${{TEAM_BUCKET}}/dt={DS}"
 
 
+def _team_job(folder: Path) -> Path:
+    return _job_file(folder, output={"path": "s3://bucket/${TEAM_BUCKET}/dt={ds}", "id_columns": ["id"]},
+                     secrets=["TEAM_BUCKET"])
+
+
+def test_a_second_job_does_not_hide_the_first_jobs_secrets(tmp_path):
+    """A job's values are hidden while its redaction scope is open — in errors made then too —
+    and forgotten when it closes: the next job in the process shows them as they are."""
+    import uuid
+
+    from batchinfer import redaction
+    from batchinfer.redaction import redact
+
+    path = _team_job(tmp_path)
+    first, second = f"first-{uuid.uuid4().hex}", f"second-{uuid.uuid4().hex}"
+    with redaction.scope():
+        load_job(path, ds=DS, environ={"TEAM_BUCKET": first})
+        assert redact(f"cannot open s3://bucket/{first}") == "cannot open s3://bucket/${TEAM_BUCKET}"
+        assert SpecError(f"no shard in {first}").message == "no shard in ${TEAM_BUCKET}"
+    with redaction.scope():
+        load_job(path, ds=DS, environ={"TEAM_BUCKET": second})
+        assert redact(f"{first} {second}") == f"{first} ${{TEAM_BUCKET}}"
+    assert redact(f"{first} {second}") == f"{first} {second}"
+
+
+def test_a_job_keeps_its_secrets_hidden_while_other_jobs_come_and_go(tmp_path):
+    """Two jobs at once in one process (threads): each scope hides its own values, from any
+    thread (a runner's worker thread makes errors too), and closing one forgets only its own —
+    also when both hold the same value, or different values under one name."""
+    import threading
+    import uuid
+
+    from batchinfer import redaction
+    from batchinfer.redaction import redact
+
+    path = _team_job(tmp_path)
+    mine, shared, theirs = (f"{what}-{uuid.uuid4().hex}" for what in ("mine", "shared", "theirs"))
+    opened, release = threading.Event(), threading.Event()
+
+    def other_job(value: str) -> None:
+        with redaction.scope():
+            load_job(path, ds=DS, environ={"TEAM_BUCKET": value})
+            opened.set()
+            release.wait(30)
+
+    with redaction.scope():
+        load_job(path, ds=DS, environ={"TEAM_BUCKET": mine})
+        load_job(path, ds=DS, environ={"TEAM_BUCKET": shared})
+        other = threading.Thread(target=other_job, args=(theirs,))
+        other.start()
+        assert opened.wait(30)
+        assert redact(f"{mine} {theirs}") == "${TEAM_BUCKET} ${TEAM_BUCKET}"
+        release.set()
+        other.join()
+        assert redact(f"{mine} {theirs}") == f"${{TEAM_BUCKET}} {theirs}"
+        opened.clear()
+        release.clear()
+        other = threading.Thread(target=other_job, args=(shared,))
+        other.start()
+        assert opened.wait(30)
+        release.set()
+        other.join()
+        made: list[str] = []
+        worker = threading.Thread(target=lambda: made.append(SpecError(f"bad {shared}").message))
+        worker.start()
+        worker.join()
+        assert made == ["bad ${TEAM_BUCKET}"] and redact(mine) == "${TEAM_BUCKET}"
+    assert redact(f"{mine} {shared}") == f"{mine} {shared}"
+
+
+def test_values_registered_outside_any_scope_stay_for_the_process(tmp_path):
+    """The CLI runs one job per process and opens no scope: its values are hidden up to the
+    last line it prints, as before scopes existed."""
+    import uuid
+
+    from batchinfer import redaction
+    from batchinfer.redaction import redact
+
+    value = f"process-{uuid.uuid4().hex}"
+    load_job(_team_job(tmp_path), ds=DS, environ={"TEAM_BUCKET": value})
+    with redaction.scope():
+        pass
+    assert redact(value) == "${TEAM_BUCKET}"
+
+
 @pytest.mark.parametrize("listed", [["not-a-name"], ["${X}"], "X"])
 def test_bad_secrets_list_exit_2(tmp_path, listed):
     with pytest.raises(SpecError) as excinfo:

@@ -262,17 +262,89 @@ def test_artifact_location_is_beside_a_sqlite_store_and_left_to_other_stores(tmp
     assert artifact_location(str(tmp_path / "mlruns"), "e") is None
 
 
-def test_a_store_path_from_the_environment_is_not_sent_to_mlflow(monkeypatch):
+def test_a_store_path_from_the_environment_is_not_sent_to_mlflow():
     """contract §3: MLflow receives no ``${NAME}`` value, so a sqlite store whose path holds one
     leaves the location to MLflow rather than writing it into the experiment."""
     from batchinfer import redaction
     from batchinfer.io.tracking import TrackingRun, spec_free
 
-    monkeypatch.setitem(redaction._values, "/private/stores", "BI_STORES")
-    assert spec_free("/private/stores/mlartifacts/e") is None
-    assert spec_free("/data/mlartifacts/e") == "/data/mlartifacts/e" and spec_free(None) is None
-    run = TrackingRun("sqlite:////private/stores/mlflow.db", "e")
-    try:
-        assert run.artifacts is None
-    finally:
-        run.close()
+    with redaction.scope():
+        redaction.register({"BI_STORES": "/private/stores"})
+        assert spec_free("/private/stores/mlartifacts/e") is None
+        assert spec_free("/data/mlartifacts/e") == "/data/mlartifacts/e" and spec_free(None) is None
+        run = TrackingRun("sqlite:////private/stores/mlflow.db", "e")
+        try:
+            assert run.artifacts is None
+        finally:
+            run.close()
+
+
+# -- MLflow's settings: in the environment for batchinfer's MLflow calls only -------------------
+
+def test_mlflow_settings_hold_while_a_block_runs_and_a_users_own_win(monkeypatch):
+    """MLflow reads its settings from the environment alone; batchinfer's are there while its
+    MLflow calls run and gone afterwards, overlapping blocks (threads) included."""
+    import os
+    import threading
+
+    from mlflow.environment_variables import (
+        MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR,
+        MLFLOW_HTTP_REQUEST_MAX_RETRIES,
+        MLFLOW_HTTP_REQUEST_TIMEOUT,
+    )
+
+    from batchinfer.io.tracking import MLFLOW_DEFAULTS
+    from batchinfer.io.tracking import mlflow_settings as settings
+    from batchinfer.triple.models import QUIET_DOWNLOADS
+
+    for name in [*MLFLOW_DEFAULTS, *QUIET_DOWNLOADS]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "99")   # the user's own
+    before = dict(os.environ)
+    with settings(QUIET_DOWNLOADS):
+        assert (MLFLOW_HTTP_REQUEST_MAX_RETRIES.get(), MLFLOW_HTTP_REQUEST_TIMEOUT.get()) == (2, 99)
+        assert MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR.get() is False
+        with settings():
+            pass
+        assert MLFLOW_HTTP_REQUEST_MAX_RETRIES.get() == 2   # the inner block left the outer's
+    assert dict(os.environ) == before
+    entered, leave = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with settings():
+            entered.set()
+            leave.wait(30)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    assert entered.wait(30)
+    with settings():
+        leave.set()
+        thread.join()
+        assert MLFLOW_HTTP_REQUEST_MAX_RETRIES.get() == 2   # the other block ended first
+    assert dict(os.environ) == before
+
+
+def test_the_registry_is_read_and_written_without_leaving_mlflow_settings_behind(tmp_path, monkeypatch):
+    """A model registered, declared and resolved in process (``stamp``, ``run``) as before; the
+    process environment is as it was."""
+    import os
+
+    from batchinfer.io.tracking import MLFLOW_DEFAULTS
+    from batchinfer.triple.contract import Triple
+    from batchinfer.triple.models import QUIET_DOWNLOADS, declare, register_model, resolve_model
+    from factories import make_mlp_onnx
+
+    for name in [*MLFLOW_DEFAULTS, *QUIET_DOWNLOADS]:
+        monkeypatch.delenv(name, raising=False)
+    before = dict(os.environ)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    make_mlp_onnx(tmp_path / "model" / "model.onnx")
+    uri = register_model(tmp_path / "model", "settings-check", store)
+    assert uri == "models:/settings-check/1" and dict(os.environ) == before
+    resolved = resolve_model(uri, "onnxruntime", store)
+    triple = Triple("settings-check:1", "d" * 64, "feats@1", "p" * 64)
+    assert declare(resolved, triple, store) == f"tags of {uri}" and dict(os.environ) == before
+    again = resolve_model(uri, "onnxruntime", store)
+    assert again.path.name == "model.onnx" and again.declaration == triple.as_dict()
+    assert dict(os.environ) == before
