@@ -124,7 +124,7 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
                 champion = load_handler(resolved)
                 challengers = load_challengers(resolved)
                 attempt = partition.begin(new_attempt(started), replacing=existing)
-                header = _header(job, resolved, attempt, champion, started, None, challengers)
+                header = _header(job, attempt, champion, started, None, challengers)
                 message += f"\n{_build_job(resolved, champion, attempt, header, challengers)}"
             return Outcome("dry_run", message, None, shown)
         assert tracking is not None
@@ -147,7 +147,7 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
                  f"{attempt.attempt}, {spec.runner.name} runner, {device})")
         # 3. score into the attempt and commit, in the pipeline. The manifest names the MLflow
         # run, so its id is needed before the pipeline starts (the helper opened it meanwhile).
-        header = _header(job, resolved, attempt, champion, started, tracking.wait(), challengers)
+        header = _header(job, attempt, champion, started, tracking.wait(), challengers)
         t_pipeline = time.perf_counter()
         try:
             _score(resolved, champion, attempt, header, baseline, watch, challengers)
@@ -378,8 +378,8 @@ def _load(resolved: Resolved, spec: ModelFields, found: "ResolvedModel", digest:
     return handler, handler.ask(model, "device_used"), list(outputs)
 
 
-def _header(job: Job, resolved: Resolved, attempt: Attempt, champion: "ModelRun",
-            started: datetime, mlflow_run_id: str | None,
+def _header(job: Job, attempt: Attempt, champion: "ModelRun", started: datetime,
+            mlflow_run_id: str | None,
             challengers: "Sequence[ModelRun]" = ()) -> Manifest:
     """The manifest as known before any work; the commit step adds shards, totals, end time
     (and each challenger's shards)."""

@@ -112,7 +112,7 @@ class ModelRun:
         return f"RunInference[{self.name}]", f"WriteChallenger[{self.name}]"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ScoringPlan:
     """What the pipeline's workers need besides the models; plain, picklable data.
 

@@ -234,8 +234,8 @@ def _pipeline_alone(folder):
     champion = run_mod.load_handler(resolved)
     started = run_mod.utc_now()
     attempt = PartitionCommit(job.spec.output.path).begin(run_mod.new_attempt(started))
-    run_mod._score(resolved, champion, attempt, run_mod._header(job, resolved, attempt, champion,
-                                                                started, None))
+    run_mod._score(resolved, champion, attempt, run_mod._header(job, attempt, champion, started,
+                                                                None))
     return job, attempt
 
 
