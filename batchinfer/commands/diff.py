@@ -15,6 +15,7 @@ agreement. ``_inference_id`` and ``_compute_ms`` describe an execution and are n
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -28,10 +29,12 @@ from ..io.outputs import PREDICTIONS, QUARANTINE, challenger_folder
 from ..io.records import FileRecord, ShardRecord, Totals
 from ..io.storage import join, url_to_fs
 from ..rows.arrow_types import plain_array, plain_type
+from ..rows.columns import INPUT_HASH, NOT_COMPARED, SOURCE_ROW
 from ..rows.compare import TopMovers, agreement, score_summary
 
-EXEMPT = {"_source_shard", "_source_row", "_inference_id", "_compute_ms", "_model_version",
-          "_model_digest", "_schema_version", "_preprocess_hash"}
+# The columns not compared bit for bit: the row's key, what describes an execution, and the
+# triple (compared once, from the manifests) — as rows/columns.py declares them.
+EXEMPT = NOT_COMPARED
 
 
 TOP_MOVERS = 10
@@ -109,10 +112,9 @@ class _Side:
             self.predictions = challenger_folder(challenger)
             # The challenger's rows, per shard, as shard records: what it rejected stands where
             # the champion's quarantine would (it has no quarantine files).
-            self._shards = {s.path: ShardRecord(s.path, self._shards[s.path].sha256,
-                                                self._shards[s.path].rows_in, s.rows_scored,
-                                                s.rows_rejected, self._shards[s.path].status,
-                                                s.reason, s.files)
+            self._shards = {s.path: replace(self._shards[s.path], rows_scored=s.rows_scored,
+                                            rows_quarantined=s.rows_rejected, reason=s.reason,
+                                            files=s.files)
                             for s in found.shards}
 
     def about(self) -> dict:
@@ -147,15 +149,15 @@ class _Side:
 def _rows(table: pa.Table | None) -> np.ndarray:
     if table is None:
         return np.zeros(0, np.int64)
-    return table.column("_source_row").to_numpy()
+    return table.column(SOURCE_ROW.name).to_numpy()
 
 
 def _compare_shard(a: _Side, b: _Side, shard_a: ShardRecord, shard_b: ShardRecord, rows: dict,
                    columns: dict, models: "_Models") -> None:
     pred_a = a.read(shard_a.files, PREDICTIONS, None)
     pred_b = b.read(shard_b.files, PREDICTIONS, None)
-    quar_a = _rows(a.read(shard_a.files, QUARANTINE, ["_source_row"]))
-    quar_b = _rows(b.read(shard_b.files, QUARANTINE, ["_source_row"]))
+    quar_a = _rows(a.read(shard_a.files, QUARANTINE, [SOURCE_ROW.name]))
+    quar_b = _rows(b.read(shard_b.files, QUARANTINE, [SOURCE_ROW.name]))
     rows_a, rows_b = _rows(pred_a), _rows(pred_b)
     common, ia, ib = np.intersect1d(rows_a, rows_b, assume_unique=True, return_indices=True)
     rows["scored_both"] += int(common.size)
@@ -173,7 +175,7 @@ def _compare_shard(a: _Side, b: _Side, shard_a: ShardRecord, shard_b: ShardRecor
         col_a = matched_a.column(name)
         col_b = matched_b.column(name)
         differ, max_abs = _column_difference(col_a, col_b)
-        if name == "_input_hash":
+        if name == INPUT_HASH.name:
             rows["input_hash_differs"] += differ
             continue
         entry = columns.setdefault(name, {"differ": 0, "max_abs_diff": None})

@@ -37,7 +37,7 @@ from ..errors import (
     SpecError,
 )
 from ..io.commit import Attempt, CommitOutcome, PartitionCommit
-from ..io.outputs import DRIFT, METRICS, PROFILE, REPORT, write_json
+from ..io.outputs import DRIFT, METRICS, PREDICTIONS, PROFILE, REPORT, challenger_folder, write_json
 from ..io.records import Challenger, Manifest, ModelStats, PreprocessStats, ShardResult, Totals
 from ..pipeline.runners import check as check_runner
 from ..redaction import mask
@@ -49,6 +49,7 @@ from .resolve import Resolved, ResolvedChallenger, resolve
 if TYPE_CHECKING:
     from ..handlers.base import BatchModelHandler
     from ..io.tracking import TrackingRun
+    from ..pipeline.transforms import ModelRun
     from ..triple.models import ResolvedModel
 
 log = logging.getLogger("batchinfer")
@@ -121,16 +122,17 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
         if dry_run:
             message = f"dry run: would score {len(resolved.shards)} shards into {shown}"
             if runners.get(spec.runner.name).builds_job:  # build the runner's job too, submit nothing
-                handler, device = load_handler(resolved)
+                champion = load_handler(resolved)
                 challengers = load_challengers(resolved)
                 attempt = partition.begin(new_attempt(started), replacing=existing)
-                header = _header(job, resolved, attempt, device, started, None, challengers)
-                message += f"\n{_build_job(resolved, handler, attempt, header, challengers)}"
+                header = _header(job, attempt, champion, started, None, challengers)
+                message += f"\n{_build_job(resolved, champion, attempt, header, challengers)}"
             return Outcome("dry_run", message, None, shown)
         assert tracking is not None
         t_load = time.perf_counter()
-        handler, device = load_handler(resolved)
+        champion = load_handler(resolved)
         challengers = load_challengers(resolved)
+        device = champion.device
         load_s = time.perf_counter() - t_load
         if baseline is not None:  # the columns it is compared on, known now (exit 2 if none)
             baseline = baseline.for_run([*resolved.features, *prediction_columns(resolved)])
@@ -146,10 +148,10 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
                  f"{attempt.attempt}, {spec.runner.name} runner, {device})")
         # 3. score into the attempt and commit, in the pipeline. The manifest names the MLflow
         # run, so its id is needed before the pipeline starts (the helper opened it meanwhile).
-        header = _header(job, resolved, attempt, device, started, tracking.wait(), challengers)
+        header = _header(job, attempt, champion, started, tracking.wait(), challengers)
         t_pipeline = time.perf_counter()
         try:
-            _score(resolved, handler, attempt, header, baseline, watch, challengers)
+            _score(resolved, champion, attempt, header, baseline, watch, challengers)
         except KeyboardInterrupt:  # Ctrl-C: leave nothing, and say so in MLflow
             winner = attempt.committed_meanwhile()
             if winner is None or winner.attempt != attempt.attempt:  # never undo a commit
@@ -282,24 +284,31 @@ def _challenger_run(challenger: ResolvedChallenger) -> tuple[str, dict[str, str]
     return challenger.name, challenger.triple.as_dict(), _declared(challenger.spec)
 
 
-def load_handler(resolved: Resolved) -> "tuple[BatchModelHandler, str]":
-    """Build the champion's handler and load the model once before any work (exit 5 early; in-
-    process workers reuse this load, see handlers.base.shared_model). The model's outputs must
-    name prediction columns that collide with nothing (exit 2). Returns the handler and the
-    device the model runs on."""
-    handler, device, _ = _load(resolved, resolved.job.spec.model, resolved.model,
-                               resolved.triple.model_digest, resolved.job.spec.output.predictions)
-    return handler, device
+def load_handler(resolved: Resolved) -> "ModelRun":
+    """The champion as the pipeline runs it: its handler built and the model loaded once before
+    any work (exit 5 early; in-process workers reuse this load, see handlers.base.shared_model).
+    The model's outputs must name prediction columns that collide with nothing (exit 2)."""
+    from ..pipeline.transforms import ModelRun
+
+    spec = resolved.job.spec
+    handler, device, _ = _load(resolved, spec.model, resolved.model, resolved.triple.model_digest,
+                               spec.output.predictions)
+    return ModelRun(name="", triple=resolved.triple, handler=handler, device=device,
+                    backend=spec.model.backend, model_options=_declared(spec.model),
+                    folder=PREDICTIONS, prediction_names=dict(spec.output.predictions or {}) or None,
+                    rejects="quarantine")
 
 
-def load_challengers(resolved: Resolved) -> "list[tuple[BatchModelHandler, str]]":
-    """Each challenger's handler and device, loaded before any work like the champion's; an
+def load_challengers(resolved: Resolved) -> "list[ModelRun]":
+    """Each challenger as the pipeline runs it, loaded before any work like the champion; an
     error names the challenger (the exit code stays the champion's: 5 not loading, 2 outputs).
     A challenger writes exactly the champion's prediction columns, in their order: through its
     own ``predictions`` mapping, else through ``output.predictions``, else its outputs must be
     named as the champion's (exit 2 otherwise)."""
     if not resolved.challengers:
         return []
+    from ..pipeline.transforms import ModelRun
+
     output = resolved.job.spec.output
     columns = prediction_columns(resolved)   # the champion's outputs, or as mapped
     loaded = []
@@ -322,7 +331,12 @@ def load_challengers(resolved: Resolved) -> "list[tuple[BatchModelHandler, str]]
                                 f"{hint}, or export it with the champion's output names")
         except BatchInferError as exc:
             raise type(exc)(f"challenger {challenger.name}: {exc.message}") from None
-        loaded.append((handler, device))
+        loaded.append(ModelRun(name=challenger.name, triple=challenger.triple, handler=handler,
+                               device=device, backend=challenger.spec.backend,
+                               model_options=_declared(challenger.spec),
+                               folder=challenger_folder(challenger.name),
+                               prediction_names=dict(own or output.predictions or {}) or None,
+                               rejects="count"))
     return loaded
 
 
@@ -365,25 +379,25 @@ def _load(resolved: Resolved, spec: ModelFields, found: "ResolvedModel", digest:
     return handler, handler.ask(model, "device_used"), list(outputs)
 
 
-def _header(job: Job, resolved: Resolved, attempt: Attempt, device: str, started: datetime,
+def _header(job: Job, attempt: Attempt, champion: "ModelRun", started: datetime,
             mlflow_run_id: str | None,
-            challengers: "Sequence[tuple[BatchModelHandler, str]]" = ()) -> Manifest:
+            challengers: "Sequence[ModelRun]" = ()) -> Manifest:
     """The manifest as known before any work; the commit step adds shards, totals, end time
     (and each challenger's shards)."""
     spec = job.spec
-    entries = tuple(Challenger(c.name, c.triple.as_dict(), c.spec.backend, its_device,
-                               _declared(c.spec))
-                    for c, (_, its_device) in zip(resolved.challengers, challengers, strict=True))
+    entries = tuple(Challenger(name=c.name, triple=c.triple.as_dict(), backend=c.backend,
+                               device=c.device, model_options=c.model_options)
+                    for c in challengers)
     return Manifest(job=spec.name, ds=job.ds, attempt=attempt.attempt,
-                    triple=resolved.triple.as_dict(), job_spec_sha256=job.spec_sha256,
-                    runner=spec.runner.name, device=device, backend=spec.model.backend,
-                    model_options=_declared(spec.model), started_at=rfc3339(started),
+                    triple=champion.triple.as_dict(), job_spec_sha256=job.spec_sha256,
+                    runner=spec.runner.name, device=champion.device, backend=champion.backend,
+                    model_options=champion.model_options, started_at=rfc3339(started),
                     finished_at="", mlflow_run_id=mlflow_run_id, totals=Totals.of([]), shards=(),
                     challengers=entries)
 
 
-def _build_job(resolved: Resolved, handler: "BatchModelHandler", attempt: Attempt,
-               header: Manifest, challengers: "Sequence[tuple[BatchModelHandler, str]]") -> str:
+def _build_job(resolved: Resolved, champion: "ModelRun", attempt: Attempt,
+               header: Manifest, challengers: "Sequence[ModelRun]" = ()) -> str:
     """Build the runner's job without submitting it; return a summary of its graph."""
     from ..beam_compat import beam
     from ..pipeline.runners import job_summary, pipeline_options
@@ -394,17 +408,16 @@ def _build_job(resolved: Resolved, handler: "BatchModelHandler", attempt: Attemp
     try:
         pipeline = beam.Pipeline(options=options)
         build(pipeline, *_plans(resolved, attempt, header, load_baseline(resolved.job, resolved.model.declaration)),
-              handler=handler,
-              challenger_handlers=[h for h, _ in challengers])
+              models=(champion, *challengers))
         result = pipeline.run()
     except (ImportError, ValueError) as exc:  # a missing extra, options Beam refuses
         raise SpecError(f"runner {spec.runner.name}: {_last_line(exc)}") from exc
     return job_summary(result)
 
 
-def _score(resolved: Resolved, handler: "BatchModelHandler", attempt: Attempt, header: Manifest,
+def _score(resolved: Resolved, champion: "ModelRun", attempt: Attempt, header: Manifest,
            baseline: Baseline | None = None, watch: "Callable[[int], Any] | None" = None,
-           challengers: "Sequence[tuple[BatchModelHandler, str]]" = ()) -> None:
+           challengers: "Sequence[ModelRun]" = ()) -> None:
     """Run the Beam pipeline into ``attempt``, up to and including its commit step.
 
     Raises:
@@ -421,8 +434,8 @@ def _score(resolved: Resolved, handler: "BatchModelHandler", attempt: Attempt, h
     try:
         with watch(len(resolved.shards)) if watch else contextlib.nullcontext():
             with beam.Pipeline(options=options) as pipeline:
-                build(pipeline, *_plans(resolved, attempt, header, baseline), handler=handler,
-                      challenger_handlers=[h for h, _ in challengers])
+                build(pipeline, *_plans(resolved, attempt, header, baseline),
+                      models=(champion, *challengers))
     except Exception as exc:
         if _interrupted(exc):  # Beam wraps a Ctrl-C inside a transform in an Exception
             raise KeyboardInterrupt from None
@@ -440,19 +453,15 @@ def _plans(resolved: Resolved, attempt: Attempt, header: Manifest,
     baseline, the writer stage counts columns into its cuts and the commit step refuses a
     partition that drifted above the ``fail`` limits (:class:`~.monitor.DriftGate`)."""
     from ..pipeline.commit import CommitPlan
-    from ..pipeline.transforms import ChallengerPlan, ScoringPlan
+    from ..pipeline.transforms import ScoringPlan
 
     spec = resolved.job.spec
     plan = ScoringPlan(
         shard_urls=tuple(s.url for s in resolved.shards), shard_names=resolved.shard_names(),
         output_url=spec.output.path, attempt=attempt.attempt, batch_rows=spec.batch.rows,
-        schema=resolved.schema, preprocessor=resolved.preprocessor, triple=resolved.triple,
-        id_columns=tuple(spec.output.id_columns),
-        prediction_names=dict(spec.output.predictions) if spec.output.predictions else None,
-        hash_columns=resolved.schema.columns, profile_features=tuple(resolved.features),
-        profile_cuts=baseline.cuts() if baseline else {},
-        challengers=tuple(ChallengerPlan(c.name, c.triple, c.spec.predictions)
-                          for c in resolved.challengers))
+        schema=resolved.schema, preprocessor=resolved.preprocessor,
+        id_columns=tuple(spec.output.id_columns), hash_columns=resolved.schema.columns,
+        profile_features=tuple(resolved.features), profile_cuts=baseline.cuts() if baseline else {})
     gate = DriftGate(resolved.job, tuple(resolved.features), baseline) if baseline is not None else None
     commit = CommitPlan(output_url=spec.output.path, attempt=attempt.attempt,
                         replacing=attempt.replacing, shard_count=len(resolved.shards),

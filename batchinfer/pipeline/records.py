@@ -1,9 +1,10 @@
 """What the pipeline's stages say about a shard, and folding it into the shard's result (pure).
 
-``ReadShard`` emits one :class:`ShardInfo` per shard (after its batches), ``WriteBatch`` one
-:class:`BatchRecord` per batch, each challenger's writer one :class:`ChallengerBatchRecord` per
-batch; ``FinishShard`` groups them by shard and :func:`fold_shard` turns them into the
-:class:`~batchinfer.io.records.ShardResult` the commit reads.
+``ReadShard`` emits one :class:`ShardInfo` per shard (after its batches), the champion's writer
+one :class:`BatchRecord` per batch, each challenger's writer one :class:`ChallengerBatchRecord`
+per batch; ``FinishShard`` groups them by shard and :func:`fold_shard` turns them into the
+:class:`~batchinfer.io.records.ShardResult` the commit reads. These travel between Beam's
+stages pickled, never as JSON; the wide ones are keyword-only.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ class ShardInfo:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BatchRecord:
     """One batch as written: rows in, scored and quarantined, and the files that hold them."""
 
@@ -42,7 +43,7 @@ class BatchRecord:
     preprocess: PreprocessStats = PreprocessStats()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ChallengerBatchRecord:
     """One batch as a challenger scored it: the prepared rows it was given, those it scored (in
     ``files``) and those it rejected (raised on, or non-finite output)."""
@@ -75,7 +76,9 @@ def fold_shard(name: str, records: Sequence[Record], challengers: Sequence[str] 
     if unreadable:
         # Batches already sent on are dropped: the shard counts as unreadable, and its files are
         # not listed (the cleanup after the commit removes them).
-        return ShardResult(ShardRecord(name, sha256, None, 0, 0, "unreadable", unreadable))
+        return ShardResult(record=ShardRecord(path=name, sha256=sha256, rows_in=None, rows_scored=0,
+                                              rows_quarantined=0, status="unreadable",
+                                              reason=unreadable))
     if not infos:
         raise RuntimeError(f"shard {name} has batch records but no shard record")
     rows_in = infos[0].rows_in or 0
@@ -100,19 +103,22 @@ def fold_shard(name: str, records: Sequence[Record], challengers: Sequence[str] 
         for stage, value in part.seconds.items():
             seconds[stage] = seconds.get(stage, 0.0) + value
     model = sum((b.model for b in batches), ModelStats())
-    record = ShardRecord(name, sha256, rows_in, scored, quarantined, status, reason,
-                         tuple(f for b in batches for f in b.files))
+    record = ShardRecord(path=name, sha256=sha256, rows_in=rows_in, rows_scored=scored,
+                         rows_quarantined=quarantined, status=status, reason=reason,
+                         files=tuple(f for b in batches for f in b.files))
     profile: dict[str, ColumnStats] = {}
     by_check: dict[tuple[str | None, str], int] = {}
     for b in batches:
         profile = merge_columns(profile, b.profile)
         for key, n in b.quarantine.items():
             by_check[key] = by_check.get(key, 0) + n
-    return ShardResult(record, seconds, model, {k: v.to_dict() for k, v in profile.items()},
-                       tuple((c, k, n) for (c, k), n in sorted(by_check.items(), key=str)),
-                       tuple((b.model.rows, b.compute_ms) for b in batches if b.compute_ms is not None),
-                       _fold_challengers(name, batches, records, challengers),
-                       sum((b.preprocess for b in batches), PreprocessStats()))
+    return ShardResult(
+        record=record, seconds=seconds, model=model,
+        profile={k: v.to_dict() for k, v in profile.items()},
+        quarantine=tuple((c, k, n) for (c, k), n in sorted(by_check.items(), key=str)),
+        batches=tuple((b.model.rows, b.compute_ms) for b in batches if b.compute_ms is not None),
+        challengers=_fold_challengers(name, batches, records, challengers),
+        preprocess=sum((b.preprocess for b in batches), PreprocessStats()))
 
 
 def _fold_challengers(name: str, batches: list[BatchRecord], records: Sequence[Record],
@@ -129,7 +135,8 @@ def _fold_challengers(name: str, batches: list[BatchRecord], records: Sequence[R
                                f"it was given batches {[(r.batch, r.rows_in) for r in mine]}, "
                                f"the champion {sorted(given.items())}")
         folded[challenger] = ChallengerShard(
-            name, sum(r.rows_scored for r in mine), sum(r.rows_rejected for r in mine),
-            next((r.first_reason for r in mine if r.first_reason), None),
-            sum(r.compute_ms for r in mine), tuple(f for r in mine for f in r.files))
+            path=name, rows_scored=sum(r.rows_scored for r in mine),
+            rows_rejected=sum(r.rows_rejected for r in mine),
+            reason=next((r.first_reason for r in mine if r.first_reason), None),
+            compute_ms=sum(r.compute_ms for r in mine), files=tuple(f for r in mine for f in r.files))
     return folded

@@ -6,10 +6,13 @@
                                       GroupByKey(shard) → FinishShard (per-shard JSON in _tmp)
                                       → GroupByKey(one key) → CommitPartition (pipeline/commit.py)
 
-Each challenger ``c`` (``model.challengers``) gets the same prepared batches as the champion —
-one read, one validation, one preprocessing — and its own RunInference and writer, whose files
-go to ``challengers/<c>/<attempt>/`` and whose records meet the champion's at FinishShard, so
-they are committed (or not) with the partition.
+Each model is a :class:`ModelRun` — the champion, then each challenger ``c``
+(``model.challengers``) — and gets the same prepared batches: one read, one validation, one
+preprocessing. Each has its own RunInference and the one writer, :class:`WritePredictions`,
+whose policy is the run's: the champion's rejected rows are quarantined and its batches carry
+the partition's accounting and drift statistics; a challenger's files go to
+``challengers/<c>/<attempt>/``, its rejected rows are only counted, and its records meet the
+champion's at FinishShard, so they are committed (or not) with the partition.
 
 Elements are Arrow RecordBatches of ``batch.rows`` rows, never single rows. Nothing here raises
 for bad data: bad rows become quarantine rows and unreadable shards become shard records, so the
@@ -29,7 +32,7 @@ import collections
 import concurrent.futures
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Sequence, Tuple, cast
+from typing import Any, Iterable, Iterator, Literal, Sequence, Tuple, cast
 
 import numpy as np
 import pyarrow as pa
@@ -37,10 +40,23 @@ import pyarrow as pa
 from .. import faults
 from ..beam_compat import PredictionResult, RunInference, beam, in_global_window
 from ..handlers.base import BatchModelHandler, Inference, Prepared
-from ..io.outputs import PREDICTIONS, QUARANTINE, Layout, challenger_folder, parquet_bytes, write_file, write_json
+from ..io.outputs import QUARANTINE, Layout, parquet_bytes, write_file, write_json
 from ..io.records import FileRecord, ModelStats, PreprocessStats
 from ..io.shards import ShardReader, Unreadable
 from ..rows.arrow_types import plain_array
+from ..rows.columns import (
+    AUDIT,
+    CHECK,
+    COMPUTE_MS,
+    FAILED_COLUMN,
+    INFERENCE_ID,
+    INPUT_HASH,
+    REASON,
+    SOURCE_ROW,
+    SOURCE_SHARD,
+    TRIPLE,
+    prediction_encoding,
+)
 from ..rows.hashing import row_hashes
 from ..rows.profile import ColumnStats, numeric_values
 from ..rows.quarantine import Failure, build_quarantine
@@ -53,28 +69,52 @@ from .commit import CommitPlan, add_commit
 from .prepare import prepare_batch
 from .records import BatchRecord, ChallengerBatchRecord, ShardInfo, fold_shard
 
-# Prediction files: dictionary-encode only the columns that repeat one value per batch, keep
-# statistics only where readers prune by them (measured: 36 → 13 ms CPU per 65,536-row file).
-PREDICTION_ENCODING = {
-    "dictionary": ["_source_shard", "_model_version", "_model_digest", "_schema_version",
-                   "_preprocess_hash", "_inference_id"],
-    "statistics": ["_source_row"],
-}
+RejectPolicy = Literal["quarantine", "count"]
 
 
-@dataclass(frozen=True)
-class ChallengerPlan:
-    """A challenger as its writer needs it: its name (its folder), the triple its rows carry
-    and its outputs → the champion's prediction columns (None: as the champion's map)."""
+@dataclass(frozen=True, kw_only=True)
+class ModelRun:
+    """A model the pipeline scores every prepared batch with — the champion, or one of its
+    challengers — and how its results are written.
+
+    Attributes:
+        name: a challenger's name (its steps' labels); "" for the champion.
+        triple: written on every one of its prediction rows.
+        handler: its loaded handler (RunInference's; the writer does not carry it).
+        device: the device it runs on, as the manifest records it.
+        backend: ``model.backend``; model_options: its declared options (they change
+            predictions), as the manifest records them.
+        folder: where its prediction files go (``predictions``, ``challengers/<name>``).
+        prediction_names: its output name → prediction column (None: each output its own name).
+        rejects: ``quarantine`` (the champion): rows it rejects (raised on, non-finite outputs)
+            go to the partition's quarantine files, and its batches carry the partition's
+            accounting and drift statistics (:class:`BatchRecord`); ``count`` (a challenger):
+            they are counted, never quarantined — the input row is the champion's business, and
+            a challenger must never change what the partition commits
+            (:class:`ChallengerBatchRecord`).
+    """
 
     name: str
     triple: Triple
+    handler: BatchModelHandler
+    device: str
+    backend: str
+    model_options: dict[str, str]
+    folder: str
     prediction_names: dict[str, str] | None = None
+    rejects: RejectPolicy = "quarantine"
+
+    @property
+    def labels(self) -> tuple[str, str]:
+        """Its RunInference's and its writer's step names (the champion's are unsuffixed)."""
+        if self.rejects == "quarantine":
+            return "RunInference", "WriteBatch"
+        return f"RunInference[{self.name}]", f"WriteChallenger[{self.name}]"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ScoringPlan:
-    """Everything the pipeline's workers need; plain, picklable data.
+    """What the pipeline's workers need besides the models; plain, picklable data.
 
     Attributes:
         shard_urls: shard URLs to read, by shard index.
@@ -84,9 +124,7 @@ class ScoringPlan:
         batch_rows: rows per RecordBatch.
         schema: the loaded schema version (its source travels, not the module).
         preprocessor: the preprocessing step.
-        triple: written on every prediction row.
         id_columns: copied from input to predictions.
-        prediction_names: model output name → column name (None: every output, same name).
         hash_columns: the columns ``_input_hash`` covers.
     """
 
@@ -97,16 +135,13 @@ class ScoringPlan:
     batch_rows: int
     schema: SchemaVersion
     preprocessor: Preprocessor
-    triple: Triple
     id_columns: tuple[str, ...]
-    prediction_names: dict[str, str] | None = None
     hash_columns: tuple[str, ...] = field(default=())
     # Drift monitoring (rows/profile.py): the feature columns profiled, and the baseline's
     # histogram cuts by column (features and prediction columns); a column without cuts gets
     # moments only.
     profile_features: tuple[str, ...] = field(default=())
     profile_cuts: dict[str, tuple[float, ...]] = field(default_factory=dict)
-    challengers: tuple[ChallengerPlan, ...] = ()
 
 
 @dataclass
@@ -136,10 +171,13 @@ class Payload:
     preprocess: PreprocessStats = PreprocessStats()
 
 
-def build(pipeline: beam.Pipeline, plan: ScoringPlan, commit: CommitPlan, *, handler: BatchModelHandler,
-          challenger_handlers: Sequence[BatchModelHandler] = ()):
+def build(pipeline: beam.Pipeline, plan: ScoringPlan, commit: CommitPlan, *,
+          models: Sequence[ModelRun]):
     """Add the scoring transforms and the commit step to ``pipeline``; returns the commit step's
-    output (one status string). ``challenger_handlers`` go with ``plan.challengers``, in order."""
+    output (one status string). ``models``: the champion first, then its challengers."""
+    champion, *challengers = models
+    if champion.rejects != "quarantine" or any(c.rejects != "count" for c in challengers):
+        raise ValueError("build() takes the champion first, then its challengers")
     shards = (pipeline
               | "Shards" >> beam.Create(list(enumerate(plan.shard_urls)))
               | "Spread" >> beam.Reshuffle())
@@ -152,20 +190,18 @@ def build(pipeline: beam.Pipeline, plan: ScoringPlan, commit: CommitPlan, *, han
     infos = read | "ShardInfo" >> beam.Filter(_is_shard_info).with_output_types(Tuple[int, Any])
     prepared = (batches | "Prepare" >> beam.ParDo(PrepareBatch(plan))
                 .with_output_types(Prepared))
-    written = (prepared
-               | "RunInference" >> RunInference(handler)
-               .with_output_types(PredictionResult)
-               | "WriteBatch" >> beam.ParDo(WriteBatch(plan)).with_output_types(Tuple[int, Any]))
-    challengers = [
-        prepared
-        | f"RunInference[{c.name}]" >> RunInference(h).with_output_types(PredictionResult)
-        | f"WriteChallenger[{c.name}]" >> beam.ParDo(WriteChallenger(plan, c))
-        .with_output_types(Tuple[int, Any])
-        for c, h in zip(plan.challengers, challenger_handlers, strict=True)]
-    finished = ((infos, written, *challengers)
+    written = []
+    for run in models:
+        infer, write = run.labels
+        written.append(prepared
+                       | infer >> RunInference(run.handler).with_output_types(PredictionResult)
+                       | write >> beam.ParDo(WritePredictions(plan, run))
+                       .with_output_types(Tuple[int, Any]))
+    finished = ((infos, *written)
                 | "Merge" >> beam.Flatten().with_output_types(Tuple[int, Any])
                 | "ByShard" >> beam.GroupByKey().with_output_types(Tuple[int, Iterable[Any]])
-                | "FinishShard" >> beam.ParDo(FinishShard(plan)).with_output_types(int))
+                | "FinishShard" >> beam.ParDo(FinishShard(plan, tuple(c.name for c in challengers)))
+                .with_output_types(int))
     return add_commit(finished, commit)
 
 
@@ -247,9 +283,10 @@ class PrepareBatch(beam.DoFn):
                                        prepared.stats))
 
 
-class _Writer(beam.DoFn):
-    """Model results → this attempt's files; one record per batch out (see :class:`WriteBatch`
-    and :class:`WriteChallenger`).
+class WritePredictions(beam.DoFn):
+    """One model's results → this attempt's files; one record per batch out: a
+    :class:`BatchRecord` for the champion, a :class:`ChallengerBatchRecord` for a challenger (its
+    :class:`ModelRun`'s ``rejects`` policy says which, and what becomes of its rejected rows).
 
     The work (row hashes, the predictions table, Parquet encoding, the put and its sha256) runs
     on one writer thread while this worker's main thread reads, validates and scores the next
@@ -260,8 +297,15 @@ class _Writer(beam.DoFn):
 
     IN_FLIGHT = 2
 
-    def __init__(self, plan: ScoringPlan):
+    def __init__(self, plan: ScoringPlan, run: ModelRun):
         self.plan = plan
+        # What is written, not the handler: RunInference carries that one.
+        self.name = run.name
+        self.triple = run.triple
+        self.folder = run.folder
+        self.prediction_names = run.prediction_names
+        self.quarantines = run.rejects == "quarantine"
+        self.encoding = prediction_encoding(plan.id_columns)
 
     def setup(self):
         self.layout = Layout.for_url(self.plan.output_url, self.plan.attempt)
@@ -284,16 +328,75 @@ class _Writer(beam.DoFn):
         if writer is not None:
             writer.shutdown(wait=True, cancel_futures=True)
 
-    def _complete(self, result: PredictionResult) -> tuple[int, Any]:
+    def _complete(self, result: PredictionResult) -> tuple[int, BatchRecord | ChallengerBatchRecord]:
         """One batch's files and its record, on the writer thread."""
-        raise NotImplementedError
+        plan = self.plan
+        t0 = time.perf_counter()
+        item = cast(Prepared, result.example)
+        inference = cast(Inference, result.inference)
+        payload: Payload = item.payload
+        index, number = item.key
+        name = plan.shard_names[index]
+        ok, outputs, failed = screen_outputs(inference)
+        files = []
+        hash_s = profile_s = 0.0
+        profile: dict[str, ColumnStats] = {}
+        if ok.size:
+            scored = _scored_rows(payload, ok)
+            t1 = time.perf_counter()
+            input_hash = row_hashes(scored, plan.hash_columns)
+            t2 = time.perf_counter()
+            hash_s = t2 - t1
+            if self.quarantines:   # the partition's model: its drift statistics
+                profile = self._profile(scored, outputs)
+                profile_s = time.perf_counter() - t2
+            table = self._predictions(payload, scored, ok, input_hash, outputs, name,
+                                      f"{plan.attempt}-{index:05d}-{number:05d}",
+                                      inference.compute_ms)
+            files.append(self._write(self.folder, index, number, table, self.encoding))
+        if not self.quarantines:
+            return (index, ChallengerBatchRecord(
+                name=self.name, batch=number, rows_in=item.rows, rows_scored=int(ok.size),
+                rows_rejected=len(failed), files=tuple(files),
+                first_reason=failed[0][1] if failed else None,
+                compute_ms=inference.compute_ms if item.rows else 0.0))
+        quarantine = list(payload.quarantine)
+        if failed:
+            rows = np.array([r for r, _ in failed], dtype=np.int64)
+            quarantine.append(build_quarantine(
+                name, payload.source_rows[rows],
+                [[Failure(None, "model", msg)] for _, msg in failed],
+                payload.valid.take(pa.array(rows))))
+        quarantined = 0
+        first_reason = None
+        by_check: dict[tuple[str | None, str], int] = {}
+        if quarantine:
+            table = pa.concat_tables(quarantine).sort_by(SOURCE_ROW.name)
+            quarantined = table.num_rows
+            first_reason = table.column(REASON.name)[0].as_py()
+            counted = (table.group_by([FAILED_COLUMN.name, CHECK.name])
+                       .aggregate([(SOURCE_ROW.name, "count")]))
+            by_check = {(c, k): n for c, k, n in zip(counted.column(FAILED_COLUMN.name).to_pylist(),
+                                                     counted.column(CHECK.name).to_pylist(),
+                                                     counted.column(f"{SOURCE_ROW.name}_count").to_pylist())}
+            files.append(self._write(QUARANTINE, index, number, table))
+        seconds = dict(payload.seconds, infer=inference.compute_ms / 1000.0, hash=hash_s,
+                       profile=profile_s, write=time.perf_counter() - t0 - hash_s - profile_s)
+        progress.rows_written(index, payload.rows_in, quarantined)
+        model = ModelStats(rows=item.rows, raised=len(inference.failed),
+                           error=inference.failed[0][1] if inference.failed else None,
+                           oom_backoffs=inference.oom_backoffs, chunk_rows=inference.chunk_rows,
+                           warmup_ms=inference.warmup_ms, tokens=inference.tokens,
+                           padded_tokens=inference.padded_tokens)
+        return (index, BatchRecord(
+            batch=number, rows_in=payload.rows_in, rows_scored=int(ok.size),
+            rows_quarantined=quarantined, files=tuple(files), first_reason=first_reason,
+            seconds=seconds, model=model, profile=profile, quarantine=by_check,
+            compute_ms=inference.compute_ms if item.rows else None, preprocess=payload.preprocess))
 
     def _write(self, kind: str, index: int, number: int, table: pa.Table,
                encoding: dict | None = None) -> FileRecord:
         relative = self.layout.part(kind, index, number)
-        if encoding is not None:
-            encoding = {"dictionary": encoding["dictionary"],
-                        "statistics": [*self.plan.id_columns, *encoding["statistics"]]}
         data = parquet_bytes(table, **(encoding or {}))
         if faults.armed("mid_write"):
             write_file(self.layout.fs, self.layout.abs(relative), data[: len(data) // 2])
@@ -304,88 +407,26 @@ class _Writer(beam.DoFn):
 
     def _predictions(self, payload: Payload, scored: pa.RecordBatch, ok: np.ndarray,
                      input_hash: pa.Array, outputs: dict[str, np.ndarray], shard_name: str,
-                     inference_id: str, compute_ms: float, triple: Triple,
-                     names: dict[str, str] | None = None) -> pa.Table:
-        """``scored``: the valid rows the model scored (``ok`` indexes them in the batch);
-        ``names``: output → column where this model's outputs are mapped otherwise."""
-        plan = self.plan
+                     inference_id: str, compute_ms: float) -> pa.Table:
+        """``scored``: the valid rows the model scored (``ok`` indexes them in the batch). The
+        id columns, the prediction columns, then the audit columns as rows/columns.py declares
+        them, in its order."""
         n = int(ok.size)
         columns: dict[str, pa.Array] = {}
-        for column in plan.id_columns:  # one type per column in every file of the partition
+        for column in self.plan.id_columns:  # one type per column in every file of the partition
             columns[column] = plain_array(scored.column(column))
-        mapping = names or plan.prediction_names or {k: k for k in outputs}
-        for output, column in mapping.items():
+        for output, column in (self.prediction_names or {k: k for k in outputs}).items():
             columns[column] = prediction_array(outputs[output])
-        columns["_source_shard"] = pa.repeat(shard_name, n).cast(pa.string())
-        columns["_source_row"] = pa.array(payload.source_rows[ok], pa.int64())
-        columns["_input_hash"] = input_hash
-        for part, value in triple.as_dict().items():
-            columns[f"_{part}"] = _constant_dictionary(value, n)
-        columns["_inference_id"] = pa.repeat(inference_id, n).cast(pa.string())
-        columns["_compute_ms"] = pa.repeat(float(compute_ms), n).cast(pa.float64())
+        audit = {SOURCE_SHARD.name: pa.repeat(shard_name, n).cast(pa.string()),
+                 SOURCE_ROW.name: pa.array(payload.source_rows[ok], pa.int64()),
+                 INPUT_HASH.name: input_hash,
+                 **{TRIPLE[part].name: _constant_dictionary(value, n)
+                    for part, value in self.triple.as_dict().items()},
+                 INFERENCE_ID.name: pa.repeat(inference_id, n).cast(pa.string()),
+                 COMPUTE_MS.name: pa.repeat(float(compute_ms), n).cast(pa.float64())}
+        for declared in AUDIT:
+            columns[declared.name] = audit[declared.name]
         return pa.table(columns)
-
-
-class WriteBatch(_Writer):
-    """The champion's results → prediction and quarantine files of this attempt; one
-    :class:`BatchRecord` out per batch."""
-
-    def _complete(self, result: PredictionResult) -> tuple[int, BatchRecord]:
-        plan = self.plan
-        t0 = time.perf_counter()
-        item = cast(Prepared, result.example)
-        inference = cast(Inference, result.inference)
-        payload: Payload = item.payload
-        index, number = item.key
-        name = plan.shard_names[index]
-        quarantine = list(payload.quarantine)
-
-        ok, outputs, failed = screen_outputs(inference)
-        if failed:
-            rows = np.array([r for r, _ in failed], dtype=np.int64)
-            quarantine.append(build_quarantine(
-                name, payload.source_rows[rows],
-                [[Failure(None, "model", msg)] for _, msg in failed],
-                payload.valid.take(pa.array(rows))))
-
-        files = []
-        inference_id = f"{plan.attempt}-{index:05d}-{number:05d}"
-        hash_s = profile_s = 0.0
-        profile: dict[str, ColumnStats] = {}
-        if ok.size:
-            scored = _scored_rows(payload, ok)
-            t1 = time.perf_counter()
-            input_hash = row_hashes(scored, plan.hash_columns)
-            t2 = time.perf_counter()
-            hash_s = t2 - t1
-            profile = self._profile(scored, outputs)
-            profile_s = time.perf_counter() - t2
-            table = self._predictions(payload, scored, ok, input_hash, outputs, name, inference_id,
-                                      inference.compute_ms, plan.triple)
-            files.append(self._write(PREDICTIONS, index, number, table, PREDICTION_ENCODING))
-        quarantined = 0
-        first_reason = None
-        by_check: dict[tuple[str | None, str], int] = {}
-        if quarantine:
-            table = pa.concat_tables(quarantine).sort_by("_source_row")
-            quarantined = table.num_rows
-            first_reason = table.column("_reason")[0].as_py()
-            counted = table.group_by(["_column", "_check"]).aggregate([("_source_row", "count")])
-            by_check = {(c, k): n for c, k, n in zip(counted.column("_column").to_pylist(),
-                                                     counted.column("_check").to_pylist(),
-                                                     counted.column("_source_row_count").to_pylist())}
-            files.append(self._write(QUARANTINE, index, number, table))
-        seconds = dict(payload.seconds, infer=inference.compute_ms / 1000.0, hash=hash_s,
-                       profile=profile_s, write=time.perf_counter() - t0 - hash_s - profile_s)
-        progress.rows_written(index, payload.rows_in, quarantined)
-        model = ModelStats(item.rows, len(inference.failed),
-                           inference.failed[0][1] if inference.failed else None,
-                           inference.oom_backoffs, inference.chunk_rows, inference.warmup_ms,
-                           inference.tokens, inference.padded_tokens)
-        return (index, BatchRecord(number, payload.rows_in, int(ok.size), quarantined,
-                                   tuple(files), first_reason, seconds, model, profile, by_check,
-                                   inference.compute_ms if item.rows else None,
-                                   payload.preprocess))
 
     def _profile(self, scored: pa.RecordBatch, outputs: dict[str, np.ndarray]) -> dict[str, ColumnStats]:
         """This batch's statistics of the scored rows' features and predictions: a few numpy
@@ -397,61 +438,27 @@ class WriteBatch(_Writer):
             values = numeric_values(scored.column(column)) if column in names else None
             if values is not None:
                 stats[column] = ColumnStats.of(values, plan.profile_cuts.get(column))
-        mapping = plan.prediction_names or {k: k for k in outputs}
-        for output, column in mapping.items():
+        for output, column in (self.prediction_names or {k: k for k in outputs}).items():
             values = numeric_values(outputs[output])
             if values is not None:
                 stats[column] = ColumnStats.of(values, plan.profile_cuts.get(column))
         return stats
 
 
-class WriteChallenger(_Writer):
-    """A challenger's results → its prediction files, with the champion's columns and its own
-    triple; one :class:`ChallengerBatchRecord` out per batch.
-
-    Rows the challenger rejects are counted, not quarantined: the input row is the champion's
-    business, and a challenger must never change what the partition commits.
-    """
-
-    def __init__(self, plan: ScoringPlan, challenger: ChallengerPlan):
-        super().__init__(plan)
-        self.challenger = challenger
-        self.folder = challenger_folder(challenger.name)
-
-    def _complete(self, result: PredictionResult) -> tuple[int, ChallengerBatchRecord]:
-        plan = self.plan
-        item = cast(Prepared, result.example)
-        inference = cast(Inference, result.inference)
-        payload: Payload = item.payload
-        index, number = item.key
-        ok, outputs, failed = screen_outputs(inference)
-        files = []
-        if ok.size:
-            scored = _scored_rows(payload, ok)
-            table = self._predictions(payload, scored, ok, row_hashes(scored, plan.hash_columns),
-                                      outputs, plan.shard_names[index],
-                                      f"{plan.attempt}-{index:05d}-{number:05d}",
-                                      inference.compute_ms, self.challenger.triple,
-                                      self.challenger.prediction_names)
-            files.append(self._write(self.folder, index, number, table, PREDICTION_ENCODING))
-        return (index, ChallengerBatchRecord(
-            self.challenger.name, number, item.rows, int(ok.size), len(failed), tuple(files),
-            failed[0][1] if failed else None, inference.compute_ms if item.rows else 0.0))
-
-
 class FinishShard(beam.DoFn):
-    """Fold a shard's record and its batches' records into one shard entry of the manifest."""
+    """Fold a shard's record and its batches' records into one shard entry of the manifest;
+    ``challengers``: the names of the challengers whose records it must find."""
 
-    def __init__(self, plan: ScoringPlan):
+    def __init__(self, plan: ScoringPlan, challengers: tuple[str, ...] = ()):
         self.plan = plan
+        self.challengers = challengers
 
     def setup(self):
         self.layout = Layout.for_url(self.plan.output_url, self.plan.attempt)
 
     def process(self, element) -> Iterator[int]:
         index, records = element
-        result = fold_shard(self.plan.shard_names[index], list(records),
-                            [c.name for c in self.plan.challengers])
+        result = fold_shard(self.plan.shard_names[index], list(records), self.challengers)
         write_json(self.layout.fs, self.layout.shard_result(index), result.to_dict())
         progress.shard_finished(index)
         faults.point("shard_done")

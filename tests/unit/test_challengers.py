@@ -61,14 +61,17 @@ def test_bad_challengers_are_one_line_spec_errors(challengers, message):
 # -- folding and the manifest --------------------------------------------------------------------
 
 def _batch(number, rows):
-    return BatchRecord(number, rows, rows, 0, (), None, {}, ModelStats(rows, 0, None))
+    return BatchRecord(batch=number, rows_in=rows, rows_scored=rows, rows_quarantined=0,
+                       model=ModelStats(rows=rows))
 
 
 def _challenger(number, rows, rejected=0, name="c"):
     files = (FileRecord(f"challengers/{name}/{ATTEMPT}/part-00000-{number:05d}.parquet",
                         rows - rejected, "h"),) if rows > rejected else ()
-    return ChallengerBatchRecord(name, number, rows, rows - rejected, rejected, files,
-                                 "non-finite model output in y" if rejected else None, 1.5)
+    return ChallengerBatchRecord(name=name, batch=number, rows_in=rows, rows_scored=rows - rejected,
+                                 rows_rejected=rejected, files=files,
+                                 first_reason="non-finite model output in y" if rejected else None,
+                                 compute_ms=1.5)
 
 
 def test_fold_shard_folds_each_challenger_in_batch_order():
@@ -91,15 +94,25 @@ def test_a_challenger_must_score_every_batch_the_champion_scored(records):
         fold_shard("s", records, ["c"])
 
 
+def _manifest(shard, challengers):
+    return Manifest(job="j", ds=None, attempt=ATTEMPT, triple={}, job_spec_sha256="h",
+                    runner="direct", device="cpu", started_at="t0", finished_at="t1",
+                    mlflow_run_id=None, totals=Totals.of([shard]), shards=(shard,),
+                    challengers=challengers)
+
+
 def test_manifest_lists_challengers_and_their_files():
-    shard = ShardRecord("s0", "abc", 2, 2, 0, "scored", None,
-                        (FileRecord(f"predictions/{ATTEMPT}/part-00000-00000.parquet", 2, "x"),))
-    results = [ShardResult(shard, challengers={"c": ChallengerShard(
-        "s0", 1, 1, "why", 2.0, (FileRecord(f"challengers/c/{ATTEMPT}/part-00000-00000.parquet", 1, "y"),))}),
-        ShardResult(ShardRecord("s1", None, None, 0, 0, "unreadable", "gone"))]
-    entries = with_challenger_shards((Challenger("c", {"model_version": "c:1"}, "onnxruntime", "cpu"),), results)
-    manifest = Manifest("j", None, ATTEMPT, {}, "h", "direct", "cpu", "t0", "t1", None,
-                        Totals.of([shard]), (shard,), challengers=entries)
+    shard = ShardRecord(path="s0", sha256="abc", rows_in=2, rows_scored=2, rows_quarantined=0,
+                        status="scored", reason=None,
+                        files=(FileRecord(f"predictions/{ATTEMPT}/part-00000-00000.parquet", 2, "x"),))
+    results = [ShardResult(record=shard, challengers={"c": ChallengerShard(
+        path="s0", rows_scored=1, rows_rejected=1, reason="why", compute_ms=2.0,
+        files=(FileRecord(f"challengers/c/{ATTEMPT}/part-00000-00000.parquet", 1, "y"),))}),
+        ShardResult(record=ShardRecord(path="s1", sha256=None, rows_in=None, rows_scored=0,
+                                       rows_quarantined=0, status="unreadable", reason="gone"))]
+    entries = with_challenger_shards((Challenger(name="c", triple={"model_version": "c:1"},
+                                                 backend="onnxruntime", device="cpu"),), results)
+    manifest = _manifest(shard, entries)
     data = manifest.to_dict()
     assert data["challengers"][0]["rows_scored"] == 1 and data["challengers"][0]["rows_rejected"] == 1
     assert [s["path"] for s in data["challengers"][0]["shards"]] == ["s0", "s1"]
@@ -117,11 +130,12 @@ def test_cleanup_keeps_listed_challenger_files_and_only_attempt_folders(tmp_path
                      f"challengers/gone/{OLD}/part-00000-00000.parquet",
                      "challengers/c/notes/mine.txt"):
         write_file(layout.fs, layout.abs(relative), b"x")
-    shard = ShardRecord("s0", "abc", 1, 1, 0, "scored", None)
-    manifest = Manifest("j", None, ATTEMPT, {}, "h", "direct", "cpu", "t0", "t1", None,
-                        Totals.of([shard]), (shard,), challengers=(Challenger(
-                            "c", {}, "onnxruntime", "cpu", {}, (ChallengerShard(
-                                "s0", 1, 0, None, 0.0, (FileRecord(listed, 1, "h"),)),)),))
+    shard = ShardRecord(path="s0", sha256="abc", rows_in=1, rows_scored=1, rows_quarantined=0,
+                        status="scored", reason=None)
+    manifest = _manifest(shard, (Challenger(
+        name="c", triple={}, backend="onnxruntime", device="cpu", model_options={},
+        shards=(ChallengerShard(path="s0", rows_scored=1, rows_rejected=0, reason=None,
+                                compute_ms=0.0, files=(FileRecord(listed, 1, "h"),)),)),))
     clean_after_commit(layout, manifest)
     left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     assert left == sorted(["challengers/c/notes/mine.txt", listed])   # the user's folder stays

@@ -38,8 +38,9 @@ from factories import make_shards
 
 
 def _manifest(attempt: str, files=(), job: str = "j") -> Manifest:
-    shard = ShardRecord("s0", "abc", len(files), len(files), 0, "scored", None,
-                        tuple(FileRecord(p, 1, "x") for p in files))
+    shard = ShardRecord(path="s0", sha256="abc", rows_in=len(files), rows_scored=len(files),
+                        rows_quarantined=0, status="scored", reason=None,
+                        files=tuple(FileRecord(p, 1, "x") for p in files))
     return Manifest(job=job, ds="2026-01-15", attempt=attempt, triple={"model_version": "m:1"},
                     job_spec_sha256="h", runner="direct", device="cpu", started_at="t0",
                     finished_at="t1", mlflow_run_id=None, totals=Totals.of([shard]),
@@ -240,9 +241,10 @@ def test_remove_attempt_only_touches_that_attempt(tmp_path):
 def _shard_result(layout: Layout, index: int, attempt: str) -> None:
     from batchinfer.io.records import ShardResult
 
-    record = ShardRecord(f"s{index}", "abc", 1, 1, 0, "scored", None,
-                         (FileRecord(f"predictions/{attempt}/part-{index:05d}-00000.parquet", 1, "x"),))
-    write_json(layout.fs, layout.shard_result(index), ShardResult(record).to_dict())
+    record = ShardRecord(path=f"s{index}", sha256="abc", rows_in=1, rows_scored=1,
+                         rows_quarantined=0, status="scored", reason=None,
+                         files=(FileRecord(f"predictions/{attempt}/part-{index:05d}-00000.parquet", 1, "x"),))
+    write_json(layout.fs, layout.shard_result(index), ShardResult(record=record).to_dict())
 
 
 @pytest.mark.parametrize("where", ["local", "memory"])
@@ -426,8 +428,9 @@ def _info(rows_in, sha="abc", unreadable=None):
 
 
 def _batch(number, rows_in, scored, quarantined, files=(), reason=None):
-    return BatchRecord(number, rows_in, scored, quarantined, tuple(files), reason,
-                       {"infer": 0.5}, ModelStats(rows_in, 0, None))
+    return BatchRecord(batch=number, rows_in=rows_in, rows_scored=scored,
+                       rows_quarantined=quarantined, files=tuple(files), first_reason=reason,
+                       seconds={"infer": 0.5}, model=ModelStats(rows=rows_in, raised=0, error=None))
 
 
 def test_fold_shard_scored_orders_batches_and_sums():
@@ -444,7 +447,7 @@ def test_fold_shard_scored_orders_batches_and_sums():
     assert (entry.rows_in, entry.rows_scored, entry.rows_quarantined) == (15, 13, 2)
     assert entry.files == (f0, f1, q1)
     assert result.seconds == {"infer": 1.0}
-    assert result.model == ModelStats(15, 0, None)
+    assert result.model == ModelStats(rows=15, raised=0, error=None)
 
 
 def test_fold_shard_all_quarantined():

@@ -166,8 +166,9 @@ def test_cuts_must_agree_to_merge():
 
 
 def _result(batches, quarantine=()):
-    return ShardResult(ShardRecord("s", "0" * 64, 10, 10, 0, "scored", None), {}, quarantine=quarantine,
-                       batches=tuple(batches))
+    return ShardResult(record=ShardRecord(path="s", sha256="0" * 64, rows_in=10, rows_scored=10,
+                                          rows_quarantined=0, status="scored", reason=None),
+                       seconds={}, quarantine=quarantine, batches=tuple(batches))
 
 
 def test_health_metrics_percentiles_and_quarantine_names():

@@ -141,7 +141,8 @@ def test_fold_shard_accounts_or_refuses(sizes, data):
         q = data.draw(st.integers(0, size))
         files = ((FileRecord(f"predictions/a/part-00000-{number:05d}.parquet", size - q, "x"),)
                  if size - q else ())
-        batches.append(BatchRecord(number, size, size - q, q, files, "r" if q else None))
+        batches.append(BatchRecord(batch=number, rows_in=size, rows_scored=size - q,
+                                   rows_quarantined=q, files=files, first_reason="r" if q else None))
     info = ShardInfo("abc", sum(sizes))
     order = data.draw(st.permutations(batches + [info]))
     entry = fold_shard("s", order).record

@@ -58,12 +58,17 @@ BASELINE = {name: baseline_column("prediction" if name == "y" else "feature", v)
 def _manifest() -> Manifest:
     files = (FileRecord(f"predictions/{ATTEMPT}/part-00000-00000.parquet", 8, "a" * 64),
              FileRecord(f"quarantine/{ATTEMPT}/part-00000-00000.parquet", 2, "b" * 64))
-    shards = (ShardRecord("data/part-0.parquet", "c" * 64, 10, 8, 2, "scored", "bad f1", files),
-              ShardRecord("data/part-1.parquet", None, None, 0, 0, "unreadable", "zero-byte file"))
-    challenger = Challenger("v2", TRIPLE, "onnxruntime", "cpu", {"precision": "fp32"},
-                            (ChallengerShard("data/part-0.parquet", 7, 1, "raised", 1.5,
-                                             (FileRecord(f"challengers/v2/{ATTEMPT}/part-00000-00000.parquet",
-                                                         7, "e" * 64),)),))
+    shards = (ShardRecord(path="data/part-0.parquet", sha256="c" * 64, rows_in=10, rows_scored=8,
+                          rows_quarantined=2, status="scored", reason="bad f1", files=files),
+              ShardRecord(path="data/part-1.parquet", sha256=None, rows_in=None, rows_scored=0,
+                          rows_quarantined=0, status="unreadable", reason="zero-byte file"))
+    challenger = Challenger(name="v2", triple=TRIPLE, backend="onnxruntime", device="cpu",
+                            model_options={"precision": "fp32"},
+                            shards=(ChallengerShard(
+                                path="data/part-0.parquet", rows_scored=7, rows_rejected=1,
+                                reason="raised", compute_ms=1.5,
+                                files=(FileRecord(f"challengers/v2/{ATTEMPT}/part-00000-00000.parquet",
+                                                  7, "e" * 64),)),))
     return Manifest(job="j", ds="2026-01-15", attempt=ATTEMPT, triple=TRIPLE, job_spec_sha256="f" * 64,
                     runner="direct", device="cpu", started_at="2026-01-15T01:02:03.000Z",
                     finished_at="2026-01-15T01:02:04.000Z", mlflow_run_id=None,
@@ -74,12 +79,15 @@ def _manifest() -> Manifest:
 def _shard_result() -> ShardResult:
     manifest = _manifest()
     profile = {name: ColumnStats.of(v[:100], BASELINE[name].cuts).to_dict() for name, v in VALUES.items()}
-    return ShardResult(manifest.shards[0], {"read": 0.1, "infer": 0.2},
-                       ModelStats(10, 1, "boom", 0, 500, 3.0, 0, 0), profile,
-                       (("f1", "in_range(-10, 10)", 2), (None, "not_nullable", 1)),
-                       ((8, 1.5), (2, 0.5)), {"v2": manifest.challengers[0].shards[0]},
-                       PreprocessStats(10, {"KeyError": 2}, {"KeyError": "KeyError: 'income'"},
-                                       "Traceback (most recent call last): …"))
+    return ShardResult(record=manifest.shards[0], seconds={"read": 0.1, "infer": 0.2},
+                       model=ModelStats(rows=10, raised=1, error="boom", oom_backoffs=0,
+                                        chunk_rows=500, warmup_ms=3.0, tokens=0, padded_tokens=0),
+                       profile=profile,
+                       quarantine=(("f1", "in_range(-10, 10)", 2), (None, "not_nullable", 1)),
+                       batches=((8, 1.5), (2, 0.5)),
+                       challengers={"v2": manifest.challengers[0].shards[0]},
+                       preprocess=PreprocessStats(10, {"KeyError": 2}, {"KeyError": "KeyError: 'income'"},
+                                                  "Traceback (most recent call last): …"))
 
 
 def _baseline() -> dict:

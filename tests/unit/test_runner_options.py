@@ -231,11 +231,11 @@ def _pipeline_alone(folder):
 
     job = load_job(folder / "job.yaml", ds=DS)
     resolved = resolve(job)
-    handler, device = run_mod.load_handler(resolved)
+    champion = run_mod.load_handler(resolved)
     started = run_mod.utc_now()
     attempt = PartitionCommit(job.spec.output.path).begin(run_mod.new_attempt(started))
-    run_mod._score(resolved, handler, attempt, run_mod._header(job, resolved, attempt, device,
-                                                               started, None))
+    run_mod._score(resolved, champion, attempt, run_mod._header(job, attempt, champion, started,
+                                                                None))
     return job, attempt
 
 
@@ -294,7 +294,8 @@ def test_a_retried_commit_step_is_its_own_commit_never_aborted(tmp_path):
     attempt = PartitionCommit(str(tmp_path / "out")).begin("20260115T000000Z-0000000a")
     data_file = f"predictions/{attempt.attempt}/part-00000-00000.parquet"
     digest = write_file(attempt.layout.fs, attempt.layout.abs(data_file), b"rows")
-    shard = ShardRecord("s0", "abc", 1, 1, 0, "scored", None, (FileRecord(data_file, 1, digest),))
+    shard = ShardRecord(path="s0", sha256="abc", rows_in=1, rows_scored=1, rows_quarantined=0,
+                        status="scored", reason=None, files=(FileRecord(data_file, 1, digest),))
     manifest = Manifest(job="j", ds=DS, attempt=attempt.attempt, triple={"model_version": "m:1"},
                         job_spec_sha256="h", runner="dask", device="cpu", started_at="t0",
                         finished_at="t1", mlflow_run_id=None, totals=Totals.of([shard]),
