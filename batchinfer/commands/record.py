@@ -19,10 +19,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ..io.outputs import DRIFT, METRICS, PROFILE, REPORT, Layout, write_json
 from ..io.records import Manifest, ModelStats, ShardResult, Totals
-from ..rows.drift import DriftVerdict
+from ..rows.drift import Baseline, DriftVerdict
 from ..rows.profile import PROFILE_VERSION
 from ..spec import Job
-from .monitor import Baseline
 from .report import render_report
 
 if TYPE_CHECKING:

@@ -49,10 +49,10 @@ from ..io.records import Challenger, Manifest, PreprocessStats, ShardResult, Tot
 from ..pipeline.runners import check as check_runner
 from ..redaction import mask
 from ..rows.columns import check_output_columns
-from ..rows.drift import DriftVerdict
+from ..rows.drift import Baseline, DriftGate, DriftVerdict, observe
 from ..spec import Job, ModelFields
 from . import record
-from .monitor import Baseline, drift_gate, load_baseline, monitor
+from .monitor import load_baseline
 from .resolve import Resolved, ResolvedChallenger, resolve
 
 if TYPE_CHECKING:
@@ -321,7 +321,8 @@ def read_back(run: Resolution, launched: Launch) -> ReadBack:
     outcome = launched.attempt.outcome(run.resolved.triple.as_dict())
     results = list(outcome.results)
     return ReadBack(outcome=outcome, results=results, totals=Totals.of([r.record for r in results]),
-                    verdict=monitor(run.job, results, run.resolved.features, launched.baseline))
+                    verdict=observe([r.profile for r in results], run.resolved.features,
+                                    launched.baseline))
 
 
 def publish(run: Resolution, launched: Launch, scored: Scored, read: ReadBack,
@@ -562,7 +563,7 @@ def _plans(resolved: Resolved, attempt: Attempt, header: Manifest,
            baseline: Baseline | None = None) -> tuple[Any, Any]:
     """The pipeline's :class:`ScoringPlan` and :class:`CommitPlan` for ``attempt``; with a
     baseline, the writer stage counts columns into its cuts and the commit step refuses a
-    partition that drifted above the ``fail`` limits (:func:`~.monitor.drift_gate`)."""
+    partition that drifted above the ``fail`` limits (:class:`~batchinfer.rows.drift.DriftGate`)."""
     from ..pipeline.commit import CommitPlan
     from ..pipeline.transforms import ChallengerPlan, ScoringPlan
 
@@ -577,7 +578,7 @@ def _plans(resolved: Resolved, attempt: Attempt, header: Manifest,
         profile_cuts=baseline.cuts() if baseline else {},
         challengers=tuple(ChallengerPlan(c.name, c.triple, c.spec.predictions)
                           for c in resolved.challengers))
-    gate = drift_gate(resolved.job, resolved.features, baseline) if baseline is not None else None
+    gate = DriftGate(tuple(resolved.features), baseline) if baseline is not None else None
     commit = CommitPlan(output_url=spec.output.path, attempt=attempt.attempt,
                         replacing=attempt.replacing, shard_count=len(resolved.shards),
                         header=header, breach=spec.quarantine.breach, drift=gate,

@@ -5,15 +5,20 @@ writer stage (:func:`batchinfer.pipeline.records.fold_shard`), so a verdict need
 :func:`run_columns` merges them, :func:`batchinfer.rows.profile.drift` compares them with the
 baseline, and :class:`DriftGate` says whether the partition may commit. The gate is plain data
 that pickles, because the pipeline's commit step applies it on whichever worker commits
-(docs/runners.md); what the launcher does with a verdict (the drift report, the metrics, the
-warning line) is :mod:`batchinfer.commands.monitor`'s and :mod:`batchinfer.commands.record`'s.
+(docs/runners.md). The baseline is read, and given the job's limits, at the edge
+(:mod:`batchinfer.commands.monitor`); what the launcher does with a verdict (the drift report,
+the metrics) is :mod:`batchinfer.commands.record`'s.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import logging
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..errors import SpecError
 from .profile import ColumnDrift, ColumnProfile, ColumnStats, drift, run_column
+
+log = logging.getLogger("batchinfer")
 
 # One shard's column statistics as its result carries them: column → ColumnStats.to_dict().
 ShardProfile = Mapping[str, Mapping[str, Any]]
@@ -39,6 +44,57 @@ def listed(names: Sequence[str] | Mapping[str, Any], limit: int = 8) -> str:
     names = list(names)
     more = f" and {len(names) - limit} more" if len(names) > limit else ""
     return (", ".join(names[:limit]) + more) or "none"
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A baseline profile as ``batchinfer profile`` wrote it, and what a run is held to
+    against it. Plain data that pickles: the commit step's gate carries it.
+
+    Attributes:
+        path: its URL. shown: as messages show it. what: what named it (``monitor.baseline``,
+            or the model's declaration).
+        warn, fail: the job's ``monitor`` limits (statistic → limit; None: no limit).
+        accept: how to accept a drift against it, worded for the job (a refusal says it).
+    """
+
+    path: str
+    columns: dict[str, ColumnProfile]
+    about: dict[str, Any] = field(default_factory=dict)
+    shown: str = ""
+    what: str = "monitor.baseline"
+    warn: Limits = field(default_factory=dict)
+    fail: Limits = field(default_factory=dict)
+    accept: str = ""
+
+    def cuts(self) -> dict[str, tuple[float, ...]]:
+        return {name: col.cuts for name, col in self.columns.items() if col.cuts}
+
+    def for_run(self, columns: Sequence[str]) -> "Baseline":
+        """The baseline restricted to what a run of ``columns`` (its features and prediction
+        columns) can be compared on — before any work. A baseline column the run does not
+        have, or one without values (no histogram) in the baseline, is named in a warning.
+
+        Raises:
+            SpecError: no column left (exit 2): the drift gate would check nothing.
+        """
+        run = set(columns)
+        kept = {n: c for n, c in self.columns.items() if n in run and c.cuts}
+        absent = sorted(set(self.columns) - run)
+        empty = sorted(n for n, c in self.columns.items() if n in run and not c.cuts)
+        if not kept:
+            raise SpecError(f"{self.what} {self.shown} shares no column with this run (baseline: "
+                            f"{listed(self.columns)}; run: {listed(columns)}"
+                            f"{'; without values in the baseline: ' + listed(empty) if empty else ''}"
+                            f"): profile a partition of this job (batchinfer profile JOB.yaml --ds D "
+                            f"--out {self.shown})")
+        if absent:
+            log.warning("drift: %s %s has column(s) this run does not have, not compared: %s",
+                        self.what, self.shown, listed(absent))
+        if empty:
+            log.warning("drift: %s %s has no values (no histogram) of column(s) %s, not compared",
+                        self.what, self.shown, listed(empty))
+        return replace(self, columns=kept)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,44 +134,36 @@ class DriftVerdict:
 
 
 def observe(profiles: Iterable[ShardProfile], features: Sequence[str],
-            baseline: Mapping[str, ColumnProfile] | None, warn: Limits, fail: Limits) -> DriftVerdict:
-    """The verdict on a run's shards: their columns, and with a ``baseline`` (its columns) each
-    column's drift judged by the ``warn`` and ``fail`` limits."""
-    cuts = {name: col.cuts for name, col in (baseline or {}).items() if col.cuts}
-    columns = run_columns(profiles, features, cuts)
+            baseline: Baseline | None) -> DriftVerdict:
+    """The verdict on a run's shards: their columns, and with a ``baseline`` each of its
+    columns' drift, judged by its limits."""
+    columns = run_columns(profiles, features, baseline.cuts() if baseline else {})
     if baseline is None:
         return DriftVerdict(columns=columns)
-    found = drift(baseline, {k: v.stats for k, v in columns.items()}, warn, fail)
-    return DriftVerdict(columns=columns, drifts=tuple(found), compared=True, warn=warn, fail=fail)
+    found = drift(baseline.columns, {k: v.stats for k, v in columns.items()}, baseline.warn, baseline.fail)
+    return DriftVerdict(columns=columns, drifts=tuple(found), compared=True, warn=baseline.warn,
+                        fail=baseline.fail)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True)
 class DriftGate:
     """The drift decision of the pipeline's commit step: the partition is not committed when a
     column drifted above the ``fail`` limits (contract §6 "Drift").
 
     Attributes:
         features: the schema's feature columns (the rest are prediction columns).
-        baseline: the baseline's columns this run is compared on.
-        warn, fail: the job's ``monitor`` limits.
-        accept: how to accept a drift, worded for this job's baseline (the refusal says it).
+        baseline: the baseline matched with the run's columns (:meth:`Baseline.for_run`).
     """
 
     features: tuple[str, ...]
-    baseline: Mapping[str, ColumnProfile]
-    warn: Limits
-    fail: Limits
-    accept: str
-
-    def verdict(self, profiles: Iterable[ShardProfile]) -> DriftVerdict:
-        return observe(profiles, self.features, self.baseline, self.warn, self.fail)
+    baseline: Baseline
 
     def refusal(self, profiles: Iterable[ShardProfile]) -> str | None:
         """Why the partition must not commit (the message of exit 4, but for where the
         launcher keeps the drift report), or None."""
-        verdict = self.verdict(profiles)
+        verdict = observe(profiles, self.features, self.baseline)
         if verdict.level != "fail":
             return None
         warned = [d.column for d in verdict.above("warn")]
         also = f"; above warn: {listed(warned, 5)}" if warned else ""
-        return f"drift: {verdict.summary('fail')}{also}; nothing committed; {self.accept}"
+        return f"drift: {verdict.summary('fail')}{also}; nothing committed; {self.baseline.accept}"
