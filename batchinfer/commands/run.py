@@ -6,8 +6,9 @@ from one typed record to the next, so a run reads top to bottom:
 1. :func:`resolve_run` → :class:`Resolution`: everything resolved (schema, preprocessing, shards,
    model, baseline) and the triple checked against the model's declaration — before any work;
 2. :func:`decide` → :class:`~batchinfer.io.commit.Decision`: the partition as it is —
-   committed already as this run would commit it (reuse: a no-op), or exit 3 (another triple,
-   job, date or set of shards) unless ``--overwrite`` (replace);
+   committed already as this run would commit it (reuse: :func:`reuse`, a no-op), or exit 3
+   (another triple, job, date or set of shards) unless ``--overwrite`` (replace). ``--dry-run``
+   stops here (:func:`rehearse`);
 3. :func:`launch` → :class:`Launch`: the models loaded (exit 5 before any work), the attempt
    begun, the MLflow run opened; then :func:`score` → :class:`Scored`: the Beam pipeline into
    the attempt. Its last step applies the quarantine thresholds and the drift gate (exit 4,
@@ -110,7 +111,7 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
         if decision.action == "reuse":
             return reuse(run, decision, dry_run)
         if dry_run:
-            return dry(run, decision)
+            return rehearse(run, decision)
         assert tracking is not None
         launched = launch(run, decision, tracking, progress)
         scored = score(run, launched, tracking, watch)
@@ -200,6 +201,7 @@ def resolve_run(job: Job, *, started: datetime, t0: float, clock: Clock) -> Reso
 
 
 def _identity(job: Job, resolved: Resolved) -> Identity:
+    """What a committed partition must be to be this run's (:class:`~batchinfer.io.commit.Identity`)."""
     return Identity(job=job.spec.name, ds=job.ds, shards=frozenset(resolved.shard_names()),
                     # Partitions committed before only secrets were masked name their shards
                     # with every ${NAME} value put back: the same shards, named as then.
@@ -233,7 +235,7 @@ def reuse(run: Resolution, decision: Decision, dry_run: bool) -> Outcome:
                            f"{existing.attempt}); nothing to do", existing, run.shown)
 
 
-def dry(run: Resolution, decision: Decision) -> Outcome:
+def rehearse(run: Resolution, decision: Decision) -> Outcome:
     """``--dry-run``: what would be scored, and for a runner that can, its job built."""
     job, resolved, started = run.job, run.resolved, run.started
     spec = job.spec
