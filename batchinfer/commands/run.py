@@ -1,32 +1,42 @@
 """``batchinfer run``: score one partition and commit it.
 
-:func:`run_job` follows the contract's order (contract §1, §4, §5):
+:func:`run_job` runs five phases in the contract's order (contract §1, §4, §5), each a function
+from one typed record to the next, so a run reads top to bottom:
 
-1. resolve everything (schema, preprocessing, shards, model) and check the triple against the
-   model's declaration — before any work;
-2. look at the partition: committed already → a no-op, or exit 3 (another triple, job, date or
-   set of shards) unless ``--overwrite``; then load the model (exit 5 before any work);
-3. run the Beam pipeline into a new attempt of the partition; its last step applies the
-   quarantine thresholds (exit 4, nothing committed) and commits: exactly one run creates the
-   manifest (:mod:`batchinfer.pipeline.commit`, :class:`~batchinfer.io.commit.PartitionCommit`).
-   The commit happens inside the pipeline so that it does not depend on this process outliving
-   a remote job (docs/runners.md);
-4. read back what the commit step did (its exit code for a refusal);
-5. tracking, which can fail without undoing anything.
+1. :func:`resolve_run` → :class:`Resolution`: everything resolved (schema, preprocessing, shards,
+   model, baseline) and the triple checked against the model's declaration — before any work;
+2. :func:`decide` → :class:`~batchinfer.io.commit.Decision`: the partition as it is —
+   committed already as this run would commit it (reuse: :func:`reuse`, a no-op), or exit 3
+   (another triple, job, date or set of shards) unless ``--overwrite`` (replace). ``--dry-run``
+   stops here (:func:`rehearse`);
+3. :func:`launch` → :class:`Launch`: the models loaded (exit 5 before any work), the attempt
+   begun, the MLflow run opened; then :func:`score` → :class:`Scored`: the Beam pipeline into
+   the attempt. Its last step applies the quarantine thresholds and the drift gate (exit 4,
+   nothing committed) and commits: exactly one run creates the manifest
+   (:mod:`batchinfer.pipeline.commit`, :class:`~batchinfer.io.commit.PartitionCommit`). The
+   commit happens inside the pipeline so that it does not depend on this process outliving a
+   remote job (docs/runners.md);
+4. :func:`read_back` → :class:`ReadBack`: what the commit step did, and the drift verdict;
+5. :func:`publish` → :class:`Outcome`: a refusal's exit code (and the drift report it keeps),
+   or the committed run's record to MLflow, ``_metrics.json`` and the report
+   (:mod:`batchinfer.commands.record`), which can fail without undoing anything.
+
+One clock (``run_job``'s) stamps the attempt id, ``started_at`` and, in the commit step,
+``finished_at``.
 """
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NoReturn, Sequence
 
 from .. import runners
 from ..backends import declared_options, handler_class
+from ..clock import Clock, rfc3339, utc_now
 from ..errors import (
     BatchInferError,
     ContractError,
@@ -36,14 +46,16 @@ from ..errors import (
     RuntimeFailure,
     SpecError,
 )
-from ..io.commit import Attempt, CommitOutcome, PartitionCommit
-from ..io.outputs import DRIFT, METRICS, PREDICTIONS, PROFILE, REPORT, challenger_folder, write_json
-from ..io.records import Challenger, Manifest, ModelStats, PreprocessStats, ShardResult, Totals
+from ..io.commit import Attempt, CommitOutcome, Decision, Identity, PartitionCommit, not_committed, triple_conflict
+from ..io.outputs import PREDICTIONS, challenger_folder
+from ..io.records import Challenger, Manifest, PreprocessStats, ShardResult, Totals
 from ..pipeline.runners import check as check_runner
 from ..redaction import mask
 from ..rows.columns import check_output_columns
+from ..rows.drift import Baseline, DriftGate, DriftVerdict, observe
 from ..spec import Job, ModelFields
-from .monitor import Baseline, DriftGate, Monitoring, health_metrics, load_baseline, monitor
+from . import record
+from .monitor import load_baseline
 from .resolve import Resolved, ResolvedChallenger, resolve
 
 if TYPE_CHECKING:
@@ -53,14 +65,6 @@ if TYPE_CHECKING:
     from ..triple.models import ResolvedModel
 
 log = logging.getLogger("batchinfer")
-
-
-def utc_now() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def rfc3339(moment: datetime) -> str:
-    return moment.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def new_attempt(now: datetime) -> str:
@@ -81,13 +85,14 @@ class Outcome:
 
 
 def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
-            clock: Callable[[], datetime] = utc_now,
+            clock: Clock = utc_now,
             progress: Callable[[str], None] = lambda line: None,
             tracking: "TrackingRun | None" = None,
             watch: "Callable[[int], Any] | None" = None) -> Outcome:
-    """Score one partition and commit it (see the module docstring for the order).
+    """Score one partition and commit it (see the module docstring for the phases).
 
     Args:
+        clock: the run's clock: the attempt id, ``started_at`` and the commit's ``finished_at``.
         tracking: a :class:`~batchinfer.io.tracking.TrackingRun` for the job's store that the
             caller started early (its helper needs seconds to be ready); by default one is
             started here. It is closed without a run if the job stops before scoring.
@@ -97,182 +102,299 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
     Raises:
         BatchInferError: with the exit code of what went wrong (contract §2).
     """
-    t_start = time.perf_counter()
-    started = clock()
+    t0, started = time.perf_counter(), clock()
     spec = job.spec
     if tracking is None and not dry_run:
         from ..io.tracking import TrackingRun
 
         tracking = TrackingRun(spec.tracking.uri, spec.tracking.experiment or spec.name)
     try:
-        # 1. resolve and check the contract, and the runner's options
-        resolved = resolve(job)
-        check_runner(spec.runner.name, spec.runner.options)
-        # exit 2 before any work when it cannot be read
-        baseline = load_baseline(job, resolved.model.declaration)
-        # 2. the partition as it is
-        partition = PartitionCommit(spec.output.path)
-        shown = job.display(spec.output.path)
-        existing = _look_at(partition, job, resolved, shown, overwrite)
-        if existing is not None and not overwrite:
-            if not dry_run:  # a run that crashed after its commit left debris behind
-                partition.tidy(existing)
-            return Outcome("noop", f"{shown} is already committed with this triple (attempt "
-                                   f"{existing.attempt}); nothing to do", existing, shown)
+        run = resolve_run(job, started=started, t0=t0, clock=clock)
+        decision = decide(run, overwrite)
+        if decision.action == "reuse":
+            return reuse(run, decision, dry_run)
         if dry_run:
-            message = f"dry run: would score {len(resolved.shards)} shards into {shown}"
-            if runners.get(spec.runner.name).builds_job:  # build the runner's job too, submit nothing
-                champion = load_handler(resolved)
-                challengers = load_challengers(resolved)
-                attempt = partition.begin(new_attempt(started), replacing=existing)
-                header = _header(job, attempt, champion, started, None, challengers)
-                message += f"\n{_build_job(resolved, champion, attempt, header, challengers)}"
-            return Outcome("dry_run", message, None, shown)
+            return rehearse(run, decision)
         assert tracking is not None
-        t_load = time.perf_counter()
-        champion = load_handler(resolved)
-        challengers = load_challengers(resolved)
-        device = champion.device
-        load_s = time.perf_counter() - t_load
-        if baseline is not None:  # the columns it is compared on, known now (exit 2 if none)
-            baseline = baseline.for_run([*resolved.features, *prediction_columns(resolved)])
-        tracking.prepare()  # the checks passed: the store may be touched
-        attempt = partition.begin(new_attempt(started), replacing=existing)
-        tracking.open(f"{spec.name}-{job.ds or attempt.attempt}",
-                      {"batchinfer.job": spec.name, "batchinfer.attempt": attempt.attempt,
-                       "batchinfer.ds": job.ds or ""}, started=started)
-        if resolved.ignored:
-            progress(f"ignoring {len(resolved.ignored)} metadata file(s) that input.path matched "
-                     f"(names starting with _ or .; `batchinfer plan` lists them)")
-        progress(f"scoring {len(resolved.shards)} shards into {shown} (attempt "
-                 f"{attempt.attempt}, {spec.runner.name} runner, {device})")
-        # 3. score into the attempt and commit, in the pipeline. The manifest names the MLflow
-        # run, so its id is needed before the pipeline starts (the helper opened it meanwhile).
-        header = _header(job, attempt, champion, started, tracking.wait(), challengers)
-        t_pipeline = time.perf_counter()
-        try:
-            _score(resolved, champion, attempt, header, baseline, watch, challengers)
-        except KeyboardInterrupt:  # Ctrl-C: leave nothing, and say so in MLflow
-            winner = attempt.committed_meanwhile()
-            if winner is None or winner.attempt != attempt.attempt:  # never undo a commit
-                attempt.abort()
-            tracking.finish({"attempt": attempt.attempt}, {}, {}, "KILLED", timeout=10.0)
-            raise
-        except Exception:
-            winner = attempt.committed_meanwhile()
-            if winner is None or winner.attempt != attempt.attempt:
-                # Never abort a commit that happened: the runner may fail after the commit step.
-                attempt.abort()
-                if winner is not None and winner.triple == resolved.triple.as_dict():
-                    tracking.finish({"attempt": attempt.attempt}, {}, {}, "KILLED")
-                    return _lost(winner, shown, resolved)
-                tracking.finish({"attempt": attempt.attempt}, {}, {}, "FAILED")
-                raise
-        pipeline_s = time.perf_counter() - t_pipeline
-        # 4. what the commit step did
-        outcome = attempt.outcome(resolved.triple.as_dict())
-        results = list(outcome.results)
-        totals = Totals.of([r.record for r in results])
-        watched = monitor(job, results, resolved.features, baseline)
-        if outcome.status == "refused":
-            attempt.abort()  # its files went in the pipeline; the record goes now
-            error = _refusal(outcome)
-            drifted = (outcome.message or "").startswith("drift:")
-            kept = _drift_report(attempt) if drifted else {}  # _drift/ is kept: no cleanup there
-            tags = {**_run_tags(job, attempt, device), "batchinfer.error": error.message,
-                    "batchinfer.exit_code": str(error.exit_code)}
-            if drifted:
-                tags["batchinfer.drift"] = "fail"
-            tracking.finish(_run_params(job, resolved, attempt, device),
-                            {**_metrics(totals, pipeline_s, 0.0, results, load_s), **watched.metrics()},
-                            kept, "FAILED", tags=tags)
-            raise error
-        if watched.level == "warn":
-            log.warning("drift: %s", watched.summary("warn"))
-        if outcome.status != "committed" or outcome.manifest is None:
-            attempt.abort()
-            tracking.finish({"attempt": attempt.attempt}, {}, {}, "KILLED")
-            if outcome.status == "conflict":
-                raise ContractError(_triple_conflict(
-                    shown, outcome.manifest.triple if outcome.manifest else {},
-                    resolved.triple.as_dict()))
-            return _lost(outcome.manifest, shown, resolved)
-        manifest = outcome.manifest
-        partition.tidy(manifest)  # the commit step's record
-        if not results:  # the record was lost; the manifest has the counts
-            totals = manifest.totals
-        # 5. tracking
-        wall_s = time.perf_counter() - t_start
-        line = _finish_tracking(job, resolved, tracking, attempt, manifest, device,
-                                {**_metrics(totals, pipeline_s, wall_s, results, load_s),
-                                 **watched.metrics()}, watched, results)
-        return Outcome("committed", f"committed {shown} (attempt {attempt.attempt})", manifest,
-                       shown, line, {"wall_s": wall_s, "pipeline_s": pipeline_s}, watched.level)
+        launched = launch(run, decision, tracking, progress)
+        scored = score(run, launched, tracking, watch)
+        if isinstance(scored, Outcome):  # another run committed first, while this one scored
+            return scored
+        return publish(run, launched, scored, read_back(run, launched), tracking)
     finally:
         if tracking is not None:
             tracking.close()  # a no-op once the run was finished; else no run is left behind
 
 
-def _look_at(partition: PartitionCommit, job: Job, resolved: Resolved, shown: str,
-             overwrite: bool) -> Manifest | None:
-    """The manifest committed at the output now, if it is this partition's (a no-op, or the one
-    ``--overwrite`` replaces).
+@dataclass(frozen=True, kw_only=True)
+class Resolution:
+    """Phase 1: what the run is, resolved and checked before any work.
 
-    A committed manifest is "this partition" only if it is of this job, this date and these
-    shards, with this triple; otherwise a run would call another partition's predictions its
-    own (exit 0, nothing scored).
+    Attributes:
+        baseline: the job's baseline as read (None without ``monitor``); :func:`launch`
+            restricts it to the run's columns once the model is loaded.
+        shown: ``output.path`` as messages show it.
+        wanted: what a committed partition must be to be this run's (:func:`decide`).
+        started, t0: when the run started (by its clock; by ``perf_counter`` for its wall time).
+    """
+
+    job: Job
+    resolved: Resolved
+    baseline: Baseline | None
+    partition: PartitionCommit
+    shown: str
+    wanted: Identity
+    started: datetime
+    t0: float
+    clock: Clock
+
+
+@dataclass(frozen=True, kw_only=True)
+class Launch:
+    """Phase 3, before the pipeline: the models loaded, the attempt begun, the MLflow run open.
+
+    Attributes:
+        champion: the champion's model run (its handler, device, folder and policy).
+        challengers: each challenger's model run, in the job's order.
+        load_s: the models' load time.
+        baseline: the baseline restricted to the run's columns (None without one).
+        header: the manifest as known before any work (it names the MLflow run).
+    """
+
+    champion: "ModelRun"
+    challengers: "Sequence[ModelRun]"
+    load_s: float
+    baseline: Baseline | None
+    attempt: Attempt
+    header: Manifest
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scored:
+    """Phase 3's end: the pipeline ran (its commit step included)."""
+
+    pipeline_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadBack:
+    """Phase 4: what the commit step did, its shards' results, and the drift verdict on them."""
+
+    outcome: CommitOutcome
+    results: list[ShardResult]
+    totals: Totals
+    verdict: DriftVerdict
+
+
+def resolve_run(job: Job, *, started: datetime, t0: float, clock: Clock) -> Resolution:
+    """Phase 1: resolve and check the contract, the runner's options and the baseline.
+
+    Raises:
+        BatchInferError: exit 2 (or 3, 5) before any work.
+    """
+    spec = job.spec
+    resolved = resolve(job)
+    check_runner(spec.runner.name, spec.runner.options)
+    # exit 2 before any work when it cannot be read
+    baseline = load_baseline(job, resolved.model.declaration)
+    return Resolution(job=job, resolved=resolved, baseline=baseline,
+                      partition=PartitionCommit(spec.output.path),
+                      shown=job.display(spec.output.path), wanted=_identity(job, resolved),
+                      started=started, t0=t0, clock=clock)
+
+
+def _identity(job: Job, resolved: Resolved) -> Identity:
+    """What a committed partition must be to be this run's (:class:`~batchinfer.io.commit.Identity`)."""
+    return Identity(job=job.spec.name, ds=job.ds, shards=frozenset(resolved.shard_names()),
+                    # Partitions committed before only secrets were masked name their shards
+                    # with every ${NAME} value put back: the same shards, named as then.
+                    shards_as_then=frozenset(mask(s.url, job.templated) for s in resolved.shards),
+                    triple=resolved.triple.as_dict(), model_options=_declared(job.spec.model),
+                    challengers=tuple(_challenger_run(c) for c in resolved.challengers))
+
+
+def decide(run: Resolution, overwrite: bool) -> Decision:
+    """Phase 2: reuse the committed partition, or replace it (or nothing) with a new attempt.
 
     Raises:
         SpecError: ``output.path`` is a file.
-        ContractError: another triple, job, date or set of shards, without ``--overwrite``.
+        ContractError: committed as another partition (another triple, job, date, set of
+            shards, declared options, or without a challenger this run declares), without
+            ``--overwrite``.
     """
-    if partition.is_file():
-        raise SpecError(f"output.path {shown} is a file; it must be a folder (or not exist)")
-    existing = partition.committed()
-    if existing is None or overwrite:
-        return existing
+    decision = run.partition.decide(run.wanted, overwrite=overwrite, shown=run.shown)
+    if decision.action == "conflict":
+        raise ContractError(decision.reason)
+    return decision
+
+
+def reuse(run: Resolution, decision: Decision, dry_run: bool) -> Outcome:
+    """The no-op of a partition committed already as this run would commit it."""
+    existing = decision.manifest
+    assert existing is not None
+    if not dry_run:  # a run that crashed after its commit left debris behind
+        run.partition.tidy(existing)
+    return Outcome("noop", f"{run.shown} is already committed with this triple (attempt "
+                           f"{existing.attempt}); nothing to do", existing, run.shown)
+
+
+def rehearse(run: Resolution, decision: Decision) -> Outcome:
+    """``--dry-run``: what would be scored, and for a runner that can, its job built."""
+    job, resolved, started = run.job, run.resolved, run.started
     spec = job.spec
-    if existing.job != spec.name or existing.ds != job.ds:
-        raise ContractError(
-            f"{shown} holds the partition of job {existing.job!r}, ds {existing.ds!r}, not of job "
-            f"{spec.name!r}, ds {job.ds!r}: give each job and date its own output.path (e.g. "
-            f"out/dt={{ds}}), or pass --overwrite to replace it")
-    committed = {s.path for s in existing.shards}
-    listed = set(resolved.shard_names())
-    # Partitions committed before only secrets were masked name their shards with every
-    # ${NAME} value put back: the same shards, named as then.
-    if committed != listed and committed != {mask(s.url, job.templated) for s in resolved.shards}:
-        added, gone = len(listed - committed), len(committed - listed)
-        raise ContractError(
-            f"{shown} was committed from other shards than input.path lists now ({added} new, "
-            f"{gone} no longer listed; e.g. {sorted(listed ^ committed)[0]}): pass --overwrite "
-            f"to score the partition as it is now")
-    if existing.triple != resolved.triple.as_dict():
-        raise ContractError(_triple_conflict(shown, existing.triple, resolved.triple.as_dict()))
-    declared = _declared(job.spec.model)
-    if existing.model_options != declared:
-        raise ContractError(
-            f"{shown} was committed with model.options {existing.model_options or '{}'}, which "
-            f"change predictions; this run has {declared}: pass --overwrite to replace it")
-    missing = _not_committed(existing, resolved.challengers)
-    if missing:
-        # The job asks for challenger predictions the partition does not have: a silent no-op
-        # would leave the user without them. Challengers it has and this run does not ask for
-        # (an analyst's one-off comparison) are no reason to refuse: the champion's are here.
-        names = ", ".join(c.name for c in existing.challengers) or "none"
-        raise ContractError(
-            f"{shown} was committed without challenger {', '.join(missing)} as this run declares "
-            f"it (committed: {names}; a challenger counts only with the same name, triple and "
-            f"declared options): pass --overwrite to score the partition with this run's "
-            f"challengers")
-    return existing
+    message = f"dry run: would score {len(resolved.shards)} shards into {run.shown}"
+    if runners.get(spec.runner.name).builds_job:  # build the runner's job too, submit nothing
+        champion = load_handler(resolved)
+        challengers = load_challengers(resolved)
+        attempt = run.partition.begin(new_attempt(started), replacing=decision.manifest,
+                                      clock=run.clock)
+        header = _header(job, attempt, champion, started, None, challengers)
+        message += f"\n{_build_job(resolved, champion, attempt, header, challengers)}"
+    return Outcome("dry_run", message, None, run.shown)
 
 
-def _not_committed(manifest: Manifest, challengers: Sequence[ResolvedChallenger]) -> list[str]:
-    """The names of ``challengers`` that ``manifest`` does not hold as they are declared now
-    (same name, triple and declared options); the manifest may hold others besides."""
-    committed = [c.as_run() for c in manifest.challengers]
-    return [c.name for c in challengers if _challenger_run(c) not in committed]
+def launch(run: Resolution, decision: Decision, tracking: "TrackingRun",
+           progress: Callable[[str], None]) -> Launch:
+    """Phase 3, before the pipeline: load the models (exit 5, or 2 for their outputs, before any
+    work), match the baseline with the run's columns (exit 2 if none), then touch the store:
+    begin the attempt and open the MLflow run."""
+    job, resolved = run.job, run.resolved
+    spec = job.spec
+    t_load = time.perf_counter()
+    champion = load_handler(resolved)
+    challengers = load_challengers(resolved)
+    load_s = time.perf_counter() - t_load
+    baseline = run.baseline
+    if baseline is not None:  # the columns it is compared on, known now (exit 2 if none)
+        baseline = baseline.for_run([*resolved.features, *prediction_columns(resolved)])
+    tracking.prepare()  # the checks passed: the store may be touched
+    attempt = run.partition.begin(new_attempt(run.started), replacing=decision.manifest,
+                                  clock=run.clock)
+    tracking.open(f"{spec.name}-{job.ds or attempt.attempt}",
+                  {"batchinfer.job": spec.name, "batchinfer.attempt": attempt.attempt,
+                   "batchinfer.ds": job.ds or ""}, started=run.started)
+    if resolved.ignored:
+        progress(f"ignoring {len(resolved.ignored)} metadata file(s) that input.path matched "
+                 f"(names starting with _ or .; `batchinfer plan` lists them)")
+    progress(f"scoring {len(resolved.shards)} shards into {run.shown} (attempt "
+             f"{attempt.attempt}, {spec.runner.name} runner, {champion.device})")
+    # The manifest names the MLflow run, so its id is needed before the pipeline starts (the
+    # helper opened it meanwhile).
+    header = _header(job, attempt, champion, run.started, tracking.wait(), challengers)
+    return Launch(champion=champion, challengers=challengers, load_s=load_s,
+                  baseline=baseline, attempt=attempt, header=header)
+
+
+def score(run: Resolution, launched: Launch, tracking: "TrackingRun",
+          watch: "Callable[[int], Any] | None") -> "Scored | Outcome":
+    """Phase 3: score into the attempt and commit, in the pipeline. A failure removes the
+    attempt's files — unless its commit happened (the runner may fail after the commit step):
+    then the run goes on to read it back. Returns the lost race's outcome when another run
+    committed the same triple meanwhile.
+
+    Raises:
+        KeyboardInterrupt: Ctrl-C (the MLflow run is KILLED).
+        BatchInferError: the pipeline failed (the MLflow run is FAILED).
+    """
+    resolved, attempt = run.resolved, launched.attempt
+    t_pipeline = time.perf_counter()
+    try:
+        _score(resolved, launched.champion, attempt, launched.header, launched.baseline, watch,
+               launched.challengers)
+    except KeyboardInterrupt:  # Ctrl-C: leave nothing, and say so in MLflow
+        winner = attempt.committed_meanwhile()
+        if winner is None or winner.attempt != attempt.attempt:  # never undo a commit
+            attempt.abort()
+        tracking.finish({"attempt": attempt.attempt}, {}, {}, "KILLED", timeout=10.0)
+        raise
+    except Exception:
+        winner = attempt.committed_meanwhile()
+        if winner is None or winner.attempt != attempt.attempt:
+            # Never abort a commit that happened: the runner may fail after the commit step.
+            attempt.abort()
+            if winner is not None and winner.triple == resolved.triple.as_dict():
+                tracking.finish({"attempt": attempt.attempt}, {}, {}, "KILLED")
+                return _lost(winner, run)
+            tracking.finish({"attempt": attempt.attempt}, {}, {}, "FAILED")
+            raise
+    return Scored(pipeline_s=time.perf_counter() - t_pipeline)
+
+
+def read_back(run: Resolution, launched: Launch) -> ReadBack:
+    """Phase 4: what the commit step did (its record, or the manifest), and the verdict of the
+    run's shards against the baseline."""
+    outcome = launched.attempt.outcome(run.resolved.triple.as_dict())
+    results = list(outcome.results)
+    return ReadBack(outcome=outcome, results=results, totals=Totals.of([r.record for r in results]),
+                    verdict=observe([r.profile for r in results], run.resolved.features,
+                                    launched.baseline))
+
+
+def publish(run: Resolution, launched: Launch, scored: Scored, read: ReadBack,
+            tracking: "TrackingRun") -> Outcome:
+    """Phase 5: a refusal becomes its exit code, a lost race exit 0 (or 3); a commit is logged
+    to MLflow and kept in ``_metrics.json``, ``_profile.json`` and ``report.html``. Nothing here
+    can undo a commit.
+
+    Raises:
+        BatchInferError: the commit step refused (exit 4, 5, or 2 for a preprocessing fault), or
+            another triple was committed meanwhile (exit 3).
+    """
+    outcome, attempt, verdict = read.outcome, launched.attempt, read.verdict
+    if outcome.status == "refused":
+        _refused(run, launched, scored, read, tracking)
+    if verdict.level == "warn":
+        log.warning("drift: %s", verdict.summary("warn"))
+    if outcome.status != "committed" or outcome.manifest is None:
+        attempt.abort()
+        tracking.finish({"attempt": attempt.attempt}, {}, {}, "KILLED")
+        if outcome.status == "conflict":
+            raise ContractError(triple_conflict(
+                run.shown, outcome.manifest.triple if outcome.manifest else {}, run.wanted.triple))
+        return _lost(outcome.manifest, run)
+    manifest = outcome.manifest
+    run.partition.tidy(manifest)  # the commit step's record
+    # Without results the record was lost; the manifest has the counts.
+    totals = read.totals if read.results else manifest.totals
+    job, device = run.job, launched.champion.device
+    wall_s = time.perf_counter() - run.t0
+    tags = record.run_tags(job, attempt.attempt, device)
+    if verdict.level != "none":
+        tags["batchinfer.drift"] = verdict.level
+    kept = record.RunRecord(
+        params=record.run_params(job, run.resolved, attempt.attempt, device),
+        metrics=record.run_metrics(totals, scored.pipeline_s, wall_s, read.results,
+                                   launched.load_s, verdict),
+        tags=tags)
+    line = record.publish(job, tracking, attempt.layout, manifest, kept,
+                          record.profile_record(job, verdict, launched.baseline, read.results))
+    return Outcome("committed", f"committed {run.shown} (attempt {attempt.attempt})", manifest,
+                   run.shown, line, {"wall_s": wall_s, "pipeline_s": scored.pipeline_s},
+                   verdict.level)
+
+
+def _refused(run: Resolution, launched: Launch, scored: Scored, read: ReadBack,
+             tracking: "TrackingRun") -> NoReturn:
+    """Raise the error of the commit step's refusal, once the MLflow run says FAILED (with the
+    drift report a run that drift stopped keeps under ``output.path``, as artifacts)."""
+    job, attempt, device = run.job, launched.attempt, launched.champion.device
+    attempt.abort()  # its files went in the pipeline; the record goes now
+    drifted = (read.outcome.message or "").startswith("drift:")
+    kept: dict[str, str] = {}
+    where = None
+    if drifted:  # _drift/ is kept: no cleanup there
+        kept, where = record.keep_drift_report(job, attempt.layout, read.verdict,
+                                               launched.baseline, read.results)
+    error = _refusal(read.outcome, where)
+    tags = {**record.run_tags(job, attempt.attempt, device), "batchinfer.error": error.message,
+            "batchinfer.exit_code": str(error.exit_code)}
+    if drifted:
+        tags["batchinfer.drift"] = "fail"
+    tracking.finish(record.run_params(job, run.resolved, attempt.attempt, device),
+                    record.run_metrics(read.totals, scored.pipeline_s, 0.0, read.results,
+                                       launched.load_s, read.verdict),
+                    kept, "FAILED", tags=tags)
+    raise error
 
 
 def _declared(model: ModelFields) -> dict[str, str]:
@@ -451,7 +573,7 @@ def _plans(resolved: Resolved, attempt: Attempt, header: Manifest,
            baseline: Baseline | None = None) -> tuple[Any, Any]:
     """The pipeline's :class:`ScoringPlan` and :class:`CommitPlan` for ``attempt``; with a
     baseline, the writer stage counts columns into its cuts and the commit step refuses a
-    partition that drifted above the ``fail`` limits (:class:`~.monitor.DriftGate`)."""
+    partition that drifted above the ``fail`` limits (:class:`~batchinfer.rows.drift.DriftGate`)."""
     from ..pipeline.commit import CommitPlan
     from ..pipeline.transforms import ScoringPlan
 
@@ -462,16 +584,17 @@ def _plans(resolved: Resolved, attempt: Attempt, header: Manifest,
         schema=resolved.schema, preprocessor=resolved.preprocessor,
         id_columns=tuple(spec.output.id_columns), hash_columns=resolved.schema.columns,
         profile_features=tuple(resolved.features), profile_cuts=baseline.cuts() if baseline else {})
-    gate = DriftGate(resolved.job, tuple(resolved.features), baseline) if baseline is not None else None
+    gate = DriftGate(tuple(resolved.features), baseline) if baseline is not None else None
     commit = CommitPlan(output_url=spec.output.path, attempt=attempt.attempt,
                         replacing=attempt.replacing, shard_count=len(resolved.shards),
                         header=header, breach=spec.quarantine.breach, drift=gate,
-                        preprocess=spec.preprocess)
+                        preprocess=spec.preprocess, clock=attempt.clock)
     return plan, commit
 
 
-def _refusal(outcome: CommitOutcome) -> BatchInferError:
-    """The error of a refused commit, from the code and message the commit step recorded."""
+def _refusal(outcome: CommitOutcome, kept: str | None = None) -> BatchInferError:
+    """The error of a refused commit, from the code and message the commit step recorded (and,
+    for a run that drift stopped, where its drift report is ``kept``)."""
     message = outcome.message or "nothing committed"
     if outcome.code == PreprocessError.exit_code:
         # The function's exception stayed on the worker; its traceback came back as text.
@@ -479,6 +602,8 @@ def _refusal(outcome: CommitOutcome) -> BatchInferError:
         if trace:
             log.debug("the preprocessing's first failure:\n%s", trace.rstrip())
         return PreprocessError(message)
+    if kept:
+        message = f"{message}; {kept}"
     return ModelError(message) if outcome.code == ModelError.exit_code else DataQualityError(message)
 
 
@@ -492,87 +617,23 @@ def prediction_columns(resolved: Resolved) -> list[str]:
                  None)[2]
 
 
-def _run_params(job: Job, resolved: Resolved, attempt: Attempt, device: str) -> dict[str, str]:
-    """The MLflow params of a run, committed or refused: the triple and how it ran."""
-    spec = job.spec
-    return {**{f"triple.{k}": v for k, v in resolved.triple.as_dict().items()},
-            "job": spec.name, "ds": job.ds or "", "attempt": attempt.attempt,
-            "job_spec_sha256": job.spec_sha256, "runner": spec.runner.name, "device": device,
-            "schema": resolved.schema.ref, "backend": spec.model.backend}
-
-
-def _run_tags(job: Job, attempt: Attempt, device: str) -> dict[str, str]:
-    return {"batchinfer.job": job.spec.name, "batchinfer.attempt": attempt.attempt,
-            "batchinfer.device": device}
-
-
-def _drift_report(attempt: Attempt) -> dict[str, str]:
-    """The drift report that the commit step kept for a run drift stopped, as MLflow artifacts
-    (``report.html``, the job report, and ``drift.json``); what cannot be read is left out."""
-    layout, found = attempt.layout, {}
-    for suffix, name in ((".html", REPORT), (".json", "drift.json")):
-        try:
-            found[name] = layout.fs.cat_file(layout.abs(f"{DRIFT}/{attempt.attempt}{suffix}")).decode()
-        except (OSError, UnicodeDecodeError):
-            pass
-    return found
-
-
-def _finish_tracking(job: Job, resolved: Resolved, tracking: "TrackingRun", attempt: Attempt,
-                     manifest: Manifest, device: str, metrics: dict, watched: Monitoring,
-                     results: list[ShardResult]) -> str:
-    """Log the committed run to MLflow and keep the same record in ``_metrics.json``; return
-    the line to print. Nothing here can undo the commit."""
-    spec = job.spec
-    params = _run_params(job, resolved, attempt, device)
-    profile = watched.to_dict(job, results)
-    tags = _run_tags(job, attempt, device)
-    if watched.level != "none":
-        tags["batchinfer.drift"] = watched.level
-    from .report import render_report
-
-    report = render_report(manifest, {"metrics": metrics, "params": params}, profile)
-    uploaded = tracking.finish(params, metrics,
-                               {"manifest.json": json.dumps(manifest.to_dict(), indent=2),
-                                REPORT: report},
-                               tags=tags, dataset=input_dataset(manifest))
-    # MLflow's errors quote the tracking URI, which may hold a ${NAME} value (contract §3).
-    error = job.display(tracking.error) if tracking.error else None
-    record = {"mlflow_run_id": manifest.mlflow_run_id, "uploaded": uploaded, "error": error,
-              "tracking_uri": job.display(spec.tracking.uri), "experiment": spec.tracking.experiment,
-              "run_name": f"{spec.name}-{job.ds or attempt.attempt}", "params": params,
-              "metrics": metrics, "tags": tags}
-    layout = attempt.layout
-    try:
-        write_json(layout.fs, layout.abs(PROFILE), profile)
-        write_json(layout.fs, layout.abs(METRICS), record)
-        layout.fs.pipe_file(layout.abs(REPORT), report.encode())
-    except Exception as exc:  # the partition is committed; a missing metrics file is not fatal
-        log.warning("could not write %s: %s", METRICS, exc)
-    shown = job.display(spec.output.path)
-    if uploaded:
-        return f"MLflow run {manifest.mlflow_run_id} in {job.display(spec.tracking.uri)}"
-    return (f"MLflow unavailable ({error}); metrics kept in {shown}/{METRICS}: upload "
-            f"later with `batchinfer track {shown}`")
-
-
-def _lost(winner: Manifest | None, shown: str, resolved: Resolved) -> Outcome:
+def _lost(winner: Manifest | None, run: Resolution) -> Outcome:
     """The outcome of a run that another run beat to the commit (same triple), whose files are
     gone: exit 0 when the winner holds every challenger this run declares, as a rerun would
-    find it (:func:`_look_at`).
+    find it (:func:`decide`).
 
     Raises:
         ContractError: the winner lacks one of this run's challengers (it was never scored).
     """
     attempt = winner.attempt if winner else "?"
-    missing = _not_committed(winner, resolved.challengers) if winner else []
+    missing = not_committed(winner, run.wanted.challengers) if winner else []
     if missing:
         raise ContractError(
-            f"{shown} was committed meanwhile by attempt {attempt} without challenger "
+            f"{run.shown} was committed meanwhile by attempt {attempt} without challenger "
             f"{', '.join(missing)}; this run's files were removed: rerun it with --overwrite to "
             f"score the partition with this run's challengers")
-    return Outcome("lost_race", f"{shown} was already committed by attempt {attempt}; this "
-                                f"run's files were removed", winner, shown)
+    return Outcome("lost_race", f"{run.shown} was already committed by attempt {attempt}; this "
+                                f"run's files were removed", winner, run.shown)
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -595,59 +656,6 @@ def _our_error(exc: BaseException) -> BatchInferError | None:
 
 def _interrupted(exc: BaseException) -> bool:
     return any(isinstance(e, KeyboardInterrupt) for e in _chain(exc))
-
-
-def input_dataset(manifest: Manifest) -> dict[str, str]:
-    """The input partition as MLflow dataset tracking names it: its digest covers every shard's
-    name and sha256, so two runs over the same bytes log the same dataset."""
-    import hashlib
-
-    text = "\n".join(f"{s.path}\t{s.sha256 or '-'}" for s in sorted(manifest.shards, key=lambda s: s.path))
-    return {"name": f"{manifest.job}-input-{manifest.ds or manifest.attempt}",
-            "digest": hashlib.sha256(text.encode()).hexdigest()[:32],
-            "source": manifest.shards[0].path.rsplit("/", 1)[0] if manifest.shards else "",
-            "rows": str(manifest.totals.rows_in), "shards": str(manifest.totals.shards)}
-
-
-def _metrics(totals: Totals, pipeline_s: float, wall_s: float,
-             results: list[ShardResult], load_s: float | None = None) -> dict[str, Any]:
-    metrics: dict[str, Any] = {k: float(v) for k, v in totals.to_dict().items()}
-    metrics["pipeline_seconds"] = pipeline_s
-    # Where the time went, per stage, summed over batches (stages overlap across workers).
-    for result in results:
-        for stage, value in result.seconds.items():
-            key = f"stage_seconds_{stage}"
-            metrics[key] = metrics.get(key, 0.0) + value
-    model = sum((r.model for r in results), ModelStats())
-    metrics["model_oom_backoffs"] = float(model.oom_backoffs)
-    if model.chunk_rows:
-        metrics["model_chunk_rows"] = float(model.chunk_rows)
-    if wall_s:
-        metrics["wall_seconds"] = wall_s
-        metrics["rows_per_second"] = totals.rows_in / wall_s
-    metrics.update(health_metrics(results, load_s))
-    metrics.update(challenger_metrics(results))
-    return metrics
-
-
-def challenger_metrics(results: list[ShardResult]) -> dict[str, float]:
-    """``challenger.<name>.rows_scored``, ``.rows_rejected`` and ``.compute_ms`` (its model
-    time, summed over batches) for each challenger."""
-    metrics: dict[str, float] = {}
-    for result in results:
-        for name, shard in result.challengers.items():
-            for key, value in (("rows_scored", shard.rows_scored),
-                               ("rows_rejected", shard.rows_rejected),
-                               ("compute_ms", shard.compute_ms)):
-                metrics[f"challenger.{name}.{key}"] = metrics.get(f"challenger.{name}.{key}", 0.0) + value
-    return metrics
-
-
-def _triple_conflict(output: str, committed: dict, wanted: dict) -> str:
-    diffs = [f"{k} committed {committed.get(k)} now {wanted[k]}" for k in wanted
-             if committed.get(k) != wanted[k]]
-    return (f"{output} is committed under another triple ({'; '.join(diffs)}): pass --overwrite "
-            f"to replace it")
 
 
 def _last_line(exc: BaseException) -> str:

@@ -2,7 +2,8 @@
 
     partition = PartitionCommit(url)
     partition.committed()                       # what is committed there now, or None
-    attempt = partition.begin(attempt_id, replacing=manifest_or_None)
+    decision = partition.decide(identity, overwrite=False, shown=url)   # reuse | replace | conflict
+    attempt = partition.begin(attempt_id, replacing=decision.manifest)
     ...                                         # writers put files under attempt.layout and
                                                 # each finished shard's result in scratch
     results = attempt.results(shard_count)      # the per-shard results, in shard order
@@ -13,19 +14,20 @@
 
 Exactly one run creates ``_manifest.json`` (see :mod:`batchinfer.io.manifest`); a run that
 loses removes its own files, and the winner removes every other attempt and the scratch after
-committing. Both objects hold only a URL and ids, so they pickle: the commit runs in the
+committing. Both objects hold only a URL and ids (and the run's clock), so they pickle: the commit runs in the
 pipeline's last step (:mod:`batchinfer.pipeline.commit`), on whichever worker the runner picks,
 and the launching process only reads its outcome back (docs/runners.md says why).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from fsspec import AbstractFileSystem
 
 from .. import faults
-from ..errors import RuntimeFailure, StorageError
+from ..clock import Clock, utc_now
+from ..errors import RuntimeFailure, SpecError, StorageError
 from .manifest import clean_after_commit, create_manifest, read_manifest, remove_attempt
 from .outputs import Layout, write_json
 from .readback import M, OutcomeModel, ShardResultModel, check
@@ -67,6 +69,105 @@ class CommitOutcome:
                    tuple(ShardResult.from_dict(r) for r in data.get("results", [])))
 
 
+# A challenger as a manifest holds it and a run declares it: name, triple, declared options.
+ChallengerRun = tuple[str, dict[str, str], dict[str, str]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Identity:
+    """What a committed partition must be to be this run's (contract §4): of this job and date,
+    from these shards, with this triple and declared options, holding these challengers.
+
+    Attributes:
+        shards: the shard names ``input.path`` lists now.
+        shards_as_then: the same shards named with every ``${NAME}`` value put back, as
+            partitions committed before only secrets were masked name them.
+        challengers: each challenger the run declares (:data:`ChallengerRun`).
+    """
+
+    job: str
+    ds: str | None
+    shards: frozenset[str]
+    shards_as_then: frozenset[str]
+    triple: dict[str, str]
+    model_options: dict[str, str]
+    challengers: tuple[ChallengerRun, ...] = ()
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a run does with the partition as it is.
+
+    Attributes:
+        action: ``reuse`` (committed already as this run would: nothing to do), ``replace``
+            (score a new attempt that replaces ``manifest``, None when nothing is committed),
+            ``conflict`` (committed as another partition: exit 3, ``reason`` says why).
+        manifest: the manifest committed now, or None.
+    """
+
+    action: Literal["reuse", "replace", "conflict"]
+    manifest: Manifest | None = None
+    reason: str = ""
+
+
+def decide(committed: Manifest | None, wanted: Identity, *, overwrite: bool, shown: str) -> Decision:
+    """Reuse, replace or refuse the ``committed`` manifest (``shown`` names the partition).
+
+    A committed manifest is "this partition" only if it is of this job, this date and these
+    shards, with this triple; otherwise a run would call another partition's predictions its
+    own (exit 0, nothing scored). ``--overwrite`` replaces whatever is committed.
+    """
+    if committed is None or overwrite:
+        return Decision("replace", committed)
+    if committed.job != wanted.job or committed.ds != wanted.ds:
+        return Decision("conflict", committed, (
+            f"{shown} holds the partition of job {committed.job!r}, ds {committed.ds!r}, not of job "
+            f"{wanted.job!r}, ds {wanted.ds!r}: give each job and date its own output.path (e.g. "
+            f"out/dt={{ds}}), or pass --overwrite to replace it"))
+    held = {s.path for s in committed.shards}
+    listed = set(wanted.shards)
+    if held != listed and held != wanted.shards_as_then:
+        added, gone = len(listed - held), len(held - listed)
+        return Decision("conflict", committed, (
+            f"{shown} was committed from other shards than input.path lists now ({added} new, "
+            f"{gone} no longer listed; e.g. {sorted(listed ^ held)[0]}): pass --overwrite "
+            f"to score the partition as it is now"))
+    if committed.triple != wanted.triple:
+        return Decision("conflict", committed, triple_conflict(shown, committed.triple, wanted.triple))
+    if committed.model_options != wanted.model_options:
+        return Decision("conflict", committed, (
+            f"{shown} was committed with model.options {committed.model_options or '{}'}, which "
+            f"change predictions; this run has {wanted.model_options}: pass --overwrite to "
+            f"replace it"))
+    missing = not_committed(committed, wanted.challengers)
+    if missing:
+        # The job asks for challenger predictions the partition does not have: a silent no-op
+        # would leave the user without them. Challengers it has and this run does not ask for
+        # (an analyst's one-off comparison) are no reason to refuse: the champion's are here.
+        names = ", ".join(c.name for c in committed.challengers) or "none"
+        return Decision("conflict", committed, (
+            f"{shown} was committed without challenger {', '.join(missing)} as this run declares "
+            f"it (committed: {names}; a challenger counts only with the same name, triple and "
+            f"declared options): pass --overwrite to score the partition with this run's "
+            f"challengers"))
+    return Decision("reuse", committed)
+
+
+def not_committed(manifest: Manifest, challengers: tuple[ChallengerRun, ...]) -> list[str]:
+    """The names of ``challengers`` that ``manifest`` does not hold as they are declared now
+    (same name, triple and declared options); the manifest may hold others besides."""
+    held = [c.as_run() for c in manifest.challengers]
+    return [c[0] for c in challengers if c not in held]
+
+
+def triple_conflict(shown: str, committed: dict, wanted: dict) -> str:
+    """The message of a partition committed under another triple than ``wanted``."""
+    diffs = [f"{k} committed {committed.get(k)} now {wanted[k]}" for k in wanted
+             if committed.get(k) != wanted[k]]
+    return (f"{shown} is committed under another triple ({'; '.join(diffs)}): pass --overwrite "
+            f"to replace it")
+
+
 class PartitionCommit:
     """An output partition (``output.path``) and its commit protocol."""
 
@@ -85,6 +186,16 @@ class PartitionCommit:
         fs, root = self._fs_root()
         return read_manifest(fs, root)
 
+    def decide(self, wanted: Identity, *, overwrite: bool, shown: str) -> Decision:
+        """What a run of ``wanted`` does with the partition as it is now (:func:`decide`).
+
+        Raises:
+            SpecError: ``output.path`` is a file.
+        """
+        if self.is_file():
+            raise SpecError(f"output.path {shown} is a file; it must be a folder (or not exist)")
+        return decide(self.committed(), wanted, overwrite=overwrite, shown=shown)
+
     def tidy(self, manifest: Manifest) -> None:
         """Remove what a run that crashed after committing ``manifest`` left behind."""
         clean_after_commit(self.layout(manifest.attempt), manifest)
@@ -93,15 +204,17 @@ class PartitionCommit:
         fs, root = self._fs_root()
         return Layout(fs, root, attempt)
 
-    def begin(self, attempt: str, *, replacing: Manifest | None = None) -> "Attempt":
+    def begin(self, attempt: str, *, replacing: Manifest | None = None,
+              clock: Clock = utc_now) -> "Attempt":
         """Start an attempt. Nothing is written until the attempt's writers write.
 
         Args:
             attempt: the attempt id (``<UTC time>-<8 hex>``).
             replacing: the manifest an ``--overwrite`` run sets out to replace (None: the
                 partition must not be committed by anyone else when this attempt commits).
+            clock: the run's clock, which the commit step stamps the manifest's end with.
         """
-        return Attempt(self, attempt, replacing)
+        return Attempt(self, attempt, replacing, clock)
 
 
 @dataclass(frozen=True)
@@ -111,6 +224,7 @@ class Attempt:
     partition: PartitionCommit
     attempt: str
     replacing: Manifest | None = None
+    clock: Clock = field(default=utc_now, compare=False)
 
     @property
     def layout(self) -> Layout:

@@ -261,7 +261,7 @@ class BaselineAboutModel(_Checked):
 
 
 class RunProfileModel(_Checked):
-    """A run's ``_profile.json`` (``commands.monitor.Monitoring.to_dict``)."""
+    """A run's ``_profile.json`` (``commands.record.profile_record``)."""
 
     profile_version: Literal[1]
     job: str = ""

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Callable, Iterable, Tuple
+from typing import Callable, Iterable, Tuple
 
 from ..beam_compat import beam
+from ..clock import Clock, rfc3339, utc_now
 from ..errors import BatchInferError, DataQualityError, ModelError, PreprocessError
 from ..io.commit import Attempt, CommitOutcome, PartitionCommit
 from ..io.records import Manifest, ModelStats, PreprocessStats, ShardResult, Totals, with_challenger_shards
+from ..rows.drift import DriftGate
 from .prepare import preprocess_fault
 
 # The quarantine thresholds: (rows_in, rows quarantined, unreadable shards) → why the partition
@@ -43,11 +44,11 @@ class CommitPlan:
             runner, device, start time, MLflow run id); the commit step adds the end time, the
             shards and the totals.
         breach: the quarantine thresholds (see :data:`Breach`).
-        drift: with a monitoring baseline, ``drift(results, layout)`` says why the partition
-            drifted too far to commit (a message for exit 4), or None
-            (:class:`batchinfer.commands.monitor.DriftGate`); None without a baseline.
+        drift: with a monitoring baseline, the gate that refuses a partition that drifted above
+            the ``fail`` limits (exit 4; the launcher keeps the drift report); None without one.
         preprocess: the job's ``preprocess`` (``module:function``; None: the default), named by
             a preprocessing fault's line.
+        clock: the run's clock (``run_job``'s), which stamps the manifest's ``finished_at``.
     """
 
     output_url: str
@@ -56,11 +57,13 @@ class CommitPlan:
     shard_count: int
     header: Manifest
     breach: Breach
-    drift: Callable[[list[ShardResult], Any], "str | None"] | None = None
+    drift: DriftGate | None = None
     preprocess: str | None = None
+    clock: Clock = utc_now
 
     def begin(self) -> Attempt:
-        return PartitionCommit(self.output_url).begin(self.attempt, replacing=self.replacing)
+        return PartitionCommit(self.output_url).begin(self.attempt, replacing=self.replacing,
+                                                      clock=self.clock)
 
 
 def add_commit(finished, plan: CommitPlan):
@@ -87,7 +90,7 @@ class CommitPartition(beam.DoFn):
         results = attempt.results(plan.shard_count)
         refusal = refuse(results, plan.breach, plan.preprocess)
         if refusal is None and plan.drift is not None:
-            drifted = plan.drift(results, attempt.layout)
+            drifted = plan.drift.refusal(r.profile for r in results)
             refusal = DataQualityError(drifted) if drifted else None
         if refusal is not None:
             # The files go now (a dead launcher would leave them); the record stays for the
@@ -96,7 +99,7 @@ class CommitPartition(beam.DoFn):
             outcome = CommitOutcome("refused", None, refusal.exit_code, refusal.message, tuple(results))
         else:
             records = tuple(r.record for r in results)
-            manifest = dataclasses.replace(plan.header, finished_at=rfc3339(datetime.now(timezone.utc)),
+            manifest = dataclasses.replace(plan.header, finished_at=rfc3339(plan.clock()),
                                            totals=Totals.of(records), shards=records,
                                            challengers=with_challenger_shards(plan.header.challengers, results))
             outcome = dataclasses.replace(attempt.commit(manifest), results=tuple(results))
@@ -123,7 +126,3 @@ def refuse(results: list[ShardResult], breach: Breach,
         return DataQualityError(f"data quality: {why}; nothing committed: run `batchinfer validate` "
                                 f"to see why")
     return None
-
-
-def rfc3339(moment: datetime) -> str:
-    return moment.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchinfer.commands.monitor import health_metrics, metric_part
+from batchinfer.commands.record import health_metrics, metric_part
 from batchinfer.commands.report import render_report
 from batchinfer.io.records import ShardRecord, ShardResult
 from batchinfer.rows.profile import (

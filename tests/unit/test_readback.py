@@ -26,7 +26,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from batchinfer.commands.inspect import upload_tracking
-from batchinfer.commands.monitor import health_metrics, read_profile, run_columns
+from batchinfer.commands.monitor import read_profile
+from batchinfer.commands.record import health_metrics
 from batchinfer.commands.report import rebuild_report, render_report
 from batchinfer.errors import BatchInferError, ContractError, SpecError, StorageError
 from batchinfer.io.commit import CommitOutcome, PartitionCommit
@@ -43,6 +44,7 @@ from batchinfer.io.records import (
     ShardResult,
     Totals,
 )
+from batchinfer.rows.drift import run_columns
 from batchinfer.rows.profile import ColumnStats, baseline_column, drift, run_column
 
 ATTEMPT = "20260115T010203Z-0000000a"
@@ -203,7 +205,7 @@ def test_shard_result_reader(document):
     fs.pipe_file(attempt.layout.shard_result(0), _text(document).encode())
     results = _reads(lambda: attempt.results(1), StorageError)
     if results is not None:
-        run_columns(results, ["f0", "term"], None)
+        run_columns([r.profile for r in results], ["f0", "term"], {})
         health_metrics(results, None)
         Totals.of([r.record for r in results])
 

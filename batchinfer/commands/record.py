@@ -1,0 +1,251 @@
+"""The record of a run: one set of params, metrics and tags that goes to MLflow
+(:mod:`batchinfer.io.tracking`), into ``_metrics.json`` and into the job report, beside the
+run's column statistics (``_profile.json``) — contract §6 "Tracking record", "Inference health",
+"Drift", "Job report".
+
+Metric names are made here and nowhere else (:func:`metric_part`); so are the files a run keeps
+beside its manifest, after the commit, and the drift report of a run that drift stopped. Nothing
+here can undo a commit: a file that cannot be written is a warning, or a line of the error.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ..io.outputs import DRIFT, METRICS, PROFILE, REPORT, Layout, write_json
+from ..io.records import Manifest, ModelStats, ShardResult, Totals
+from ..rows.drift import Baseline, DriftVerdict
+from ..rows.profile import PROFILE_VERSION
+from ..spec import Job
+from .report import render_report
+
+if TYPE_CHECKING:
+    from ..io.tracking import TrackingRun
+    from .resolve import Resolved
+
+log = logging.getLogger("batchinfer")
+_METRIC_NAME = re.compile(r"[^A-Za-z0-9_\-]+")
+
+
+def metric_part(name: str | None) -> str:
+    """A column or check name as one part of a metric name: runs of other characters than
+    MLflow allows (and dots, which separate the parts) become one ``_``; a row-level check's
+    missing column is ``_row``."""
+    if name is None:
+        return "_row"
+    return _METRIC_NAME.sub("_", name).strip("_")[:200] or "_"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRecord:
+    """What MLflow gets of a run, and ``_metrics.json`` keeps and the report shows."""
+
+    params: dict[str, str]
+    metrics: dict[str, Any]
+    tags: dict[str, str]
+
+
+def run_params(job: Job, resolved: "Resolved", attempt: str, device: str) -> dict[str, str]:
+    """The MLflow params of a run, committed or refused: the triple and how it ran."""
+    spec = job.spec
+    return {**{f"triple.{k}": v for k, v in resolved.triple.as_dict().items()},
+            "job": spec.name, "ds": job.ds or "", "attempt": attempt,
+            "job_spec_sha256": job.spec_sha256, "runner": spec.runner.name, "device": device,
+            "schema": resolved.schema.ref, "backend": spec.model.backend}
+
+
+def run_tags(job: Job, attempt: str, device: str) -> dict[str, str]:
+    return {"batchinfer.job": job.spec.name, "batchinfer.attempt": attempt,
+            "batchinfer.device": device}
+
+
+def run_metrics(totals: Totals, pipeline_s: float, wall_s: float, results: Sequence[ShardResult],
+                load_s: float | None, verdict: DriftVerdict) -> dict[str, Any]:
+    """Every metric of a run: its totals, time per stage, model health, challengers, drift."""
+    metrics: dict[str, Any] = {k: float(v) for k, v in totals.to_dict().items()}
+    metrics["pipeline_seconds"] = pipeline_s
+    # Where the time went, per stage, summed over batches (stages overlap across workers).
+    for result in results:
+        for stage, value in result.seconds.items():
+            key = f"stage_seconds_{stage}"
+            metrics[key] = metrics.get(key, 0.0) + value
+    model = sum((r.model for r in results), ModelStats())
+    metrics["model_oom_backoffs"] = float(model.oom_backoffs)
+    if model.chunk_rows:
+        metrics["model_chunk_rows"] = float(model.chunk_rows)
+    if wall_s:
+        metrics["wall_seconds"] = wall_s
+        metrics["rows_per_second"] = totals.rows_in / wall_s
+    metrics.update(health_metrics(results, load_s))
+    metrics.update(challenger_metrics(results))
+    metrics.update(drift_metrics(verdict))
+    return metrics
+
+
+def challenger_metrics(results: Sequence[ShardResult]) -> dict[str, float]:
+    """``challenger.<name>.rows_scored``, ``.rows_rejected`` and ``.compute_ms`` (its model
+    time, summed over batches) for each challenger."""
+    metrics: dict[str, float] = {}
+    for result in results:
+        for name, shard in result.challengers.items():
+            for key, value in (("rows_scored", shard.rows_scored),
+                               ("rows_rejected", shard.rows_rejected),
+                               ("compute_ms", shard.compute_ms)):
+                metrics[f"challenger.{name}.{key}"] = metrics.get(f"challenger.{name}.{key}", 0.0) + value
+    return metrics
+
+
+def drift_metrics(verdict: DriftVerdict) -> dict[str, float]:
+    """``drift_psi.<column>``, ``drift_ks.<column>``, and with a baseline the number of columns
+    above each level."""
+    out: dict[str, float] = {}
+    for d in verdict.drifts:  # a column with no scored values has no PSI or KS to log
+        if math.isfinite(d.psi):
+            out[f"drift_psi.{metric_part(d.column)}"] = d.psi
+        if math.isfinite(d.ks):
+            out[f"drift_ks.{metric_part(d.column)}"] = d.ks
+    if verdict.compared:
+        out["drift_columns_warn"] = float(len(verdict.above("warn")))
+        out["drift_columns_fail"] = float(len(verdict.above("fail")))
+    return out
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    rank = (len(ordered) - 1) * q / 100.0
+    lo = int(math.floor(rank))
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
+
+
+def quarantine_counts(results: Sequence[ShardResult]) -> list[tuple[str | None, str, int]]:
+    """Quarantined rows by (column, check) over all shards, most first."""
+    counts: dict[tuple[str | None, str], int] = {}
+    for result in results:
+        for column, check, n in result.quarantine:
+            counts[(column, check)] = counts.get((column, check), 0) + n
+    return sorted(((c, k, n) for (c, k), n in counts.items()), key=lambda t: (-t[2], str(t[0]), t[1]))
+
+
+def health_metrics(results: Sequence[ShardResult], load_seconds: float | None) -> dict[str, float]:
+    """Inference health: model latency per batch, batch sizes, model throughput, quarantine
+    counts by check and by column and check, model load and warm-up time, and for sequence
+    models the real and padded tokens."""
+    out: dict[str, float] = {}
+    batches = [b for r in results for b in r.batches]
+    if batches:
+        latency = [ms for _, ms in batches]
+        sizes = [float(rows) for rows, _ in batches]
+        for q in (50, 95, 99):
+            out[f"model_latency_ms_p{q}"] = _percentile(latency, q)
+        out["model_latency_ms_max"] = max(latency)
+        out["model_batches"] = float(len(batches))
+        out["batch_rows_min"] = min(sizes)
+        out["batch_rows_p50"] = _percentile(sizes, 50)
+        out["batch_rows_max"] = max(sizes)
+        model_s = sum(latency) / 1000.0
+        if model_s > 0:
+            out["model_rows_per_second"] = sum(sizes) / model_s
+    for column, check, n in quarantine_counts(results):
+        for key in (f"quarantine_rows.{metric_part(check)}",
+                    f"quarantine_rows.{metric_part(column)}.{metric_part(check)}"):
+            out[key] = out.get(key, 0.0) + n
+    model = sum((r.model for r in results), ModelStats())
+    out["model_warmup_ms"] = model.warmup_ms
+    if model.tokens:
+        # A model with a lengths input (handlers/tokens.py): what padding cost.
+        out["model_tokens"] = float(model.tokens)
+        out["model_padded_tokens"] = float(model.padded_tokens)
+        out["model_padding_ratio"] = model.padded_tokens / model.tokens
+    if load_seconds is not None:
+        out["model_load_seconds"] = load_seconds
+    return out
+
+
+def profile_record(job: Job, verdict: DriftVerdict, baseline: Baseline | None,
+                   results: Sequence[ShardResult] = ()) -> dict[str, Any]:
+    """What ``_profile.json`` (and a stopped run's ``_drift/<attempt>.json``) holds."""
+    return {"profile_version": PROFILE_VERSION, "job": job.spec.name, "ds": job.ds,
+            "quarantine": [list(q) for q in quarantine_counts(results)],
+            "level": verdict.level,
+            "baseline": (None if baseline is None else
+                         {"path": job.display(baseline.path), **baseline.about,
+                          "columns": {k: v.to_dict() for k, v in baseline.columns.items()}}),
+            "limits": {"warn": verdict.warn, "fail": verdict.fail},
+            "drift": [d.to_dict() for d in verdict.drifts],
+            "columns": {k: v.to_dict() for k, v in verdict.columns.items()}}
+
+
+def input_dataset(manifest: Manifest) -> dict[str, str]:
+    """The input partition as MLflow dataset tracking names it: its digest covers every shard's
+    name and sha256, so two runs over the same bytes log the same dataset."""
+    text = "\n".join(f"{s.path}\t{s.sha256 or '-'}" for s in sorted(manifest.shards, key=lambda s: s.path))
+    return {"name": f"{manifest.job}-input-{manifest.ds or manifest.attempt}",
+            "digest": hashlib.sha256(text.encode()).hexdigest()[:32],
+            "source": manifest.shards[0].path.rsplit("/", 1)[0] if manifest.shards else "",
+            "rows": str(manifest.totals.rows_in), "shards": str(manifest.totals.shards)}
+
+
+def keep_drift_report(job: Job, layout: Layout, verdict: DriftVerdict, baseline: Baseline | None,
+                      results: Sequence[ShardResult]) -> tuple[dict[str, str], str]:
+    """Keep the drift report of a run that drift stopped as ``_drift/<attempt>.json`` and
+    ``.html`` (the job report) under ``output.path``, which no cleanup removes. Returns what
+    is kept there as MLflow artifacts (``report.html`` and ``drift.json``; what cannot be read
+    back is left out), and where it is kept for the error line — or why it could not be (the run
+    fails anyway)."""
+    shown = job.display(job.spec.output.path)
+    kept = f"{DRIFT}/{layout.attempt}"
+    where = f"drift report kept in {shown}/{kept}.json"
+    profile = profile_record(job, verdict, baseline, results)
+    try:
+        write_json(layout.fs, layout.abs(f"{kept}.json"), profile)
+        metrics = {**health_metrics(results, None), **drift_metrics(verdict)}
+        html = render_report(None, {"metrics": metrics, "params": {"attempt": layout.attempt}}, profile,
+                             title=f"{job.spec.name} {job.ds or ''}: stopped by drift")
+        layout.fs.pipe_file(layout.abs(f"{kept}.html"), html.encode())
+    except Exception as exc:  # say why the report is missing
+        where = f"the drift report could not be kept ({type(exc).__name__}: {str(exc)[:120]})"
+    artifacts = {}
+    for suffix, name in ((".html", REPORT), (".json", "drift.json")):
+        try:
+            artifacts[name] = layout.fs.cat_file(layout.abs(f"{kept}{suffix}")).decode()
+        except (OSError, UnicodeDecodeError):
+            pass
+    return artifacts, where
+
+
+def publish(job: Job, tracking: "TrackingRun", layout: Layout, manifest: Manifest, record: RunRecord,
+            profile: dict[str, Any]) -> str:
+    """Log the committed run to MLflow and keep the same record in ``_metrics.json``, with
+    ``_profile.json`` and ``report.html`` beside it; return the line to print. Nothing here can
+    undo the commit."""
+    spec = job.spec
+    report = render_report(manifest, {"metrics": record.metrics, "params": record.params}, profile)
+    uploaded = tracking.finish(record.params, record.metrics,
+                               {"manifest.json": json.dumps(manifest.to_dict(), indent=2),
+                                REPORT: report},
+                               tags=record.tags, dataset=input_dataset(manifest))
+    # MLflow's errors quote the tracking URI, which may hold a ${NAME} value (contract §3).
+    error = job.display(tracking.error) if tracking.error else None
+    kept = {"mlflow_run_id": manifest.mlflow_run_id, "uploaded": uploaded, "error": error,
+            "tracking_uri": job.display(spec.tracking.uri), "experiment": spec.tracking.experiment,
+            "run_name": f"{spec.name}-{job.ds or layout.attempt}", "params": record.params,
+            "metrics": record.metrics, "tags": record.tags}
+    try:
+        write_json(layout.fs, layout.abs(PROFILE), profile)
+        write_json(layout.fs, layout.abs(METRICS), kept)
+        layout.fs.pipe_file(layout.abs(REPORT), report.encode())
+    except Exception as exc:  # the partition is committed; a missing metrics file is not fatal
+        log.warning("could not write %s: %s", METRICS, exc)
+    shown = job.display(spec.output.path)
+    if uploaded:
+        return f"MLflow run {manifest.mlflow_run_id} in {job.display(spec.tracking.uri)}"
+    return (f"MLflow unavailable ({error}); metrics kept in {shown}/{METRICS}: upload "
+            f"later with `batchinfer track {shown}`")
