@@ -20,11 +20,12 @@ SHOWN = "out/dt=2026-01-15"
 
 
 def _manifest(**changes) -> Manifest:
-    shards = tuple(ShardRecord(f"data/part-{i}.parquet", "abc", 1, 1, 0, "scored", None) for i in range(2))
+    shards = tuple(ShardRecord(path=f"data/part-{i}.parquet", sha256="abc", rows_in=1, rows_scored=1,
+                               rows_quarantined=0, status="scored", reason=None) for i in range(2))
     manifest = Manifest(job="j", ds="2026-01-15", attempt="20260115T000000Z-00000001", triple=TRIPLE,
                         job_spec_sha256="h", runner="direct", device="cpu", started_at="t0",
                         finished_at="t1", mlflow_run_id=None, totals=Totals.of(shards), shards=shards,
-                        challengers=(Challenger(V2[0], V2[1], "onnx", "cpu"),))
+                        challengers=(Challenger(name=V2[0], triple=V2[1], backend="onnx", device="cpu"),))
     return dataclasses.replace(manifest, **changes)
 
 
@@ -106,9 +107,10 @@ def test_the_commit_step_stamps_finished_at_with_the_runs_clock(tmp_path):
     moments = iter([datetime(2026, 1, 15, 3, 4, 5, 678000, tzinfo=timezone(timedelta(hours=2)))])
     attempt = PartitionCommit(str(tmp_path / "out")).begin("20260115T010405Z-0000abcd",
                                                             clock=lambda: next(moments))
-    record = ShardRecord("data/part-0.parquet", "abc", 1, 1, 0, "scored", None,
-                         (FileRecord(f"predictions/{attempt.attempt}/part-00000-00000.parquet", 1, "x"),))
-    write_json(attempt.layout.fs, attempt.layout.shard_result(0), ShardResult(record).to_dict())
+    record = ShardRecord(path="data/part-0.parquet", sha256="abc", rows_in=1, rows_scored=1,
+                         rows_quarantined=0, status="scored", reason=None,
+                         files=(FileRecord(f"predictions/{attempt.attempt}/part-00000-00000.parquet", 1, "x"),))
+    write_json(attempt.layout.fs, attempt.layout.shard_result(0), ShardResult(record=record).to_dict())
     header = dataclasses.replace(_manifest(), attempt=attempt.attempt, finished_at="", shards=(),
                                  totals=Totals.of([]), challengers=())
     plan = CommitPlan(output_url=str(tmp_path / "out"), attempt=attempt.attempt, replacing=None,
