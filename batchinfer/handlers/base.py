@@ -178,17 +178,17 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
         # inputs cut like sequences with batch.tokens.
         self._shapes: Optional[dict[str, tuple]] = None
         self._sequences: Optional[frozenset[str]] = None
-        self.contract = BatchContract()   # each output's signature, from the first call
+        self.batch_contract = BatchContract()   # each output's signature, from the first call
         # The smaller calls after an out-of-memory error, kept for this handler's batches; the
         # injected oom fault is read here, where the run builds its handlers, and pickles with
         # the handler to its workers.
-        self.oom = OutOfMemoryPolicy(faults.active().oom_rows())
+        self.oom_policy = OutOfMemoryPolicy(faults.active().oom_rows())
         self._warm = False                # the untimed first call was made
         self._held: Optional[Held] = None  # the loaded model, while this handler lives
 
     # -- what a backend implements -----------------------------------------------------------
     def open_model(self) -> ModelT:
-        """Load the model (once per process: see :meth:`load_model`)."""
+        """Load the model (once per process while a handler holds it: see :func:`shared_model`)."""
         raise NotImplementedError
 
     def input_names(self, model: ModelT) -> list[str]:
@@ -442,7 +442,7 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
         while lo is not None:
             calls = self._plan(lo, start, stop, max_rows, padded, by_tokens)
             lo = self._make_calls(model, inputs, calls, tally, by_tokens, sequences, parts)
-        tally.chunk_rows = 0 if by_tokens is not None else self.oom.row_limit(max_rows or (stop - start))
+        tally.chunk_rows = 0 if by_tokens is not None else self.oom_policy.row_limit(max_rows or (stop - start))
         return parts[0] if len(parts) == 1 else _concat(parts)
 
     def _make_calls(self, model: LoadedModel, inputs: dict[str, np.ndarray], calls: list[Call],
@@ -461,10 +461,10 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
             except Exception as exc:
                 if not self._is_out_of_memory(exc):
                     raise
-                self.oom.back_off(exc, hi - lo, width, by_tokens=by_tokens is not None)
+                self.oom_policy.back_off(exc, hi - lo, width, by_tokens=by_tokens is not None)
                 tally.oom_backoffs += 1
                 return lo
-            self.contract.check(out, hi - lo)
+            self.batch_contract.check(out, hi - lo)
             parts.append(out)
             tally.padded_tokens += (hi - lo) * width
         return None
@@ -474,10 +474,10 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
         """The calls for rows ``[lo, stop)`` of the range ``[start, stop)``, within the limits
         the out-of-memory policy has learnt."""
         if by_tokens is None:
-            return plan_calls(lo, stop, rows=self.oom.row_limit(max_rows or (stop - start)),
+            return plan_calls(lo, stop, rows=self.oom_policy.row_limit(max_rows or (stop - start)),
                               width=padded)
         return plan_calls(lo, stop, rows=max_rows, lengths=by_tokens,
-                          tokens=self.oom.token_limit(self.tokens or 0))
+                          tokens=self.oom_policy.token_limit(self.tokens or 0))
 
     def _predict(self, model: LoadedModel, chunk: dict[str, np.ndarray], rows: int,
                  tally: "_Tally") -> dict[str, np.ndarray]:
@@ -488,7 +488,7 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
             self._warm = True
             t_warm = time.perf_counter()
             try:
-                self.oom.before_call(rows)
+                self.oom_policy.before_call(rows)
                 model.predict(chunk)
             except Exception as exc:
                 if not self._is_out_of_memory(exc):
@@ -497,7 +497,7 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
                 tally.warmup_seconds += time.perf_counter() - t_warm
         t0 = time.perf_counter()
         try:
-            self.oom.before_call(rows)
+            self.oom_policy.before_call(rows)
             return model.predict(chunk)
         finally:
             tally.seconds += time.perf_counter() - t0
