@@ -3,11 +3,13 @@ with SIGKILL (no cleanup, no atexit, like ``kill -9``) the n-th time (default 1s
 ``<point>``.
 
 The variable is read once per process, where the process starts: when it first imports this
-module (the CLI before it parses its arguments; a worker process, which inherits the CLI's
-environment, before it runs a step). What it says is a plain value, :class:`Faults`, which
-:func:`install` or :func:`scoped` can replace (tests, a program that runs jobs in-process), and
-which pickles (the handler carries the ``oom`` fault to its workers). A point consults that
-value, never ``os.environ``: unset, every call is one string comparison.
+module, before any run or pipeline step begins in it (the CLI's process, and a worker process
+started by the runner, which inherits the CLI's environment; the test suite's fork server
+reloads the module in each child it forks, to the same effect). What it says is a plain value,
+:class:`Faults`, which :func:`install` or :func:`scoped` can replace (a test, a program that runs
+jobs in-process), and which pickles: the handler reads the ``oom`` fault when the run builds it
+and carries it to its workers. A point consults that value, never ``os.environ``: unset, every
+call is one string comparison.
 
 Points, in the order a run meets them:
     read          a shard's bytes have been read
