@@ -52,15 +52,13 @@ def check_predictions(handler: BatchModelHandler, inputs: Mapping[str, np.ndarra
     return result, model
 
 
-def check_distribution(reference: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray],
-                       *, changed: bool = True) -> None:
+def check_distribution(reference: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> None:
     """Reduced precision keeps the distribution: each output's KL divergence from the reference
-    ≤ ``parity.KL_LIMIT`` (docs/contract.md "Parity"); with ``changed``, the values did change,
-    a little (the precision was applied)."""
+    ≤ ``parity.KL_LIMIT`` (docs/contract.md "Parity"), and its values did change, a little (the
+    precision was applied)."""
     for name, (kl, diff) in parity.compare(reference, outputs).items():
         assert kl <= parity.KL_LIMIT, (name, kl, diff)
-        if changed:
-            assert 0 < diff < 0.1, (name, diff)
+        assert 0 < diff < 0.1, (name, diff)
 
 
 def check_bit_identical_reruns(make_handler: Callable[[], BatchModelHandler],
