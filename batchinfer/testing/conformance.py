@@ -9,7 +9,7 @@ array, as the pipeline feeds it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import pytest
@@ -83,6 +83,26 @@ def check_rows_do_not_depend_on_their_neighbours(make_handler: Callable[[], Batc
         for name in whole.outputs:
             np.testing.assert_allclose(single.outputs[name][0], whole.outputs[name][row],
                                        atol=atol, err_msg=f"{name}, row {row}")
+
+
+def check_a_bad_row_stays_in_its_row(make_handler: Callable[[], BatchModelHandler],
+                                     inputs: Mapping[str, np.ndarray], rows: Sequence[int], *,
+                                     atol: float) -> None:
+    """NaN in ``rows`` of every float input changes no other row's outputs (beyond ``atol``):
+    the pipeline quarantines a row whose output is not finite and commits its neighbours, which
+    is right only if the bad value stayed in its row."""
+    clean, _ = score(make_handler(), inputs)
+    bad = {k: v.copy() for k, v in inputs.items()}
+    floats = [k for k, v in bad.items() if np.issubdtype(v.dtype, np.floating)]
+    assert floats, "no float input to put NaN in"
+    for name in floats:
+        bad[name][list(rows)] = np.nan
+    result, _ = score(make_handler(), bad)
+    keep = np.setdiff1d(np.arange(len(next(iter(inputs.values())))), rows)
+    for name, want in clean.outputs.items():
+        have = result.outputs[name]
+        assert np.isfinite(have[keep]).all(), name
+        np.testing.assert_allclose(have[keep], want[keep], atol=atol, rtol=0, err_msg=name)
 
 
 def check_out_of_memory_loses_no_row(make_handler: Callable[..., BatchModelHandler],
@@ -177,6 +197,11 @@ class BackendConformance:
         atol = 0.05 if backend.reduced_precision else max(backend.atol, 1e-6)
         check_rows_do_not_depend_on_their_neighbours(backend.make_handler, backend.inputs(9, 3),
                                                      atol=atol)
+
+    def test_a_bad_row_stays_in_its_row(self, backend: BackendCase) -> None:
+        atol = 0.05 if backend.reduced_precision else max(backend.atol, 1e-6)
+        check_a_bad_row_stays_in_its_row(backend.make_handler, backend.inputs(300, 9), [0, 150, 299],
+                                         atol=atol)
 
     def test_out_of_memory_loses_no_row(self, backend: BackendCase) -> None:
         atol = 0.05 if backend.reduced_precision else max(backend.atol, 1e-6)

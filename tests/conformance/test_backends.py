@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 from batchinfer.testing import (
+    check_a_bad_row_stays_in_its_row,
     check_bit_identical_reruns,
     check_distribution,
     check_out_of_memory_loses_no_row,
@@ -217,6 +218,14 @@ def test_one_row_at_a_time_agrees_with_a_batch(models, kind):
     tolerance = 0.05 if kind[3] == "kl" else max(kind[3], 1e-6)
     check_rows_do_not_depend_on_their_neighbours(lambda: _handler(kind, models["multi"]),
                                                  _inputs("multi", 9, seed=3), atol=tolerance)
+
+
+@pytest.mark.parametrize("kind", list(BACKENDS.values()))
+def test_a_nan_row_leaves_its_neighbours_alone(models, kind):
+    """What quarantining non-finite outputs row by row relies on (the CLI case below)."""
+    tolerance = 0.05 if kind[3] == "kl" else max(kind[3], 1e-6)
+    check_a_bad_row_stays_in_its_row(lambda: _handler(kind, models["multi"]), _inputs("multi", 300, seed=9),
+                                     [0, 150, 299], atol=tolerance)
 
 
 @pytest.mark.parametrize("kind", list(BACKENDS.values()))

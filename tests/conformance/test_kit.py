@@ -15,6 +15,7 @@ from batchinfer.handlers.base import BatchModelHandler
 from batchinfer.testing import (
     BackendCase,
     BackendConformance,
+    check_a_bad_row_stays_in_its_row,
     check_bit_identical_reruns,
     check_out_of_memory_loses_no_row,
     check_predictions,
@@ -88,6 +89,12 @@ def test_the_kit_fails_a_model_whose_rows_depend_on_their_neighbours():
     with pytest.raises(AssertionError):   # and calls of other sizes change its results
         check_out_of_memory_loses_no_row(lambda chunk_rows=None: NumpyHandler(chunk_rows, "batch_mean"),
                                          numpy_inputs(1000, 5), atol=1e-6)
+
+
+def test_the_kit_fails_a_model_that_spreads_a_bad_row():
+    with pytest.raises(AssertionError, match="logits"):
+        check_a_bad_row_stays_in_its_row(lambda: NumpyHandler(flaw="batch_mean"), numpy_inputs(50, 4),
+                                         [3], atol=1e-6)
 
 
 def test_the_kit_fails_wrong_predictions_and_a_broken_batch_contract():
