@@ -482,13 +482,13 @@ def _load(resolved: Resolved, spec: ModelFields, found: "ResolvedModel", digest:
                              f"here (batchinfer export) and stamp it, or run where it was built")
     model = handler.load_model()
     if batch.tokens:
-        inputs = handler.ask(model, "input_names")
+        inputs = handler.loaded(model).input_names()
         if batch.lengths_from not in inputs:
             raise SpecError(f"batch.tokens sizes model calls by the lengths in the model input "
                             f"{batch.lengths_from!r}, which this model does not take (its inputs: "
                             f"{inputs}): set batch.lengths_from, or size batches by batch.rows")
         handler.sequence_inputs(model)   # which inputs a call cuts: exit 2 here if it cannot tell
-    outputs = handler.ask(model, "output_names")
+    outputs = handler.loaded(model).output_names()
     output_spec = resolved.job.spec.output
     if predictions:
         unknown = [o for o in predictions if o not in outputs]
@@ -498,7 +498,7 @@ def _load(resolved: Resolved, spec: ModelFields, found: "ResolvedModel", digest:
     else:  # each output becomes a column of its own name: it must not take an id's or ours
         check_output_columns(output_spec.id_columns, {o: o for o in outputs},
                              source="the model's outputs (output.predictions maps none)")
-    return handler, handler.ask(model, "device_used"), list(outputs)
+    return handler, handler.loaded(model).device_used(), list(outputs)
 
 
 def _header(job: Job, attempt: Attempt, champion: "ModelRun", started: datetime,

@@ -4,8 +4,8 @@ A backend subclasses :class:`BatchModelHandler` (generic over its loaded model's
 itself in ``backend`` (its entry in :mod:`batchinfer.backends`: file suffixes, options) and
 implements four hooks:
 
-- ``open_model()``: load the model (called at most once per process and model, see
-  :func:`shared_model`);
+- ``open_model()``: load the model (called at most once per process and model while a handler
+  holds it, see :func:`shared_model`);
 - ``input_names(model)``, ``output_names(model)``: what it takes and gives, by name;
 - ``predict(model, inputs)``: run it on a dict of input arrays, return a dict of output arrays.
 
@@ -13,45 +13,68 @@ Four more have defaults: ``device_used(model)`` ("cpu"), ``default_chunk_rows(mo
 the whole batch per call), ``input_shapes(model)`` (none known) and ``model_key()`` (backend,
 digest, device, options). Every handler is
 built the same way, ``cls(model_path, digest=…, device=…, options=…)``, with options already
-checked against the backend's entry.
+checked against the backend's entry. Nothing calls a hook but through a
+:class:`~batchinfer.handlers.loaded.LoadedModel` (:meth:`BatchModelHandler.loaded`), which binds
+them to the model wherever it is.
 
-Everything else — feeding Arrow-prepared features in chunks, isolating rows the model rejects,
-the batch contract on outputs, timing — lives here once. Elements are :class:`Prepared` batches of
-many rows (never one row), so Beam's ``BatchElements`` is told to pass them one at a time, and
-``get_num_bytes`` sums array sizes instead of pickling (pickling a batch was measured at ~34 ms).
+Everything else lives here once, in parts: :meth:`BatchModelHandler.infer` checks a batch's
+inputs against the model, orders rows for calls sized by tokens (handlers/tokens.py), isolates
+the rows the model rejects (rows/isolation.py) and puts the rows back in their places; the calls
+themselves are planned by handlers/calls.py, retried smaller by the out-of-memory policy
+(handlers/oom.py) and their outputs held to the batch contract (handlers/batch_contract.py).
+Elements are :class:`Prepared` batches of many rows (never one row), so Beam's ``BatchElements``
+is told to pass them one at a time, and ``get_num_bytes`` sums array sizes instead of pickling
+(pickling a batch was measured at ~34 ms).
 """
 from __future__ import annotations
 
-import logging
-import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Hashable, Iterable, Mapping, Optional, Sequence, TypeVar
 
 import numpy as np
 
-from .. import backends
+from .. import backends, faults
 from ..beam_compat import ModelHandler, PredictionResult
-from ..errors import ModelError, PreprocessError, SpecError, one_line
+from ..errors import ModelError, PreprocessError, SpecError
 from ..rows.isolation import run_isolating
 from . import tokens as token_calls
-
-log = logging.getLogger("batchinfer")
+from .batch_contract import BatchContract
+from .calls import Call, plan_calls
+from .loaded import LoadedModel, LocalModel, ServedModel
+from .oom import InjectedOutOfMemory, OutOfMemoryPolicy
 
 ModelT = TypeVar("ModelT")
 
-_models: dict[Any, Any] = {}
+
+class Held:
+    """A loaded model, as the handlers that loaded it hold it (the cache holds it weakly)."""
+
+    __slots__ = ("model", "__weakref__")
+
+    def __init__(self, model: Any):
+        self.model = model
+
+
+# The per-process model cache. A model stays in it while a handler that loaded it is alive:
+# the driver's pre-flight load is reused by in-process workers (the driver's handler lives as
+# long as the run), several handler instances never hold two copies, and a process that runs
+# job after job (a backfill, an Airflow worker, a test session) does not keep every model it
+# ever loaded — a GPU's memory would fill with models no run uses.
+_models: "weakref.WeakValueDictionary[Hashable, Held]" = weakref.WeakValueDictionary()
 _models_lock = threading.Lock()
 
 
-def shared_model(key: Any, load: Callable[[], Any]) -> Any:
-    """Load a model once per process: the driver's pre-flight load is reused by in-process
-    workers, and several handler instances never hold two copies."""
+def shared_model(key: Hashable, load: Callable[[], Any]) -> Held:
+    """The model ``key`` names, loaded once while anything holds what this returns."""
     with _models_lock:
-        if key not in _models:
-            _models[key] = load()
-        return _models[key]
+        held = _models.get(key)
+        if held is None:
+            held = Held(load())
+            _models[key] = held
+        return held
 
 
 @dataclass
@@ -75,7 +98,7 @@ class Prepared:
         return int(sum(getattr(a, "nbytes", 0) for a in arrays if a is not None))
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Inference:
     """A model's results for one :class:`Prepared` batch.
 
@@ -113,44 +136,6 @@ class _Tally:
     padded_tokens: int = 0
 
 
-class ServedModel:
-    """A loaded model with the backend's hooks bound to it, for ``share_across_processes``.
-
-    Beam serves the object :meth:`BatchModelHandler.load_model` returns from one process and
-    hands every worker a proxy to it, which pickles whatever a method takes or returns. A
-    backend's own model (an ONNX Runtime session, a torch module) answers with objects that do
-    not pickle (``NodeArg``); this answers every hook with plain data.
-    """
-
-    def __init__(self, handler: "BatchModelHandler", model: Any):
-        self._handler = handler
-        self._model = model
-
-    def input_names(self) -> list[str]:
-        return list(self._handler.input_names(self._model))
-
-    def output_names(self) -> list[str]:
-        return list(self._handler.output_names(self._model))
-
-    def input_shapes(self) -> dict[str, tuple]:
-        return dict(self._handler.input_shapes(self._model))
-
-    def default_chunk_rows(self) -> Optional[int]:
-        return self._handler.default_chunk_rows(self._model)
-
-    def device_used(self) -> str:
-        return self._handler.device_used(self._model)
-
-    def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self._handler.predict(self._model, inputs)
-
-
-def slice_features(features: Any, start: int, stop: int) -> Any:
-    if isinstance(features, Mapping):
-        return {k: v[start:stop] for k, v in features.items()}
-    return features[start:stop]
-
-
 class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
     """Beam ``ModelHandler`` over :class:`Prepared` batches; subclass per backend.
 
@@ -171,7 +156,7 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
     """
 
     backend: ClassVar[str] = ""   # the name in batchinfer.backends ("" for test doubles)
-    warm_up: ClassVar[bool] = True  # one untimed call on the first chunk, see _run_chunked
+    warm_up: ClassVar[bool] = True  # one untimed call on the first chunk, see _predict
 
     def __init__(self, model_path: str, *, digest: str, device: str = "auto",
                  options: Optional[Mapping[str, Any]] = None, tokens: Optional[int] = None,
@@ -193,15 +178,17 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
         # inputs cut like sequences with batch.tokens.
         self._shapes: Optional[dict[str, tuple]] = None
         self._sequences: Optional[frozenset[str]] = None
-        # Each output's shape past the rows and its dtype, from the first call (see _check_outputs).
-        self._signature: dict[str, tuple] = {}
-        self._warm = False                      # the untimed first call was made
-        self._oom_limit: Optional[int] = None   # rows per call after an out-of-memory back-off
-        self._oom_tokens: Optional[int] = None  # the same, for calls sized by tokens
+        self.batch_contract = BatchContract()   # each output's signature, from the first call
+        # The smaller calls after an out-of-memory error, kept for this handler's batches; the
+        # injected oom fault is read here, where the run builds its handlers, and pickles with
+        # the handler to its workers.
+        self.oom_policy = OutOfMemoryPolicy(faults.active().oom_rows())
+        self._warm = False                # the untimed first call was made
+        self._held: Optional[Held] = None  # the loaded model, while this handler lives
 
     # -- what a backend implements -----------------------------------------------------------
     def open_model(self) -> ModelT:
-        """Load the model (once per process: see :meth:`load_model`)."""
+        """Load the model (once per process while a handler holds it: see :func:`shared_model`)."""
         raise NotImplementedError
 
     def input_names(self, model: ModelT) -> list[str]:
@@ -237,7 +224,7 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
 
     def is_out_of_memory(self, exc: BaseException) -> bool:
         """True if ``exc``, raised by ``predict``, means the device ran out of memory: the rows
-        are retried in smaller chunks instead of being blamed (see :meth:`_run_chunked`)."""
+        are retried in smaller chunks instead of being blamed (handlers/oom.py)."""
         return False
 
     @classmethod
@@ -267,8 +254,13 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
 
     # -- Beam's ModelHandler -----------------------------------------------------------------
     def load_model(self) -> Any:
-        model = shared_model(self.model_key(), self.open_model)
+        self._held = shared_model(self.model_key(), self.open_model)
+        model = self._held.model
         return ServedModel(self, model) if self.share_model_across_processes() else model
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Beam pickles the handler to its workers; each loads (or finds) the model itself.
+        return {**self.__dict__, "_held": None}
 
     def share_model_across_processes(self) -> bool:
         # model.options.share_across_processes: one copy per machine (or `model_copies`), served
@@ -279,13 +271,13 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
     def model_copies(self) -> int:
         return int(self.options.get("model_copies", 1))
 
-    def ask(self, model: Any, hook: str, *args: Any) -> Any:
-        """Call the backend hook ``hook`` (``input_names``, ``predict``, …) on ``model``: directly,
-        or through the :class:`ServedModel` that a shared model is (then ``model`` may be Beam's
-        proxy to it, in another process, and only names, numbers and arrays cross)."""
+    def loaded(self, model: Any) -> LoadedModel:
+        """``model``, as :meth:`load_model` returned it, as a :class:`LoadedModel`: the hooks
+        bound to it here, or the :class:`ServedModel` that a shared model is (then ``model`` may
+        be Beam's proxy to it, in another process, and only names, numbers and arrays cross)."""
         if self.share_model_across_processes():
-            return getattr(model, hook)(*args)
-        return getattr(self, hook)(model, *args)
+            return model
+        return LocalModel(self, model)
 
     def run_inference(self, batch: Sequence[Prepared], model: Any,
                       inference_args: Optional[dict[str, Any]] = None) -> Iterable[PredictionResult]:
@@ -305,8 +297,9 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
     def infer(self, model: Any, item: Prepared) -> Inference:
         """Score one prepared batch, isolating rows the model rejects."""
         if item.rows == 0:
-            return Inference(np.zeros(0, np.int64), {}, [], 0.0)
-        inputs = self._as_inputs(model, item.features)
+            return Inference(ok_rows=np.zeros(0, np.int64), outputs={})
+        loaded = self.loaded(model)
+        inputs = self._as_inputs(loaded, item.features)
         self._check_shapes(model, inputs)
         tally = _Tally()
         lengths = self._lengths(inputs)
@@ -321,7 +314,7 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
         by_tokens = lengths if order is not None else None
 
         def run(start: int, stop: int) -> dict[str, np.ndarray]:
-            return self._run_chunked(model, inputs, start, stop, tally, by_tokens, sequences)
+            return self._run_calls(loaded, inputs, start, stop, tally, by_tokens, sequences)
 
         done, failed = run_isolating(item.rows, run)
         if not failed:
@@ -338,9 +331,10 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
             ok_rows = ok_rows[back]
             outputs = {k: v[back] for k, v in outputs.items()}
             failed = sorted((int(order[row]), error) for row, error in failed)
-        return Inference(ok_rows, outputs, failed, tally.seconds * 1000.0, tally.oom_backoffs,
-                         tally.chunk_rows, tally.warmup_seconds * 1000.0, real_tokens,
-                         tally.padded_tokens)
+        return Inference(ok_rows=ok_rows, outputs=outputs, failed=failed,
+                         compute_ms=tally.seconds * 1000.0, oom_backoffs=tally.oom_backoffs,
+                         chunk_rows=tally.chunk_rows, warmup_ms=tally.warmup_seconds * 1000.0,
+                         tokens=real_tokens, padded_tokens=tally.padded_tokens)
 
     def _lengths(self, inputs: dict[str, np.ndarray]) -> Optional[np.ndarray]:
         """Each row's real tokens, if the model takes the lengths input (else None).
@@ -364,7 +358,7 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
     def declared_shapes(self, model: Any) -> dict[str, tuple]:
         """:meth:`input_shapes`, asked once (the model is this handler's for its lifetime)."""
         if self._shapes is None:
-            self._shapes = dict(self.ask(model, "input_shapes"))
+            self._shapes = dict(self.loaded(model).input_shapes())
         return self._shapes
 
     def sequence_inputs(self, model: Any) -> frozenset[str]:
@@ -376,8 +370,8 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
         if self._sequences is None:
             try:
                 self._sequences = token_calls.sequence_inputs(
-                    self.lengths_from, self.ask(model, "input_names"), self.declared_shapes(model),
-                    self.listed_sequences)
+                    self.lengths_from, self.loaded(model).input_names(),
+                    self.declared_shapes(model), self.listed_sequences)
             except ValueError as exc:
                 raise SpecError(f"batch.tokens: {exc}") from None
         return self._sequences
@@ -418,8 +412,8 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
                     f"{name!r} out of batch.sequence_inputs); nothing committed")
         return sequences
 
-    def _as_inputs(self, model: Any, features: Any) -> dict[str, np.ndarray]:
-        names = self.ask(model, "input_names")
+    def _as_inputs(self, model: LoadedModel, features: Any) -> dict[str, np.ndarray]:
+        names = model.input_names()
         if isinstance(features, Mapping):
             missing = [n for n in names if n not in features]
             if missing:
@@ -432,95 +426,84 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
                                   f"committed")
         return {names[0]: features}
 
-    def _run_chunked(self, model: Any, inputs: dict[str, np.ndarray], start: int, stop: int,
-                     tally: "_Tally", by_tokens: Optional[np.ndarray] = None,
-                     sequences: frozenset[str] = frozenset()) -> dict[str, np.ndarray]:
-        """``predict`` over rows ``[start, stop)`` in chunks, halving the chunk and retrying the
-        same rows when the device runs out of memory (the smaller chunk is kept for the rest of
-        the process's batches: the next batch would run out of memory just the same).
-
-        Chunks hold ``chunk_rows`` rows, or, given ``by_tokens`` (the rows' lengths, longest
-        first), at most ``batch.tokens`` padded tokens each, the ``sequences`` inputs cut to
-        their longest row."""
-        max_rows = self.chunk_rows or self.ask(model, "default_chunk_rows")
-        step = max_rows or (stop - start)
-        if self._oom_limit is not None:
-            step = min(step, self._oom_limit)
+    def _run_calls(self, model: LoadedModel, inputs: dict[str, np.ndarray], start: int, stop: int,
+                   tally: "_Tally", by_tokens: Optional[np.ndarray] = None,
+                   sequences: frozenset[str] = frozenset()) -> dict[str, np.ndarray]:
+        """``predict`` over rows ``[start, stop)``, in the calls :func:`plan_calls` plans: of
+        ``chunk_rows`` rows, or, given ``by_tokens`` (the rows' lengths, longest first), of at
+        most ``batch.tokens`` padded tokens, the ``sequences`` inputs cut to their longest row.
+        A call that runs out of device memory is halved (handlers/oom.py) and the rest of the
+        range planned again from its first row."""
+        max_rows = self.chunk_rows or model.default_chunk_rows()
         mask = inputs.get(self.lengths_from)
         padded = mask.shape[1] if mask is not None and np.ndim(mask) == 2 else 0
-        parts = []
-        lo = start
-        while lo < stop:
-            if by_tokens is not None:
-                budget = min(self.tokens or 0, self._oom_tokens or sys.maxsize)
-                hi, width = token_calls.next_call(by_tokens, lo, stop, budget, max_rows)
-                chunk = token_calls.call_inputs(inputs, lo, hi, sequences, width)
-            else:
-                hi = min(lo + step, stop)
-                width = padded
-                chunk = {k: v[lo:hi] for k, v in inputs.items()}
-            if self.warm_up and not self._warm:
-                # The first call pays for set-up (allocations, kernel selection, a CUDA context),
-                # which is not the model's work: do it once, untimed, so _compute_ms is honest.
-                self._warm = True
-                t_warm = time.perf_counter()
-                try:
-                    self.ask(model, "predict", chunk)
-                except Exception as exc:
-                    if not self.is_out_of_memory(exc):
-                        raise
-                finally:
-                    tally.warmup_seconds += time.perf_counter() - t_warm
-            t0 = time.perf_counter()
-            try:
-                out = self.ask(model, "predict", chunk)
-            except Exception as exc:
-                if not self.is_out_of_memory(exc):
-                    raise
-                if hi - lo == 1:
-                    raise ModelError(f"the model runs out of device memory on a single row "
-                                     f"({one_line(exc)}); nothing committed") from None
-                step = (hi - lo) // 2
-                if by_tokens is not None:
-                    self._oom_tokens = step * width
-                else:
-                    self._oom_limit = step
-                tally.oom_backoffs += 1
-                log.warning("out of device memory at %d rows per model call; retrying the same "
-                            "rows at %d", hi - lo, step)
-                continue
-            finally:
-                tally.seconds += time.perf_counter() - t0
-            self._check_outputs(out, hi - lo)
-            parts.append(out)
-            tally.padded_tokens += (hi - lo) * width
-            lo = hi
-        tally.chunk_rows = step if by_tokens is None else 0
+        parts: list[dict[str, np.ndarray]] = []
+        lo: Optional[int] = start
+        while lo is not None:
+            calls = self._plan(lo, start, stop, max_rows, padded, by_tokens)
+            lo = self._make_calls(model, inputs, calls, tally, by_tokens, sequences, parts)
+        tally.chunk_rows = 0 if by_tokens is not None else self.oom_policy.row_limit(max_rows or (stop - start))
         return parts[0] if len(parts) == 1 else _concat(parts)
 
-    def _check_outputs(self, out: Mapping[str, Any], rows: int) -> None:
-        """The batch contract: each output has one entry per input row, and the same shape past
-        the rows and the same dtype on every call.
+    def _make_calls(self, model: LoadedModel, inputs: dict[str, np.ndarray], calls: list[Call],
+                    tally: "_Tally", by_tokens: Optional[np.ndarray], sequences: frozenset[str],
+                    parts: list[dict[str, np.ndarray]]) -> Optional[int]:
+        """The ``calls``, in order, their outputs appended to ``parts``; the first row of the
+        call that ran out of device memory (the policy has halved the calls: plan again from
+        it), or None when every call was made."""
+        for lo, hi, width in calls:
+            if by_tokens is None:
+                chunk = {k: v[lo:hi] for k, v in inputs.items()}
+            else:
+                chunk = token_calls.call_inputs(inputs, lo, hi, sequences, width)
+            try:
+                out = self._predict(model, chunk, hi - lo, tally)
+            except Exception as exc:
+                if not self._is_out_of_memory(exc):
+                    raise
+                self.oom_policy.back_off(exc, hi - lo, width, by_tokens=by_tokens is not None)
+                tally.oom_backoffs += 1
+                return lo
+            self.batch_contract.check(out, hi - lo)
+            parts.append(out)
+            tally.padded_tokens += (hi - lo) * width
+        return None
 
-        Neither is a row's fault. A model that sums over the batch would "fit" at one row per
-        call if its rows were isolated, and commit meaningless scores; an output whose width
-        changes between calls would give a partition whose files disagree on the column's type.
-        So the run fails (exit 5) on the first call that shows it.
-        """
-        for name, value in out.items():
-            shape = np.shape(value)
-            if shape[:1] != (rows,):
-                raise ModelError(
-                    f"the model breaks the batch contract: output {name!r} has shape "
-                    f"{list(shape)} for {rows} input rows (its first dimension must be the "
-                    f"number of rows); nothing committed")
-            signature = (shape[1:], np.asarray(value).dtype.str)
-            first = self._signature.setdefault(name, signature)
-            if first != signature:
-                raise ModelError(
-                    f"the model breaks the batch contract: output {name!r} was "
-                    f"{_describe(first)} per row and is now {_describe(signature)}; every call "
-                    f"must give the same shape and type; nothing committed")
+    def _plan(self, lo: int, start: int, stop: int, max_rows: Optional[int], padded: int,
+              by_tokens: Optional[np.ndarray]) -> list[Call]:
+        """The calls for rows ``[lo, stop)`` of the range ``[start, stop)``, within the limits
+        the out-of-memory policy has learnt."""
+        if by_tokens is None:
+            return plan_calls(lo, stop, rows=self.oom_policy.row_limit(max_rows or (stop - start)),
+                              width=padded)
+        return plan_calls(lo, stop, rows=max_rows, lengths=by_tokens,
+                          tokens=self.oom_policy.token_limit(self.tokens or 0))
+
+    def _predict(self, model: LoadedModel, chunk: dict[str, np.ndarray], rows: int,
+                 tally: "_Tally") -> dict[str, np.ndarray]:
+        """One timed model call (after the untimed warm-up call, the first time)."""
+        if self.warm_up and not self._warm:
+            # The first call pays for set-up (allocations, kernel selection, a CUDA context),
+            # which is not the model's work: do it once, untimed, so compute_ms is honest.
+            self._warm = True
+            t_warm = time.perf_counter()
+            try:
+                self.oom_policy.before_call(rows)
+                model.predict(chunk)
+            except Exception as exc:
+                if not self._is_out_of_memory(exc):
+                    raise
+            finally:
+                tally.warmup_seconds += time.perf_counter() - t_warm
+        t0 = time.perf_counter()
+        try:
+            self.oom_policy.before_call(rows)
+            return model.predict(chunk)
+        finally:
+            tally.seconds += time.perf_counter() - t0
+
+    def _is_out_of_memory(self, exc: BaseException) -> bool:
+        return isinstance(exc, InjectedOutOfMemory) or self.is_out_of_memory(exc)
 
 
 def cast_input(name: str, value: np.ndarray, want: Any) -> np.ndarray:
@@ -542,11 +525,6 @@ def cast_input(name: str, value: np.ndarray, want: Any) -> np.ndarray:
             f"{want.name}: return {want.name} (a cast from {value.dtype} could change values); "
             f"nothing committed")
     return value.astype(want)
-
-
-def _describe(signature: tuple) -> str:
-    shape, dtype = signature
-    return f"{np.dtype(dtype).name} {list(shape)}"
 
 
 def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

@@ -29,8 +29,9 @@ import os
 import sys
 import warnings
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
@@ -73,14 +74,8 @@ class TorchModelHandler(BatchModelHandler[TorchModel]):
             # torch refuses may be a version skew or the device, so it stays a runtime failure.
             raise ModelFileError(f"{self.model_path} is not a torch.export program (torch.export.save "
                                  f"writes a zip archive): point model.uri at a .pt2 it wrote")
-        if "torch" not in sys.modules:
-            # torch's OpenMP threads busy-wait between calls by default; beside the pipeline's
-            # own threads (Arrow, the writer) that starves them. Measured on 2 cores with the
-            # machine busy: the bench MLP's 4,096-row call took 37-40 ms spinning, 9-11 ms
-            # passive (ONNX Runtime: 8 ms, its spinning off too). Read when torch loads OpenMP,
-            # so it is set before the import; a user's own OMP_WAIT_POLICY wins.
-            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        torch = self.require("torch")
+        with _passive_openmp():
+            torch = self.require("torch")
         device = _device(torch, self.device)
         if "intra_op_num_threads" in self.options and self.options["intra_op_num_threads"] > 0:
             torch.set_num_threads(self.options["intra_op_num_threads"])
@@ -145,12 +140,6 @@ class TorchModelHandler(BatchModelHandler[TorchModel]):
     def predict(self, model: TorchModel, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import torch
 
-        from .. import faults
-
-        rows = len(next(iter(inputs.values())))
-        if faults.armed("oom") and rows > faults.number():
-            # Tests: what CUDA raises when a chunk does not fit (see faults.py).
-            raise torch.OutOfMemoryError(f"CUDA out of memory (injected above {faults.number()} rows)")
         args = [self._tensor(torch, model, name, inputs[name]) for name in model.inputs]
         with torch.inference_mode():
             if model.stream is None:
@@ -204,6 +193,28 @@ class TorchModelHandler(BatchModelHandler[TorchModel]):
         staged.copy_(host)
         with torch.cuda.stream(model.stream):
             return staged.to(model.device, non_blocking=True)
+
+
+@contextmanager
+def _passive_openmp() -> Iterator[None]:
+    """``OMP_WAIT_POLICY=PASSIVE`` while torch is first imported, unless the user set it.
+
+    torch's OpenMP threads busy-wait between calls by default; beside the pipeline's own threads
+    (Arrow, the writer) that starves them. Measured on 2 cores with the machine busy: the bench
+    MLP's 4,096-row call took 37-40 ms spinning, 9-11 ms passive (ONNX Runtime: 8 ms, its
+    spinning off too). OpenMP (the libgomp torch ships) reads the variable once, when the library
+    loads at ``import torch`` (checked with ``OMP_DISPLAY_ENV``, which it prints then): so it is
+    set for the import only, and the process's environment — which child processes inherit — is
+    left as it was. Once torch is imported there is nothing left to set.
+    """
+    if "torch" in sys.modules or "OMP_WAIT_POLICY" in os.environ:
+        yield
+        return
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    try:
+        yield
+    finally:
+        os.environ.pop("OMP_WAIT_POLICY", None)
 
 
 def _device(torch, wanted: str):

@@ -5,7 +5,8 @@ Row-count batching pads a short document to the longest one that happens to shar
 on a realistic length mix most of the compute is then spent on padding. With ``batch.tokens``
 the handler sorts a batch's rows by length (the batch of ``batch.rows`` rows is the bounded
 window: memory stays what it was) and cuts the sorted rows into calls of at most ``tokens``
-padded tokens, each call trimmed to its own longest row. Results go back to the rows' places
+padded tokens, each call trimmed to its own longest row (the calls are planned by
+handlers/calls.py, as calls sized by rows are). Results go back to the rows' places
 before anything leaves the handler, so output order and accounting do not change.
 
 Sequence inputs are right-padded (real tokens first, then padding), as every tokenizer pads by
@@ -41,41 +42,6 @@ def longest_first(lengths: np.ndarray) -> np.ndarray:
     """The order to score rows in: longest first (the first call, which also warms the model
     up, is the largest; stable, so equal lengths keep their order)."""
     return np.argsort(-np.asarray(lengths), kind="stable")
-
-
-def next_call(lengths: np.ndarray, lo: int, stop: int, tokens: int,
-              max_rows: int | None = None) -> tuple[int, int]:
-    """The model call that starts at row ``lo`` of a longest-first batch: ``(hi, width)``.
-
-    Args:
-        lengths: every row's length, in non-increasing order.
-        lo, stop: the call takes rows from ``lo``, never reaching ``stop``.
-        tokens: the most padded tokens (rows × width) a call may hold; a row longer than that
-            still gets a call of its own.
-        max_rows: the most rows a call may hold (None: no limit).
-
-    Returns:
-        The call's rows ``[lo, hi)`` and ``width``, its longest row (at least 1, so that a call
-        never has an empty sequence axis).
-    """
-    width = max(1, int(lengths[lo]))
-    rows = max(1, tokens // width)
-    if max_rows:
-        rows = min(rows, max_rows)
-    return min(stop, lo + rows), width
-
-
-def plan_calls(lengths: np.ndarray, start: int, stop: int, tokens: int,
-               max_rows: int | None = None) -> list[tuple[int, int, int]]:
-    """Rows ``[start, stop)`` of a longest-first batch as model calls ``(lo, hi, width)``, in
-    order (:func:`next_call` one after the other)."""
-    calls = []
-    lo = start
-    while lo < stop:
-        hi, width = next_call(lengths, lo, stop, tokens, max_rows)
-        calls.append((lo, hi, width))
-        lo = hi
-    return calls
 
 
 def sequence_inputs(lengths_from: str, names: Sequence[str], shapes: Mapping[str, tuple],

@@ -10,6 +10,10 @@ checked against float64 numpy. Each backend × device × precision must give:
 - the right rows at 1 row, odd sizes and more rows than one model call takes;
 - multi-input, multi-output and ``[N, K]`` outputs, by name.
 
+The checks themselves are the conformance kit's (``batchinfer.testing``), which a backend from
+outside the repository runs on its own handler; tests/conformance/test_kit.py runs the kit's
+suite on a numpy backend and shows it failing on broken ones.
+
 GPU cases are marked ``gpu`` and skipped, with the reason, where no CUDA device or backend
 package is present; ``bench/gpu_check.sh`` runs them on a GPU machine.
 """
@@ -22,7 +26,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batchinfer import parity
+from batchinfer.testing import (
+    check_a_bad_row_stays_in_its_row,
+    check_bit_identical_reruns,
+    check_distribution,
+    check_out_of_memory_loses_no_row,
+    check_predictions,
+    check_rows_do_not_depend_on_their_neighbours,
+    score,
+)
 from factories import DS, make_shards, read_partition, run_cli, write_job, write_schema
 
 torch = pytest.importorskip("torch")
@@ -148,15 +160,6 @@ def _handler(kind: tuple, model: dict, chunk_rows: int | None = None):
     return cls(str(path), digest=f"{path.name}-{sorted(options.items())}", device=device, options=options)
 
 
-def _infer(handler, inputs: dict[str, np.ndarray]):
-    from batchinfer.handlers.base import Prepared
-
-    model = handler.load_model()
-    rows = len(next(iter(inputs.values())))
-    features = inputs if len(inputs) > 1 else next(iter(inputs.values()))
-    return handler.infer(model, Prepared(key=(0, 0), rows=rows, features=features)), model
-
-
 def _reference(model: dict, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     import onnxruntime as ort
 
@@ -183,20 +186,13 @@ def test_same_predictions_as_the_reference(models, kind, name, rows):
     # on a GPU the whole batch is one call by default: make "more rows than a call" happen there too
     handler = _handler(kind, models[name], chunk_rows=1000 if gpu else None)
     inputs = _inputs(name, rows)
-    result, model = _infer(handler, inputs)
     reference = _reference(models[name], inputs)
-    assert result.failed == []
-    np.testing.assert_array_equal(result.ok_rows, np.arange(rows))
-    assert list(result.outputs) == list(reference) == handler.output_names(model)
     tolerance = kind[3]
-    for out, want in reference.items():
-        have = result.outputs[out]
-        assert have.shape == want.shape and have.dtype == want.dtype, out
-        if tolerance == "kl":  # by value here, loosely; the distribution in the test below
-            np.testing.assert_allclose(have, want, atol=0.05, rtol=0.05)
-        else:
-            np.testing.assert_allclose(have, want, atol=tolerance, rtol=0)
-    assert handler.device_used(model).startswith("cuda" if gpu else "cpu")
+    # kl: by value here, loosely; the distribution in the test below
+    atol, rtol = (0.05, 0.05) if tolerance == "kl" else (tolerance, 0)
+    result, model = check_predictions(handler, inputs, reference, atol=atol, rtol=rtol)
+    assert list(result.outputs) == list(reference) == model.output_names()
+    assert model.device_used().startswith("cuda" if gpu else "cpu")
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -204,34 +200,41 @@ def test_same_predictions_as_the_reference(models, kind, name, rows):
 def test_reduced_precision_keeps_the_distribution(models, kind, name):
     """fp16/bf16: each output's KL divergence from the reference ≤ 0.01 (docs/contract.md)."""
     inputs = _inputs(name, 20_000, seed=11)
-    result, _ = _infer(_handler(kind, models[name]), inputs)
-    reference = _reference(models[name], inputs)
-    for out, (kl, diff) in parity.compare(reference, result.outputs).items():
-        assert kl <= parity.KL_LIMIT, (out, kl, diff)
-        assert 0 < diff < 0.1, (out, diff)   # reduced precision does change values, a little
+    result, _ = score(_handler(kind, models[name]), inputs)
+    # reduced precision does change values, a little (0 < max abs diff < 0.1)
+    check_distribution(_reference(models[name], inputs), result.outputs)
 
 
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("kind", list(BACKENDS.values()))
 def test_bit_identical_reruns(models, kind, name):
-    inputs = _inputs(name, 4097, seed=7)
-    first, _ = _infer(_handler(kind, models[name]), inputs)
-    again, _ = _infer(_handler(kind, models[name]), inputs)
-    for out in first.outputs:
-        assert first.outputs[out].tobytes() == again.outputs[out].tobytes(), out
+    check_bit_identical_reruns(lambda: _handler(kind, models[name]), _inputs(name, 4097, seed=7))
 
 
 @pytest.mark.parametrize("kind", list(BACKENDS.values()))
 def test_one_row_at_a_time_agrees_with_a_batch(models, kind):
     """Each row's prediction does not depend on its neighbours (within the tolerance: kernels
     may sum in another order at another batch size)."""
-    inputs = _inputs("multi", 9, seed=3)
-    whole, _ = _infer(_handler(kind, models["multi"]), inputs)
     tolerance = 0.05 if kind[3] == "kl" else max(kind[3], 1e-6)
-    for row in range(9):
-        single, _ = _infer(_handler(kind, models["multi"]), {k: v[row:row + 1] for k, v in inputs.items()})
-        for out in whole.outputs:
-            np.testing.assert_allclose(single.outputs[out][0], whole.outputs[out][row], atol=tolerance)
+    check_rows_do_not_depend_on_their_neighbours(lambda: _handler(kind, models["multi"]),
+                                                 _inputs("multi", 9, seed=3), atol=tolerance)
+
+
+@pytest.mark.parametrize("kind", list(BACKENDS.values()))
+def test_a_nan_row_leaves_its_neighbours_alone(models, kind):
+    """What quarantining non-finite outputs row by row relies on (the CLI case below)."""
+    tolerance = 0.05 if kind[3] == "kl" else max(kind[3], 1e-6)
+    check_a_bad_row_stays_in_its_row(lambda: _handler(kind, models["multi"]), _inputs("multi", 300, seed=9),
+                                     [0, 150, 299], atol=tolerance)
+
+
+@pytest.mark.parametrize("kind", list(BACKENDS.values()))
+def test_out_of_memory_halves_the_call_in_process(models, kind):
+    """The injected out-of-memory error above 100 rows a call, on every backend: 400-row calls
+    are halved twice and the same rows retried, giving what calls that fit give."""
+    tolerance = 0.05 if kind[3] == "kl" else max(kind[3], 1e-6)
+    check_out_of_memory_loses_no_row(lambda chunk_rows=None: _handler(kind, models["multi"], chunk_rows),
+                                     _inputs("multi", 1000, seed=5), atol=tolerance)
 
 
 # -- through the CLI: a job on each CPU backend ----------------------------------------------

@@ -154,8 +154,10 @@ def test_a_shared_model_answers_every_hook_with_data_that_pickles(tmp_path):
     assert isinstance(served, ServedModel) and shared.model_copies() == 1
     with pytest.raises(TypeError):
         pickle.dumps(served._model.get_inputs())
-    for hook in ("input_names", "output_names", "default_chunk_rows", "device_used"):
-        pickle.dumps(shared.ask(served, hook))
+    loaded = shared.loaded(served)
+    for answer in (loaded.input_names(), loaded.output_names(), loaded.input_shapes(),
+                   loaded.default_chunk_rows(), loaded.device_used()):
+        pickle.dumps(answer)
     x = np.random.default_rng(2).standard_normal((300, 4)).astype(np.float32)
     plain = OnnxModelHandler(str(model_path), digest="plain", device="cpu")
     got = shared.infer(served, Prepared(key=(0, 0), rows=300, features=x)).outputs["y"]

@@ -1,5 +1,5 @@
-"""Model calls sized by tokens (``batch.tokens``, batchinfer/handlers/tokens.py): the pure
-planning functions, and ``BatchModelHandler.infer`` with a Python fake sequence model whose
+"""Model calls sized by tokens (``batch.tokens``, batchinfer/handlers/tokens.py and calls.py):
+the pure planning functions, and ``BatchModelHandler.infer`` with a Python fake sequence model whose
 per-row result is exact (integer sums), so that token batching must give bit for bit what row
 batching gives, rows in their places, rejected rows isolated and named by their own index.
 Rerun with ``.venv/bin/pytest tests/unit/test_token_batches.py -q``.
@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from batchinfer.handlers import tokens as token_calls
 from batchinfer.handlers.base import BatchModelHandler, Prepared
+from batchinfer.handlers.calls import plan_calls
 
 POISON = 666   # a token id the fake model rejects
 
@@ -89,15 +90,15 @@ def test_sequence_lengths_are_one_past_the_last_real_token():
 
 def test_calls_hold_at_most_the_budget_and_cover_every_row_once():
     lengths = np.array([300, 120, 100, 64, 64, 30, 8, 8, 8, 2, 0])
-    calls = token_calls.plan_calls(lengths, 0, len(lengths), tokens=256)
+    calls = plan_calls(0, len(lengths), rows=None, lengths=lengths, tokens=256)
     assert calls[0] == (0, 1, 300)                    # longer than the budget: a call of its own
     assert [lo for lo, _, _ in calls] == [0] + [hi for _, hi, _ in calls[:-1]]
     assert calls[-1][1] == len(lengths)
     for lo, hi, width in calls:
         assert width == max(1, lengths[lo])           # cut to the call's longest row
         assert (hi - lo) * width <= 256 or hi - lo == 1
-    assert token_calls.plan_calls(lengths, 5, 9, tokens=256) == [(5, 9, 30)]
-    assert token_calls.plan_calls(lengths, 5, 9, tokens=256, max_rows=3) == [(5, 8, 30), (8, 9, 8)]
+    assert plan_calls(5, 9, rows=None, lengths=lengths, tokens=256) == [(5, 9, 30)]
+    assert plan_calls(5, 9, rows=3, lengths=lengths, tokens=256) == [(5, 8, 30), (8, 9, 8)]
 
 
 # -- the handler -------------------------------------------------------------------------------

@@ -1,0 +1,208 @@
+"""The checks of the conformance kit (see the package docstring), and the suite that runs them.
+
+Every check takes handlers as ``BatchModelHandler.infer`` runs them — loaded with
+``load_model()``, fed a :class:`~batchinfer.handlers.base.Prepared` batch — and fails with an
+``AssertionError`` that names the output, so the same checks serve a pytest suite and a script.
+Inputs are dicts of arrays by input name (axis 0 rows); a single-input model is fed its one
+array, as the pipeline feeds it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional, Sequence
+
+import numpy as np
+import pytest
+
+from .. import faults, parity
+from ..handlers.base import BatchModelHandler, Inference, Prepared
+from ..handlers.loaded import LoadedModel
+
+Arrays = dict[str, np.ndarray]
+SIZES = (1, 7, 4097)   # one row, an odd size, more rows than a CPU call takes (4,096)
+
+
+def score(handler: BatchModelHandler, inputs: Mapping[str, np.ndarray]) -> tuple[Inference, LoadedModel]:
+    """``inputs`` scored by ``handler`` as one batch; the result and the loaded model."""
+    model = handler.load_model()
+    rows = len(next(iter(inputs.values())))
+    features = dict(inputs) if len(inputs) > 1 else next(iter(inputs.values()))
+    return handler.infer(model, Prepared(key=(0, 0), rows=rows, features=features)), handler.loaded(model)
+
+
+def check_predictions(handler: BatchModelHandler, inputs: Mapping[str, np.ndarray],
+                      reference: Optional[Mapping[str, np.ndarray]] = None, *, atol: float = 0.0,
+                      rtol: float = 0.0) -> tuple[Inference, LoadedModel]:
+    """The batch contract on one batch — every row scored, in order, each output named as the
+    model names it with one entry per row — and, given a ``reference`` (output name → array),
+    the same names, shapes and dtypes, and values within ``atol`` + ``rtol``."""
+    result, model = score(handler, inputs)
+    rows = len(next(iter(inputs.values())))
+    assert result.failed == [], result.failed[:3]
+    np.testing.assert_array_equal(result.ok_rows, np.arange(rows))
+    assert list(result.outputs) == model.output_names()
+    for name, value in result.outputs.items():
+        assert np.shape(value)[:1] == (rows,), (name, np.shape(value))
+    if reference is not None:
+        assert list(result.outputs) == list(reference)
+        for name, want in reference.items():
+            have = result.outputs[name]
+            assert have.shape == want.shape and have.dtype == want.dtype, name
+            np.testing.assert_allclose(have, want, atol=atol, rtol=rtol, err_msg=name)
+    return result, model
+
+
+def check_distribution(reference: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> None:
+    """Reduced precision keeps the distribution: each output's KL divergence from the reference
+    ≤ ``parity.KL_LIMIT`` (docs/contract.md "Parity"), and its values did change, a little (the
+    precision was applied)."""
+    for name, (kl, diff) in parity.compare(reference, outputs).items():
+        assert kl <= parity.KL_LIMIT, (name, kl, diff)
+        assert 0 < diff < 0.1, (name, diff)
+
+
+def check_bit_identical_reruns(make_handler: Callable[[], BatchModelHandler],
+                               inputs: Mapping[str, np.ndarray]) -> None:
+    """The same inputs on two handlers give the same bytes (contract §5.4: same input, triple,
+    backend and device)."""
+    first, _ = score(make_handler(), inputs)
+    again, _ = score(make_handler(), inputs)
+    for name in first.outputs:
+        assert first.outputs[name].tobytes() == again.outputs[name].tobytes(), name
+
+
+def check_rows_do_not_depend_on_their_neighbours(make_handler: Callable[[], BatchModelHandler],
+                                                 inputs: Mapping[str, np.ndarray], *,
+                                                 atol: float) -> None:
+    """Each row scored alone agrees with it scored in the batch, within ``atol`` (kernels may
+    sum in another order at another batch size): what makes isolating rejected rows and
+    splitting calls safe."""
+    whole, _ = score(make_handler(), inputs)
+    for row in range(len(next(iter(inputs.values())))):
+        single, _ = score(make_handler(), {k: v[row:row + 1] for k, v in inputs.items()})
+        for name in whole.outputs:
+            np.testing.assert_allclose(single.outputs[name][0], whole.outputs[name][row],
+                                       atol=atol, err_msg=f"{name}, row {row}")
+
+
+def check_a_bad_row_stays_in_its_row(make_handler: Callable[[], BatchModelHandler],
+                                     inputs: Mapping[str, np.ndarray], rows: Sequence[int], *,
+                                     atol: float) -> None:
+    """NaN in ``rows`` of every float input changes no other row's outputs (beyond ``atol``):
+    the pipeline quarantines a row whose output is not finite and commits its neighbours, which
+    is right only if the bad value stayed in its row."""
+    clean, _ = score(make_handler(), inputs)
+    bad = {k: v.copy() for k, v in inputs.items()}
+    floats = [k for k, v in bad.items() if np.issubdtype(v.dtype, np.floating)]
+    assert floats, "no float input to put NaN in"
+    for name in floats:
+        bad[name][list(rows)] = np.nan
+    result, _ = score(make_handler(), bad)
+    keep = np.setdiff1d(np.arange(len(next(iter(inputs.values())))), rows)
+    for name, want in clean.outputs.items():
+        have = result.outputs[name]
+        assert np.isfinite(have[keep]).all(), name
+        np.testing.assert_allclose(have[keep], want[keep], atol=atol, rtol=0, err_msg=name)
+
+
+def check_out_of_memory_loses_no_row(make_handler: Callable[..., BatchModelHandler],
+                                     inputs: Mapping[str, np.ndarray], *, atol: float,
+                                     rows: int = 400, fits: int = 100) -> None:
+    """Calls of ``rows`` rows that run out of device memory above ``fits`` rows (the injected
+    ``oom`` fault, batchinfer/faults.py) are halved until they fit and the same rows retried:
+    every row scored once, in place, as a handler whose calls fit from the start scores it.
+
+    ``make_handler(chunk_rows=n)`` builds a handler that calls the model on n rows at a time.
+    """
+    clean, _ = score(make_handler(chunk_rows=rows), inputs)
+    with faults.scoped(faults.Faults("oom", fits)):
+        handler = make_handler(chunk_rows=rows)
+    result, _ = score(handler, inputs)
+    halvings = 0
+    while rows >> halvings > fits:
+        halvings += 1
+    assert result.failed == [] and result.oom_backoffs == halvings, (result.failed[:3], result.oom_backoffs)
+    assert result.chunk_rows == rows >> halvings
+    np.testing.assert_array_equal(result.ok_rows, clean.ok_rows)
+    for name, want in clean.outputs.items():
+        np.testing.assert_allclose(result.outputs[name], want, atol=atol, rtol=0, err_msg=name)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackendCase:
+    """One backend, device and model under test, as :class:`BackendConformance` runs it.
+
+    Attributes:
+        make_handler: a fresh handler for the model; keyword ``chunk_rows`` (None: the
+            backend's default) sets the rows per model call.
+        inputs: ``inputs(rows, seed)``: model inputs by name for ``rows`` rows.
+        reference: the expected outputs for some inputs (by output name), or None to check the
+            batch contract only.
+        atol, rtol: how close to the reference and to itself at other call sizes (``rtol``
+            only against the reference).
+        reduced_precision: the backend runs at fp16/bf16: the reference is checked by the
+            distribution (``check_distribution``) as well.
+        chunk_rows: the rows per call for the predictions check (None: the default; on a GPU,
+            where a batch is one call, set it so that "more rows than a call" happens).
+    """
+
+    make_handler: Callable[..., BatchModelHandler]
+    inputs: Callable[[int, int], Arrays]
+    reference: Optional[Callable[[Arrays], Arrays]] = None
+    atol: float = 1e-5
+    rtol: float = 0.0
+    reduced_precision: bool = False
+    chunk_rows: Optional[int] = None
+
+
+class BackendConformance:
+    """The kit's checks as a pytest suite. Subclass it (named ``Test…``) and override the
+    ``backend`` fixture; each test then runs on it::
+
+        class TestMyBackend(BackendConformance):
+            @pytest.fixture
+            def backend(self):
+                return BackendCase(
+                    make_handler=lambda chunk_rows=None: MyHandler(
+                        "model.bin", digest="test", options={"chunk_rows": chunk_rows} if chunk_rows else {}),
+                    inputs=lambda rows, seed: {"x": np.random.default_rng(seed).random((rows, 4), np.float32)},
+                    reference=my_numpy_model)
+
+    A fixture may be parametrized (over devices, precisions, models) like any other.
+    """
+
+    @pytest.fixture
+    def backend(self) -> BackendCase:
+        raise NotImplementedError("override the `backend` fixture with a BackendCase")
+
+    @pytest.mark.parametrize("rows", SIZES)
+    def test_predictions_and_the_batch_contract(self, backend: BackendCase, rows: int) -> None:
+        inputs = backend.inputs(rows, 0)
+        reference = backend.reference(inputs) if backend.reference else None
+        atol, rtol = (0.05, 0.05) if backend.reduced_precision else (backend.atol, backend.rtol)
+        check_predictions(backend.make_handler(chunk_rows=backend.chunk_rows), inputs, reference,
+                          atol=atol, rtol=rtol)
+
+    def test_reduced_precision_keeps_the_distribution(self, backend: BackendCase) -> None:
+        if not backend.reduced_precision or backend.reference is None:
+            pytest.skip("full precision, or no reference")
+        inputs = backend.inputs(20_000, 11)
+        result, _ = score(backend.make_handler(), inputs)
+        check_distribution(backend.reference(inputs), result.outputs)
+
+    def test_bit_identical_reruns(self, backend: BackendCase) -> None:
+        check_bit_identical_reruns(backend.make_handler, backend.inputs(4097, 7))
+
+    def test_rows_do_not_depend_on_their_neighbours(self, backend: BackendCase) -> None:
+        atol = 0.05 if backend.reduced_precision else max(backend.atol, 1e-6)
+        check_rows_do_not_depend_on_their_neighbours(backend.make_handler, backend.inputs(9, 3),
+                                                     atol=atol)
+
+    def test_a_bad_row_stays_in_its_row(self, backend: BackendCase) -> None:
+        atol = 0.05 if backend.reduced_precision else max(backend.atol, 1e-6)
+        check_a_bad_row_stays_in_its_row(backend.make_handler, backend.inputs(300, 9), [0, 150, 299],
+                                         atol=atol)
+
+    def test_out_of_memory_loses_no_row(self, backend: BackendCase) -> None:
+        atol = 0.05 if backend.reduced_precision else max(backend.atol, 1e-6)
+        check_out_of_memory_loses_no_row(backend.make_handler, backend.inputs(1000, 5), atol=atol)

@@ -1,0 +1,210 @@
+"""The parts of the handler base (batchinfer/handlers): call planning (calls.py), the
+out-of-memory policy (oom.py), the batch contract (batch_contract.py), the loaded model
+(loaded.py), the per-process model cache (base.py), and the fault value the handler carries
+(faults.py). Each is checked on its own here; tests/unit/test_model_failures.py and
+test_token_batches.py check them together through ``BatchModelHandler.infer``.
+Rerun with ``.venv/bin/pytest tests/unit/test_handler_parts.py -q``.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batchinfer import faults
+from batchinfer.errors import ModelError
+from batchinfer.handlers import base
+from batchinfer.handlers.base import BatchModelHandler, Prepared
+from batchinfer.handlers.batch_contract import BatchContract
+from batchinfer.handlers.calls import plan_calls
+from batchinfer.handlers.loaded import LocalModel, ServedModel
+from batchinfer.handlers.oom import InjectedOutOfMemory, OutOfMemoryPolicy
+
+# -- call planning ------------------------------------------------------------------------------
+
+def test_calls_by_rows_hold_the_limit_and_the_padded_width():
+    assert plan_calls(0, 10, rows=4, width=9) == [(0, 4, 9), (4, 8, 9), (8, 10, 9)]
+    assert plan_calls(3, 10, rows=None) == [(3, 10, 0)]             # no limit: the whole range
+    assert plan_calls(5, 5, rows=4) == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 300), min_size=1, max_size=60), st.integers(0, 59),
+       st.integers(1, 2000), st.one_of(st.none(), st.integers(1, 20)), st.booleans())
+def test_any_plan_covers_each_row_once_within_its_limits(lengths, first, tokens, rows, by_tokens):
+    lengths = np.array(sorted(lengths, reverse=True))
+    start = min(first, len(lengths) - 1)
+    calls = (plan_calls(start, len(lengths), rows=rows, lengths=lengths, tokens=tokens) if by_tokens
+             else plan_calls(start, len(lengths), rows=rows, width=7))
+    assert [lo for lo, _, _ in calls] == [start] + [hi for _, hi, _ in calls[:-1]]
+    assert calls[-1][1] == len(lengths)
+    for lo, hi, width in calls:
+        assert hi > lo and (rows is None or hi - lo <= rows)
+        if by_tokens:
+            assert width == max(1, lengths[lo])                        # its longest row
+            assert (hi - lo) * width <= tokens or hi - lo == 1
+        else:
+            assert width == 7
+
+
+# -- the out-of-memory policy ------------------------------------------------------------------
+
+def test_back_off_halves_and_remembers_rows_or_tokens(caplog):
+    policy = OutOfMemoryPolicy()
+    assert policy.row_limit(4096) == 4096 and policy.token_limit(8192) == 8192
+    assert policy.back_off(MemoryError("full"), 4096, 0, by_tokens=False) == 2048
+    assert policy.row_limit(4096) == 2048 and policy.row_limit(100) == 100
+    assert policy.token_limit(8192) == 8192                           # rows only
+    assert "out of device memory at 4096 rows per model call; retrying the same rows at 2048" in caplog.text
+    assert policy.back_off(MemoryError("full"), 40, 50, by_tokens=True) == 20
+    assert policy.token_limit(8192) == 1000                           # 20 rows × 50 wide
+    with pytest.raises(ModelError, match=r"out of device memory on a single row \(full\)"):
+        policy.back_off(MemoryError("full"), 1, 50, by_tokens=True)
+
+
+def test_the_injected_fault_fails_calls_above_its_rows_only():
+    OutOfMemoryPolicy().before_call(10**9)                            # not armed: nothing
+    policy = OutOfMemoryPolicy(inject_above=1000)
+    policy.before_call(1000)
+    with pytest.raises(InjectedOutOfMemory, match="injected above 1000 rows"):
+        policy.before_call(1001)
+
+
+# -- the batch contract -----------------------------------------------------------------------
+
+def test_the_batch_contract_wants_a_row_out_per_row_in_and_one_signature():
+    contract = BatchContract()
+    contract.check({"y": np.zeros((5, 2), np.float32)}, 5)
+    contract.check({"y": np.zeros((3, 2), np.float32)}, 3)            # another row count: fine
+    with pytest.raises(ModelError, match=r"output 'y' has shape \[4, 2\] for 5 input rows"):
+        contract.check({"y": np.zeros((4, 2), np.float32)}, 5)
+    with pytest.raises(ModelError, match=r"'y' was float32 \[2\] per row and is now float32 \[3\]"):
+        contract.check({"y": np.zeros((5, 3), np.float32)}, 5)
+    with pytest.raises(ModelError, match=r"'y' was float32 \[2\] per row and is now float64 \[2\]"):
+        contract.check({"y": np.zeros((5, 2), np.float64)}, 5)
+    assert BatchContract().signatures == {}                           # per handler, not global
+
+
+# -- the loaded model and the model cache --------------------------------------------------------
+
+class Counting(BatchModelHandler):
+    """A model that is a Python object (so that it can be watched being freed)."""
+
+    warm_up = False
+    opened: list[str] = []
+
+    def __init__(self, digest="counting", **options):
+        super().__init__("counting.model", digest=digest, options=options)
+
+    def open_model(self):
+        Counting.opened.append(self.digest)
+        return {"weights": np.arange(3)}
+
+    def input_names(self, model):
+        return ("x",)     # a tuple: ServedModel answers with a list
+
+    def output_names(self, model):
+        return ["y"]
+
+    def input_shapes(self, model):
+        return {"x": (1,)}
+
+    def default_chunk_rows(self, model):
+        return 2
+
+    def predict(self, model, inputs):
+        return {"y": inputs["x"][:, 0] * model["weights"][2]}
+
+
+def test_a_local_model_binds_the_hooks_and_a_served_one_answers_plain_data():
+    handler = Counting()
+    model = handler.load_model()
+    loaded = handler.loaded(model)
+    assert isinstance(loaded, LocalModel) and not isinstance(loaded, ServedModel)
+    assert loaded.input_names() == ("x",) and loaded.output_names() == ["y"]
+    assert loaded.input_shapes() == {"x": (1,)} and loaded.default_chunk_rows() == 2
+    assert loaded.device_used() == "cpu"
+    assert loaded.predict({"x": np.ones((2, 1))})["y"].tolist() == [2.0, 2.0]
+    shared = Counting(share_across_processes=True)
+    served = shared.load_model()
+    assert isinstance(served, ServedModel) and shared.loaded(served) is served
+    assert served.input_names() == ["x"]
+    result = shared.infer(served, Prepared((0, 0), 5, np.ones((5, 1))))
+    assert result.outputs["y"].tolist() == [2.0] * 5 and result.chunk_rows == 2
+
+
+def test_a_model_is_cached_while_a_handler_holds_it_and_freed_after():
+    Counting.opened.clear()
+    first = Counting(digest="cached")
+    model = first.load_model()
+    worker = pickle.loads(pickle.dumps(first))         # what Beam hands an in-process worker
+    assert worker._held is None                        # the model does not travel
+    assert worker.load_model() is model and Counting.opened == ["cached"]
+    key = first.model_key()
+    del worker, model
+    gc.collect()
+    assert key in base._models                         # `first` still holds it
+    del first
+    gc.collect()
+    assert key not in base._models                     # no handler left: evicted
+    Counting(digest="cached").load_model()
+    assert Counting.opened == ["cached", "cached"]
+
+
+# -- the fault value the handler carries ----------------------------------------------------------
+
+def test_faults_are_read_from_an_environment_once_and_scoped(monkeypatch):
+    assert faults.Faults.from_environ({"BATCHINFER_FAULT": "write:2"}) == faults.Faults("write", 2)
+    assert faults.Faults.from_environ({"BATCHINFER_FAULT": "read"}) == faults.Faults("read", 1)
+    assert faults.Faults.from_environ({}) == faults.Faults()
+    assert faults.Faults("oom", 1000).oom_rows() == 1000 and faults.Faults("read").oom_rows() is None
+    assert pickle.loads(pickle.dumps(faults.Faults("oom", 7))) == faults.Faults("oom", 7)
+    before = faults.active()
+    with faults.scoped(faults.Faults("shard_done", 3)):
+        monkeypatch.setenv("BATCHINFER_FAULT", "read")   # read once: a later variable changes nothing
+        assert faults.armed("shard_done") and not faults.armed("read")
+        faults.point("shard_done")
+        faults.point("shard_done")                      # the 3rd would kill this process
+    assert faults.active() == before
+
+
+def test_the_oom_fault_travels_with_the_handler_and_halves_its_calls():
+    with faults.scoped(faults.Faults("oom", 3)):
+        handler = Counting(digest="oom", chunk_rows=8)
+    handler = pickle.loads(pickle.dumps(handler))     # to a worker, where no fault is installed
+    result = handler.infer(handler.load_model(), Prepared((0, 0), 20, np.ones((20, 1))))
+    assert result.failed == [] and result.outputs["y"].tolist() == [2.0] * 20
+    assert result.oom_backoffs == 2 and result.chunk_rows == 2        # 8 → 4 → 2 (≤ 3)
+    clean = Counting(digest="clean", chunk_rows=8)
+    assert clean.infer(clean.load_model(), Prepared((0, 0), 20, np.ones((20, 1)))).oom_backoffs == 0
+
+
+# -- torch ---------------------------------------------------------------------------------------
+
+def test_torch_out_of_memory_is_recognised():
+    torch = pytest.importorskip("torch")
+    from batchinfer.handlers.pytorch import TorchModelHandler
+
+    handler = TorchModelHandler("m.pt2", digest="d", device="cpu")
+    assert handler.is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
+    assert not handler.is_out_of_memory(RuntimeError("shape mismatch"))
+
+
+def test_omp_wait_policy_is_set_for_torchs_import_only(monkeypatch):
+    from batchinfer.handlers.pytorch import _passive_openmp
+
+    monkeypatch.delitem(sys.modules, "torch", raising=False)   # as before torch's first import
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    with _passive_openmp():
+        assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert "OMP_WAIT_POLICY" not in os.environ                  # children inherit nothing
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    with _passive_openmp():
+        assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"        # the user's own wins
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
