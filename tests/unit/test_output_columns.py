@@ -43,8 +43,8 @@ def _result() -> PredictionResult:
     ok = np.array([i for i in range(ROWS) if i not in (3, 7)], dtype=np.int64)
     y = rng.standard_normal(ok.size).astype(np.float32)
     y[5] = np.nan
-    inference = Inference(ok, {"y": y, "z": rng.standard_normal((ok.size, 3))},
-                          [(3, "boom"), (7, "bang")], compute_ms=2.5)
+    inference = Inference(ok_rows=ok, outputs={"y": y, "z": rng.standard_normal((ok.size, 3))},
+                          failed=[(3, "boom"), (7, "bang")], compute_ms=2.5)
     return PredictionResult(Prepared(key=(0, 0), rows=ROWS, features=None, payload=payload), inference)
 
 
