@@ -9,9 +9,9 @@ from one typed record to the next, so a run reads top to bottom:
    committed already as this run would commit it (reuse: :func:`reuse`, a no-op), or exit 3
    (another triple, job, date or set of shards) unless ``--overwrite`` (replace). ``--dry-run``
    stops here (:func:`rehearse`);
-3. :func:`launch` → :class:`Launch`: the models loaded (exit 5 before any work), the attempt
-   begun, the MLflow run opened; then :func:`score` → :class:`Scored`: the Beam pipeline into
-   the attempt. Its last step applies the quarantine thresholds and the drift gate (exit 4,
+3. :func:`launch` → :class:`Launch`: the models loaded (:mod:`batchinfer.commands.models`:
+   exit 5 before any work), the attempt begun, the MLflow run opened; then :func:`score` →
+   :class:`Scored`: the Beam pipeline into the attempt (:mod:`batchinfer.commands.scoring`). Its last step applies the quarantine thresholds and the drift gate (exit 4,
    nothing committed) and commits: exactly one run creates the manifest
    (:mod:`batchinfer.pipeline.commit`, :class:`~batchinfer.io.commit.PartitionCommit`). The
    commit happens inside the pipeline so that it does not depend on this process outliving a
@@ -26,43 +26,35 @@ One clock (``run_job``'s) stamps the attempt id, ``started_at`` and, in the comm
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Callable, Iterator, NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Sequence
 
 from .. import runners
-from ..backends import declared_options, handler_class
-from ..clock import Clock, rfc3339, utc_now
+from ..clock import Clock, utc_now
 from ..errors import (
     BatchInferError,
     ContractError,
     DataQualityError,
     ModelError,
     PreprocessError,
-    RuntimeFailure,
-    SpecError,
 )
 from ..io.commit import Attempt, CommitOutcome, Decision, Identity, PartitionCommit, not_committed, triple_conflict
-from ..io.outputs import PREDICTIONS, challenger_folder
-from ..io.records import Challenger, Manifest, PreprocessStats, ShardResult, Totals
+from ..io.records import Manifest, PreprocessStats, ShardResult, Totals
 from ..pipeline.runners import check as check_runner
 from ..redaction import mask
-from ..rows.columns import check_output_columns
-from ..rows.drift import Baseline, DriftGate, DriftVerdict, observe
-from ..spec import Job, ModelFields
-from . import record
+from ..rows.drift import Baseline, DriftVerdict, observe
+from ..spec import Job
+from . import models, record, scoring
 from .monitor import load_baseline
-from .resolve import Resolved, ResolvedChallenger, resolve
+from .resolve import Resolved, resolve
 
 if TYPE_CHECKING:
-    from ..handlers.base import BatchModelHandler
     from ..io.tracking import TrackingRun
     from ..pipeline.transforms import ModelRun
-    from ..triple.models import ResolvedModel
 
 log = logging.getLogger("batchinfer")
 
@@ -209,8 +201,8 @@ def _identity(job: Job, resolved: Resolved) -> Identity:
                     # Partitions committed before only secrets were masked name their shards
                     # with every ${NAME} value put back: the same shards, named as then.
                     shards_as_then=frozenset(mask(s.url, job.templated) for s in resolved.shards),
-                    triple=resolved.triple.as_dict(), model_options=_declared(job.spec.model),
-                    challengers=tuple(_challenger_run(c) for c in resolved.challengers))
+                    triple=resolved.triple.as_dict(), model_options=models.declared(job.spec.model),
+                    challengers=tuple(models.challenger_identity(c) for c in resolved.challengers))
 
 
 def decide(run: Resolution, overwrite: bool) -> Decision:
@@ -244,12 +236,12 @@ def rehearse(run: Resolution, decision: Decision) -> Outcome:
     spec = job.spec
     message = f"dry run: would score {len(resolved.shards)} shards into {run.shown}"
     if runners.get(spec.runner.name).builds_job:  # build the runner's job too, submit nothing
-        champion = load_handler(resolved)
-        challengers = load_challengers(resolved)
+        champion = models.load_champion(resolved)
+        challengers = models.load_challengers(resolved)
         attempt = run.partition.begin(new_attempt(started), replacing=decision.manifest,
                                       clock=run.clock)
-        header = _header(job, attempt, champion, started, None, challengers)
-        message += f"\n{_build_job(resolved, champion, attempt, header, challengers)}"
+        header = scoring.manifest_header(job, attempt, champion, started, None, challengers)
+        message += f"\n{scoring.build_job(resolved, champion, attempt, header, challengers)}"
     return Outcome("dry_run", message, None, run.shown)
 
 
@@ -261,12 +253,12 @@ def launch(run: Resolution, decision: Decision, tracking: "TrackingRun",
     job, resolved = run.job, run.resolved
     spec = job.spec
     t_load = time.perf_counter()
-    champion = load_handler(resolved)
-    challengers = load_challengers(resolved)
+    champion = models.load_champion(resolved)
+    challengers = models.load_challengers(resolved)
     load_s = time.perf_counter() - t_load
     baseline = run.baseline
     if baseline is not None:  # the columns it is compared on, known now (exit 2 if none)
-        baseline = baseline.for_run([*resolved.features, *prediction_columns(resolved)])
+        baseline = baseline.for_run([*resolved.features, *models.prediction_columns(resolved)])
     tracking.prepare()  # the checks passed: the store may be touched
     attempt = run.partition.begin(new_attempt(run.started), replacing=decision.manifest,
                                   clock=run.clock)
@@ -280,7 +272,7 @@ def launch(run: Resolution, decision: Decision, tracking: "TrackingRun",
              f"{attempt.attempt}, {spec.runner.name} runner, {champion.device})")
     # The manifest names the MLflow run, so its id is needed before the pipeline starts (the
     # helper opened it meanwhile).
-    header = _header(job, attempt, champion, run.started, tracking.wait(), challengers)
+    header = scoring.manifest_header(job, attempt, champion, run.started, tracking.wait(), challengers)
     return Launch(champion=champion, challengers=challengers, load_s=load_s,
                   baseline=baseline, attempt=attempt, header=header)
 
@@ -299,8 +291,8 @@ def score(run: Resolution, launched: Launch, tracking: "TrackingRun",
     resolved, attempt = run.resolved, launched.attempt
     t_pipeline = time.perf_counter()
     try:
-        _score(resolved, launched.champion, attempt, launched.header, launched.baseline, watch,
-               launched.challengers)
+        scoring.run_pipeline(resolved, launched.champion, attempt, launched.header,
+                             launched.baseline, watch, launched.challengers)
     except KeyboardInterrupt:  # Ctrl-C: leave nothing, and say so in MLflow
         winner = attempt.committed_meanwhile()
         if winner is None or winner.attempt != attempt.attempt:  # never undo a commit
@@ -397,201 +389,6 @@ def _refused(run: Resolution, launched: Launch, scored: Scored, read: ReadBack,
     raise error
 
 
-def _declared(model: ModelFields) -> dict[str, str]:
-    """The values of a model's backend's declared options (they change predictions)."""
-    return declared_options(model.backend, model.options)
-
-
-def _challenger_run(challenger: ResolvedChallenger) -> tuple[str, dict[str, str], dict[str, str]]:
-    return challenger.name, challenger.triple.as_dict(), _declared(challenger.spec)
-
-
-def load_handler(resolved: Resolved) -> "ModelRun":
-    """The champion as the pipeline runs it: its handler built and the model loaded once before
-    any work (exit 5 early; in-process workers reuse this load, see handlers.base.shared_model).
-    The model's outputs must name prediction columns that collide with nothing (exit 2)."""
-    from ..pipeline.transforms import ModelRun
-
-    spec = resolved.job.spec
-    handler, device, _ = _load(resolved, spec.model, resolved.model, resolved.triple.model_digest,
-                               spec.output.predictions)
-    return ModelRun(name="", triple=resolved.triple, handler=handler, device=device,
-                    backend=spec.model.backend, model_options=_declared(spec.model),
-                    folder=PREDICTIONS, prediction_names=dict(spec.output.predictions or {}) or None,
-                    rejects="quarantine")
-
-
-def load_challengers(resolved: Resolved) -> "list[ModelRun]":
-    """Each challenger as the pipeline runs it, loaded before any work like the champion; an
-    error names the challenger (the exit code stays the champion's: 5 not loading, 2 outputs).
-    A challenger writes exactly the champion's prediction columns, in their order: through its
-    own ``predictions`` mapping, else through ``output.predictions``, else its outputs must be
-    named as the champion's (exit 2 otherwise)."""
-    if not resolved.challengers:
-        return []
-    from ..pipeline.transforms import ModelRun
-
-    output = resolved.job.spec.output
-    columns = prediction_columns(resolved)   # the champion's outputs, or as mapped
-    loaded = []
-    for challenger in resolved.challengers:
-        own = challenger.spec.predictions
-        try:
-            handler, device, outputs = _load(
-                resolved, challenger.spec, challenger.model, challenger.triple.model_digest,
-                output.predictions if own is None else own,
-                "output.predictions" if own is None else "its predictions")
-            hint = (f"map them with the challenger's predictions: "
-                    f"{{{', '.join(f'{o}: {c}' for o, c in zip(outputs, columns))}}}"
-                    if len(outputs) == len(columns) else "map them with the challenger's predictions")
-            if own is not None and list(own.values()) != columns:
-                raise SpecError(f"its predictions map to the columns {list(own.values())}, not "
-                                f"to the champion's prediction columns {columns} (the same "
-                                f"names in the same order): {hint}")
-            if own is None and not output.predictions and outputs != columns:
-                raise SpecError(f"its outputs {outputs} are not the champion's {columns}: "
-                                f"{hint}, or export it with the champion's output names")
-        except BatchInferError as exc:
-            raise type(exc)(f"challenger {challenger.name}: {exc.message}") from None
-        loaded.append(ModelRun(name=challenger.name, triple=challenger.triple, handler=handler,
-                               device=device, backend=challenger.spec.backend,
-                               model_options=_declared(challenger.spec),
-                               folder=challenger_folder(challenger.name),
-                               prediction_names=dict(own or output.predictions or {}) or None,
-                               rejects="count"))
-    return loaded
-
-
-def _load(resolved: Resolved, spec: ModelFields, found: "ResolvedModel", digest: str,
-          predictions: dict[str, str] | None,
-          key: str = "output.predictions") -> "tuple[BatchModelHandler, str, list[str]]":
-    """Load one model; ``predictions`` (named ``key`` in errors) maps its outputs to columns."""
-    batch = resolved.job.spec.batch   # a challenger gets the champion's batches: sized alike
-    cls = handler_class(spec.backend)
-    options = {k: v for k, v in spec.options.items() if k != "allow_pickle"}
-    handler = cls(str(found.path), digest=digest, device=spec.device, options=options,
-                  tokens=batch.tokens, lengths_from=batch.lengths_from,
-                  sequence_inputs=batch.sequence_inputs)
-    declared = found.declaration or {}
-    for key, here in handler.runtime_facts().items():
-        # e.g. a TensorRT engine runs only under the TensorRT version and on the GPU
-        # architecture it was built for; loading it elsewhere fails, or worse, does not.
-        if key in declared and declared[key] != here:
-            raise ModelError(f"{resolved.job.display(spec.uri)} was built for {key} "
-                             f"{declared[key]} but this machine has {here}: rebuild the model "
-                             f"here (batchinfer export) and stamp it, or run where it was built")
-    model = handler.load_model()
-    if batch.tokens:
-        inputs = handler.loaded(model).input_names()
-        if batch.lengths_from not in inputs:
-            raise SpecError(f"batch.tokens sizes model calls by the lengths in the model input "
-                            f"{batch.lengths_from!r}, which this model does not take (its inputs: "
-                            f"{inputs}): set batch.lengths_from, or size batches by batch.rows")
-        handler.sequence_inputs(model)   # which inputs a call cuts: exit 2 here if it cannot tell
-    outputs = handler.loaded(model).output_names()
-    output_spec = resolved.job.spec.output
-    if predictions:
-        unknown = [o for o in predictions if o not in outputs]
-        if unknown:
-            raise SpecError(f"{key} names {unknown}, which the model does not output "
-                            f"(its outputs: {outputs})")
-    else:  # each output becomes a column of its own name: it must not take an id's or ours
-        check_output_columns(output_spec.id_columns, {o: o for o in outputs},
-                             source="the model's outputs (output.predictions maps none)")
-    return handler, handler.loaded(model).device_used(), list(outputs)
-
-
-def _header(job: Job, attempt: Attempt, champion: "ModelRun", started: datetime,
-            mlflow_run_id: str | None,
-            challengers: "Sequence[ModelRun]" = ()) -> Manifest:
-    """The manifest as known before any work; the commit step adds shards, totals, end time
-    (and each challenger's shards)."""
-    spec = job.spec
-    entries = tuple(Challenger(name=c.name, triple=c.triple.as_dict(), backend=c.backend,
-                               device=c.device, model_options=c.model_options)
-                    for c in challengers)
-    return Manifest(job=spec.name, ds=job.ds, attempt=attempt.attempt,
-                    triple=champion.triple.as_dict(), job_spec_sha256=job.spec_sha256,
-                    runner=spec.runner.name, device=champion.device, backend=champion.backend,
-                    model_options=champion.model_options, started_at=rfc3339(started),
-                    finished_at="", mlflow_run_id=mlflow_run_id, totals=Totals.of([]), shards=(),
-                    challengers=entries)
-
-
-def _build_job(resolved: Resolved, champion: "ModelRun", attempt: Attempt,
-               header: Manifest, challengers: "Sequence[ModelRun]" = ()) -> str:
-    """Build the runner's job without submitting it; return a summary of its graph."""
-    from ..beam_compat import beam
-    from ..pipeline.runners import job_summary, pipeline_options
-    from ..pipeline.transforms import build
-
-    spec = resolved.job.spec
-    options = pipeline_options(spec.runner.name, {**spec.runner.options, "dry_run": "true"})
-    try:
-        pipeline = beam.Pipeline(options=options)
-        build(pipeline, *_plans(resolved, attempt, header, load_baseline(resolved.job, resolved.model.declaration)),
-              models=(champion, *challengers))
-        result = pipeline.run()
-    except (ImportError, ValueError) as exc:  # a missing extra, options Beam refuses
-        raise SpecError(f"runner {spec.runner.name}: {_last_line(exc)}") from exc
-    return job_summary(result)
-
-
-def _score(resolved: Resolved, champion: "ModelRun", attempt: Attempt, header: Manifest,
-           baseline: Baseline | None = None, watch: "Callable[[int], Any] | None" = None,
-           challengers: "Sequence[ModelRun]" = ()) -> None:
-    """Run the Beam pipeline into ``attempt``, up to and including its commit step.
-
-    Raises:
-        BatchInferError: one that a transform raised on purpose (its own message and code).
-        KeyboardInterrupt: Ctrl-C, however Beam wrapped it.
-        RuntimeFailure: the pipeline failed otherwise.
-    """
-    from ..beam_compat import beam
-    from ..pipeline.runners import pipeline_options
-    from ..pipeline.transforms import build
-
-    spec = resolved.job.spec
-    options = pipeline_options(spec.runner.name, spec.runner.options)
-    try:
-        with watch(len(resolved.shards)) if watch else contextlib.nullcontext():
-            with beam.Pipeline(options=options) as pipeline:
-                build(pipeline, *_plans(resolved, attempt, header, baseline),
-                      models=(champion, *challengers))
-    except Exception as exc:
-        if _interrupted(exc):  # Beam wraps a Ctrl-C inside a transform in an Exception
-            raise KeyboardInterrupt from None
-        ours = _our_error(exc)
-        if ours is not None:
-            # Its own cause stays (a preprocessing fault's is the function's exception, which
-            # --debug shows); Beam's wrapping goes.
-            raise ours from ours.__cause__
-        raise RuntimeFailure(f"the scoring pipeline failed: {_last_line(exc)}") from exc
-
-
-def _plans(resolved: Resolved, attempt: Attempt, header: Manifest,
-           baseline: Baseline | None = None) -> tuple[Any, Any]:
-    """The pipeline's :class:`ScoringPlan` and :class:`CommitPlan` for ``attempt``; with a
-    baseline, the writer stage counts columns into its cuts and the commit step refuses a
-    partition that drifted above the ``fail`` limits (:class:`~batchinfer.rows.drift.DriftGate`)."""
-    from ..pipeline.commit import CommitPlan
-    from ..pipeline.transforms import ScoringPlan
-
-    spec = resolved.job.spec
-    plan = ScoringPlan(
-        shard_urls=tuple(s.url for s in resolved.shards), shard_names=resolved.shard_names(),
-        output_url=spec.output.path, attempt=attempt.attempt, batch_rows=spec.batch.rows,
-        schema=resolved.schema, preprocessor=resolved.preprocessor,
-        id_columns=tuple(spec.output.id_columns), hash_columns=resolved.schema.columns,
-        profile_features=tuple(resolved.features), profile_cuts=baseline.cuts() if baseline else {})
-    gate = DriftGate(tuple(resolved.features), baseline) if baseline is not None else None
-    commit = CommitPlan(output_url=spec.output.path, attempt=attempt.attempt,
-                        replacing=attempt.replacing, shard_count=len(resolved.shards),
-                        header=header, breach=spec.quarantine.breach, drift=gate,
-                        preprocess=spec.preprocess, clock=attempt.clock)
-    return plan, commit
-
-
 def _refusal(outcome: CommitOutcome, kept: str | None = None) -> BatchInferError:
     """The error of a refused commit, from the code and message the commit step recorded (and,
     for a run that drift stopped, where its drift report is ``kept``)."""
@@ -605,16 +402,6 @@ def _refusal(outcome: CommitOutcome, kept: str | None = None) -> BatchInferError
     if kept:
         message = f"{message}; {kept}"
     return ModelError(message) if outcome.code == ModelError.exit_code else DataQualityError(message)
-
-
-def prediction_columns(resolved: Resolved) -> list[str]:
-    """The champion's prediction columns: as ``output.predictions`` maps them, else the model's
-    output names (the model is loaded already: a cache look-up)."""
-    mapped = resolved.job.spec.output.predictions
-    if mapped:
-        return list(mapped.values())
-    return _load(resolved, resolved.job.spec.model, resolved.model, resolved.triple.model_digest,
-                 None)[2]
 
 
 def _lost(winner: Manifest | None, run: Resolution) -> Outcome:
@@ -636,28 +423,3 @@ def _lost(winner: Manifest | None, run: Resolution) -> Outcome:
                                 f"run's files were removed", winner, run.shown)
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """``exc`` and the exceptions it was raised from, outermost first."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
-
-
-def _our_error(exc: BaseException) -> BatchInferError | None:
-    """The BatchInferError a transform raised, from the chain Beam wraps it in (Beam re-raises
-    the same type with "[while running 'Stage']" appended, the original as cause): the
-    innermost one, whose message is the transform's own."""
-    ours = [e for e in _chain(exc) if isinstance(e, BatchInferError)]
-    return ours[-1] if ours else None
-
-
-def _interrupted(exc: BaseException) -> bool:
-    return any(isinstance(e, KeyboardInterrupt) for e in _chain(exc))
-
-
-def _last_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return (lines[-1] if lines else type(exc).__name__)[:400]

@@ -225,17 +225,19 @@ def _pipeline_alone(folder):
     """Run only what a remote runner runs: the pipeline, commit step included, with no launcher
     reading its outcome afterwards (as if the launcher died once the job was submitted)."""
     import batchinfer.commands.run as run_mod
+    from batchinfer.clock import utc_now
+    from batchinfer.commands import models, scoring
     from batchinfer.commands.resolve import resolve
     from batchinfer.io.commit import PartitionCommit
     from batchinfer.spec import load_job
 
     job = load_job(folder / "job.yaml", ds=DS)
     resolved = resolve(job)
-    champion = run_mod.load_handler(resolved)
-    started = run_mod.utc_now()
+    champion = models.load_champion(resolved)
+    started = utc_now()
     attempt = PartitionCommit(job.spec.output.path).begin(run_mod.new_attempt(started))
-    run_mod._score(resolved, champion, attempt, run_mod._header(job, attempt, champion, started,
-                                                                None))
+    scoring.run_pipeline(resolved, champion, attempt,
+                         scoring.manifest_header(job, attempt, champion, started, None))
     return job, attempt
 
 

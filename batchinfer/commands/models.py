@@ -1,0 +1,136 @@
+"""The models of a run: the champion and each challenger built, checked and loaded before any
+work, as the :class:`~batchinfer.pipeline.transforms.ModelRun` the pipeline runs.
+
+A model that cannot load is exit 5 here, before the partition is touched; outputs that name no
+usable prediction column are exit 2. The model is loaded once in this process: in-process
+workers reuse the load (``handlers.base.shared_model``).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..backends import declared_options, handler_class
+from ..errors import BatchInferError, ModelError, SpecError
+from ..io.outputs import PREDICTIONS, challenger_folder
+from ..rows.columns import check_output_columns
+from ..spec import ModelFields
+from .resolve import Resolved, ResolvedChallenger
+
+if TYPE_CHECKING:
+    from ..handlers.base import BatchModelHandler
+    from ..pipeline.transforms import ModelRun
+    from ..triple.models import ResolvedModel
+
+
+def declared(model: ModelFields) -> dict[str, str]:
+    """The values of a model's backend's declared options (they change predictions)."""
+    return declared_options(model.backend, model.options)
+
+
+def challenger_identity(challenger: ResolvedChallenger) -> tuple[str, dict[str, str], dict[str, str]]:
+    return challenger.name, challenger.triple.as_dict(), declared(challenger.spec)
+
+
+def load_champion(resolved: Resolved) -> "ModelRun":
+    """The champion as the pipeline runs it: its handler built and the model loaded once before
+    any work (exit 5 early; in-process workers reuse this load, see handlers.base.shared_model).
+    The model's outputs must name prediction columns that collide with nothing (exit 2)."""
+    from ..pipeline.transforms import ModelRun
+
+    spec = resolved.job.spec
+    handler, device, _ = load_model(resolved, spec.model, resolved.model,
+                                    resolved.triple.model_digest, spec.output.predictions)
+    return ModelRun(name="", triple=resolved.triple, handler=handler, device=device,
+                    backend=spec.model.backend, model_options=declared(spec.model),
+                    folder=PREDICTIONS, prediction_names=dict(spec.output.predictions or {}) or None,
+                    rejects="quarantine")
+
+
+def load_challengers(resolved: Resolved) -> "list[ModelRun]":
+    """Each challenger as the pipeline runs it, loaded before any work like the champion; an
+    error names the challenger (the exit code stays the champion's: 5 not loading, 2 outputs).
+    A challenger writes exactly the champion's prediction columns, in their order: through its
+    own ``predictions`` mapping, else through ``output.predictions``, else its outputs must be
+    named as the champion's (exit 2 otherwise)."""
+    if not resolved.challengers:
+        return []
+    from ..pipeline.transforms import ModelRun
+
+    output = resolved.job.spec.output
+    columns = prediction_columns(resolved)   # the champion's outputs, or as mapped
+    loaded = []
+    for challenger in resolved.challengers:
+        own = challenger.spec.predictions
+        try:
+            handler, device, outputs = load_model(
+                resolved, challenger.spec, challenger.model, challenger.triple.model_digest,
+                output.predictions if own is None else own,
+                "output.predictions" if own is None else "its predictions")
+            hint = (f"map them with the challenger's predictions: "
+                    f"{{{', '.join(f'{o}: {c}' for o, c in zip(outputs, columns))}}}"
+                    if len(outputs) == len(columns) else "map them with the challenger's predictions")
+            if own is not None and list(own.values()) != columns:
+                raise SpecError(f"its predictions map to the columns {list(own.values())}, not "
+                                f"to the champion's prediction columns {columns} (the same "
+                                f"names in the same order): {hint}")
+            if own is None and not output.predictions and outputs != columns:
+                raise SpecError(f"its outputs {outputs} are not the champion's {columns}: "
+                                f"{hint}, or export it with the champion's output names")
+        except BatchInferError as exc:
+            raise type(exc)(f"challenger {challenger.name}: {exc.message}") from None
+        loaded.append(ModelRun(name=challenger.name, triple=challenger.triple, handler=handler,
+                               device=device, backend=challenger.spec.backend,
+                               model_options=declared(challenger.spec),
+                               folder=challenger_folder(challenger.name),
+                               prediction_names=dict(own or output.predictions or {}) or None,
+                               rejects="count"))
+    return loaded
+
+
+def load_model(resolved: Resolved, spec: ModelFields, found: "ResolvedModel", digest: str,
+               predictions: dict[str, str] | None,
+               key: str = "output.predictions") -> "tuple[BatchModelHandler, str, list[str]]":
+    """Load one model; ``predictions`` (named ``key`` in errors) maps its outputs to columns."""
+    batch = resolved.job.spec.batch   # a challenger gets the champion's batches: sized alike
+    cls = handler_class(spec.backend)
+    options = {k: v for k, v in spec.options.items() if k != "allow_pickle"}
+    handler = cls(str(found.path), digest=digest, device=spec.device, options=options,
+                  tokens=batch.tokens, lengths_from=batch.lengths_from,
+                  sequence_inputs=batch.sequence_inputs)
+    declared = found.declaration or {}
+    for key, here in handler.runtime_facts().items():
+        # e.g. a TensorRT engine runs only under the TensorRT version and on the GPU
+        # architecture it was built for; loading it elsewhere fails, or worse, does not.
+        if key in declared and declared[key] != here:
+            raise ModelError(f"{resolved.job.display(spec.uri)} was built for {key} "
+                             f"{declared[key]} but this machine has {here}: rebuild the model "
+                             f"here (batchinfer export) and stamp it, or run where it was built")
+    model = handler.load_model()
+    if batch.tokens:
+        inputs = handler.loaded(model).input_names()
+        if batch.lengths_from not in inputs:
+            raise SpecError(f"batch.tokens sizes model calls by the lengths in the model input "
+                            f"{batch.lengths_from!r}, which this model does not take (its inputs: "
+                            f"{inputs}): set batch.lengths_from, or size batches by batch.rows")
+        handler.sequence_inputs(model)   # which inputs a call cuts: exit 2 here if it cannot tell
+    outputs = handler.loaded(model).output_names()
+    output_spec = resolved.job.spec.output
+    if predictions:
+        unknown = [o for o in predictions if o not in outputs]
+        if unknown:
+            raise SpecError(f"{key} names {unknown}, which the model does not output "
+                            f"(its outputs: {outputs})")
+    else:  # each output becomes a column of its own name: it must not take an id's or ours
+        check_output_columns(output_spec.id_columns, {o: o for o in outputs},
+                             source="the model's outputs (output.predictions maps none)")
+    return handler, handler.loaded(model).device_used(), list(outputs)
+
+
+def prediction_columns(resolved: Resolved) -> list[str]:
+    """The champion's prediction columns: as ``output.predictions`` maps them, else the model's
+    output names (the model is loaded already: a cache look-up)."""
+    mapped = resolved.job.spec.output.predictions
+    if mapped:
+        return list(mapped.values())
+    return load_model(resolved, resolved.job.spec.model, resolved.model,
+                      resolved.triple.model_digest, None)[2]

@@ -1,0 +1,139 @@
+"""The Beam pipeline of a run: the manifest known before any work, the plans the pipeline is
+built from, the job a dry run builds without submitting it, and Beam's errors made ours.
+"""
+from __future__ import annotations
+
+import contextlib
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+
+from ..clock import rfc3339
+from ..errors import BatchInferError, RuntimeFailure, SpecError
+from ..io.commit import Attempt
+from ..io.records import Challenger, Manifest, Totals
+from ..rows.drift import Baseline, DriftGate
+from ..spec import Job
+from .monitor import load_baseline
+from .resolve import Resolved
+
+if TYPE_CHECKING:
+    from ..pipeline.transforms import ModelRun
+
+
+def manifest_header(job: Job, attempt: Attempt, champion: "ModelRun", started: datetime,
+                    mlflow_run_id: str | None,
+                    challengers: "Sequence[ModelRun]" = ()) -> Manifest:
+    """The manifest as known before any work; the commit step adds shards, totals, end time
+    (and each challenger's shards)."""
+    spec = job.spec
+    entries = tuple(Challenger(name=c.name, triple=c.triple.as_dict(), backend=c.backend,
+                               device=c.device, model_options=c.model_options)
+                    for c in challengers)
+    return Manifest(job=spec.name, ds=job.ds, attempt=attempt.attempt,
+                    triple=champion.triple.as_dict(), job_spec_sha256=job.spec_sha256,
+                    runner=spec.runner.name, device=champion.device, backend=champion.backend,
+                    model_options=champion.model_options, started_at=rfc3339(started),
+                    finished_at="", mlflow_run_id=mlflow_run_id, totals=Totals.of([]), shards=(),
+                    challengers=entries)
+
+
+def build_job(resolved: Resolved, champion: "ModelRun", attempt: Attempt,
+              header: Manifest, challengers: "Sequence[ModelRun]" = ()) -> str:
+    """Build the runner's job without submitting it; return a summary of its graph."""
+    from ..beam_compat import beam
+    from ..pipeline.runners import job_summary, pipeline_options
+    from ..pipeline.transforms import build
+
+    spec = resolved.job.spec
+    options = pipeline_options(spec.runner.name, {**spec.runner.options, "dry_run": "true"})
+    try:
+        pipeline = beam.Pipeline(options=options)
+        baseline = load_baseline(resolved.job, resolved.model.declaration)
+        build(pipeline, *pipeline_plans(resolved, attempt, header, baseline),
+              models=(champion, *challengers))
+        result = pipeline.run()
+    except (ImportError, ValueError) as exc:  # a missing extra, options Beam refuses
+        raise SpecError(f"runner {spec.runner.name}: {last_line(exc)}") from exc
+    return job_summary(result)
+
+
+def run_pipeline(resolved: Resolved, champion: "ModelRun", attempt: Attempt, header: Manifest,
+                 baseline: Baseline | None = None, watch: "Callable[[int], Any] | None" = None,
+                 challengers: "Sequence[ModelRun]" = ()) -> None:
+    """Run the Beam pipeline into ``attempt``, up to and including its commit step.
+
+    Raises:
+        BatchInferError: one that a transform raised on purpose (its own message and code).
+        KeyboardInterrupt: Ctrl-C, however Beam wrapped it.
+        RuntimeFailure: the pipeline failed otherwise.
+    """
+    from ..beam_compat import beam
+    from ..pipeline.runners import pipeline_options
+    from ..pipeline.transforms import build
+
+    spec = resolved.job.spec
+    options = pipeline_options(spec.runner.name, spec.runner.options)
+    try:
+        with watch(len(resolved.shards)) if watch else contextlib.nullcontext():
+            with beam.Pipeline(options=options) as pipeline:
+                build(pipeline, *pipeline_plans(resolved, attempt, header, baseline),
+                      models=(champion, *challengers))
+    except Exception as exc:
+        if _interrupted(exc):  # Beam wraps a Ctrl-C inside a transform in an Exception
+            raise KeyboardInterrupt from None
+        ours = _our_error(exc)
+        if ours is not None:
+            # Its own cause stays (a preprocessing fault's is the function's exception, which
+            # --debug shows); Beam's wrapping goes.
+            raise ours from ours.__cause__
+        raise RuntimeFailure(f"the scoring pipeline failed: {last_line(exc)}") from exc
+
+
+def pipeline_plans(resolved: Resolved, attempt: Attempt, header: Manifest,
+                   baseline: Baseline | None = None) -> tuple[Any, Any]:
+    """The pipeline's :class:`ScoringPlan` and :class:`CommitPlan` for ``attempt``; with a
+    baseline, the writer stage counts columns into its cuts and the commit step refuses a
+    partition that drifted above the ``fail`` limits (:class:`~batchinfer.rows.drift.DriftGate`)."""
+    from ..pipeline.commit import CommitPlan
+    from ..pipeline.transforms import ScoringPlan
+
+    spec = resolved.job.spec
+    plan = ScoringPlan(
+        shard_urls=tuple(s.url for s in resolved.shards), shard_names=resolved.shard_names(),
+        output_url=spec.output.path, attempt=attempt.attempt, batch_rows=spec.batch.rows,
+        schema=resolved.schema, preprocessor=resolved.preprocessor,
+        id_columns=tuple(spec.output.id_columns), hash_columns=resolved.schema.columns,
+        profile_features=tuple(resolved.features), profile_cuts=baseline.cuts() if baseline else {})
+    gate = DriftGate(tuple(resolved.features), baseline) if baseline is not None else None
+    commit = CommitPlan(output_url=spec.output.path, attempt=attempt.attempt,
+                        replacing=attempt.replacing, shard_count=len(resolved.shards),
+                        header=header, breach=spec.quarantine.breach, drift=gate,
+                        preprocess=spec.preprocess, clock=attempt.clock)
+    return plan, commit
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from, outermost first."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _our_error(exc: BaseException) -> BatchInferError | None:
+    """The BatchInferError a transform raised, from the chain Beam wraps it in (Beam re-raises
+    the same type with "[while running 'Stage']" appended, the original as cause): the
+    innermost one, whose message is the transform's own."""
+    ours = [e for e in _chain(exc) if isinstance(e, BatchInferError)]
+    return ours[-1] if ours else None
+
+
+def _interrupted(exc: BaseException) -> bool:
+    return any(isinstance(e, KeyboardInterrupt) for e in _chain(exc))
+
+
+def last_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return (lines[-1] if lines else type(exc).__name__)[:400]
