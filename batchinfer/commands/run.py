@@ -11,8 +11,9 @@ from one typed record to the next, so a run reads top to bottom:
    stops here (:func:`rehearse`);
 3. :func:`launch` → :class:`Launch`: the models loaded (:mod:`batchinfer.commands.models`:
    exit 5 before any work), the attempt begun, the MLflow run opened; then :func:`score` →
-   :class:`Scored`: the Beam pipeline into the attempt (:mod:`batchinfer.commands.scoring`). Its last step applies the quarantine thresholds and the drift gate (exit 4,
-   nothing committed) and commits: exactly one run creates the manifest
+   :class:`Scored`: the Beam pipeline into the attempt (:mod:`batchinfer.commands.scoring`).
+   Its last step applies the quarantine thresholds and the drift gate (exit 4, nothing
+   committed) and commits: exactly one run creates the manifest
    (:mod:`batchinfer.pipeline.commit`, :class:`~batchinfer.io.commit.PartitionCommit`). The
    commit happens inside the pipeline so that it does not depend on this process outliving a
    remote job (docs/runners.md);
