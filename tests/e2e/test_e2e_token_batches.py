@@ -182,7 +182,7 @@ def test_killed_token_run_commits_nothing_and_its_rerun_is_the_row_partition(pro
     row-sized run committed."""
     out = f"out/killed-{fault.replace(':', '-')}"
     args = ("run", "job.yaml", "--ds", DS, "--set", f"output.path={out}", "--set", "batch.tokens=200")
-    killed = run_cli(*args, cwd=project, env={"BATCHINFER_FAULT": fault}, fresh=True)
+    killed = run_cli(*args, cwd=project, env={"BATCHINFER_FAULT": fault})
     assert killed.returncode == -9, killed.stderr
     assert not (project / out / "_manifest.json").exists()
     rerun = run_cli(*args, cwd=project)
