@@ -18,6 +18,8 @@ import pytest
 
 from factories import DS, REPO, one_line_error, read_partition, run_cli, save_onnx, write_job
 
+pytestmark = pytest.mark.slow  # runs of the CLI, as every end-to-end module
+
 VOCAB = 128            # ids 1..127 are bytes; DEL (0x7f) becomes id 128, which the model rejects
 EXECUTION = {"_inference_id", "_compute_ms"}
 
