@@ -23,6 +23,7 @@ import importlib.metadata
 import importlib.util
 import inspect
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -80,7 +81,7 @@ def cached(name: str, build: Callable[[Path], object], *, packages: Sequence[str
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         for stale in root().glob(f"{name}-*"):
-            if stale != place:
+            if stale != place and re.fullmatch(rf"{re.escape(name)}-[0-9a-f]{{16}}", stale.name):
                 shutil.rmtree(stale, ignore_errors=True)
     return place
 
