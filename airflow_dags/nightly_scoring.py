@@ -211,7 +211,8 @@ def marker_present(job_file: str, ds: str, marker: str) -> bool:
 
 
 def score_partition(job_file: str, ds: str, *, marker_checked: bool) -> str:
-    """``batchinfer run JOB --ds DS`` in a child process; how it failed decides retry or not."""
+    """``batchinfer run JOB --ds DS`` in a child process; how it ended decides retry or not
+    (:func:`outcome`)."""
     command = [sys.executable, "-m", "batchinfer", "run", job_file, "--ds", ds]
     log.info("running %s", " ".join(command))
     with tempfile.TemporaryDirectory(prefix="batchinfer-task-") as scratch:
@@ -226,7 +227,13 @@ def score_partition(job_file: str, ds: str, *, marker_checked: bool) -> str:
         log.info("%s", line)
     for line in stderr.splitlines():
         log.warning("%s", line)
-    code = child.returncode
+    return outcome(child.returncode, stdout, stderr, error, marker_checked=marker_checked)
+
+
+def outcome(code: int, stdout: str, stderr: str, error: dict, *, marker_checked: bool) -> str:
+    """The score task's result for a ``batchinfer run`` that exited ``code``, printed ``stdout``
+    and ``stderr`` and wrote ``error`` (:func:`read_error`): its output when it succeeded, else
+    the exception of :func:`failure` is raised, with the last line of stderr."""
     if code == 0:
         return stdout.strip()  # what was committed, or "already committed" (the XCom)
     why = (stderr.strip().splitlines() or [f"batchinfer exited {code}"])[-1]

@@ -5,6 +5,7 @@
 #
 #   bench/gpu_check.sh                  # conformance GPU cases for torch, then bench/gpu_check.py
 #   bench/gpu_check.sh --device cpu     # the same on the CPU (what the test suite runs, --quick)
+#   --no-conformance                    # not the conformance cases: the test suite runs them itself
 #
 # Environment: PYTHON (default python3); OUT, when set, receives results.json and the logs.
 set -euo pipefail
@@ -12,10 +13,12 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 device=cuda
 extra=()
+conformance=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --device) device=$2; shift 2 ;;
     --quick) extra+=(--quick); shift ;;
+    --no-conformance) conformance=0; shift ;;
     *) echo "gpu_check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -34,8 +37,12 @@ if [ "$device" = cuda ]; then
 else
   selection=(-m "not gpu and not slow" -k "torch-cpu")
 fi
-echo "== conformance suite (${selection[*]})"
-"$PY" -m pytest tests/conformance/test_backends.py "${selection[@]}" -q -p no:cacheprovider \
-  ${OUT:+--junitxml "$OUT/conformance.xml"}
+if [ "$conformance" = 1 ]; then
+  echo "== conformance suite (${selection[*]})"
+  "$PY" -m pytest tests/conformance/test_backends.py "${selection[@]}" -q -p no:cacheprovider \
+    ${OUT:+--junitxml "$OUT/conformance.xml"}
+else
+  echo "== conformance suite (${selection[*]}): not run (--no-conformance)"
+fi
 echo "== model alone vs batchinfer run ($device)"
 "$PY" bench/gpu_check.py --device "$device" "${extra[@]}" ${OUT:+--out "$OUT"}

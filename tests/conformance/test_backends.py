@@ -23,6 +23,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import artefacts
 import numpy as np
 import pytest
 
@@ -127,23 +128,28 @@ def _inputs(name: str, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
     return {"x": x, "z": rng.standard_normal((rows, 2)).astype(np.float32)}
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory) -> dict[str, dict]:
-    """name → {"pt2", "onnx", "module"}: each program saved, then exported by the CLI."""
-    folder = tmp_path_factory.mktemp("conformance")
-    made = {}
+def _export_models(folder: Path) -> None:
+    """Each model of :data:`MODELS` as ``<name>.pt2``, then exported by the CLI to ``<name>.onnx``."""
     for name, cls in MODELS.items():
-        module = cls().eval()
         example = tuple(torch.from_numpy(a) for a in _inputs(name, 8).values())
         batch = torch.export.Dim("batch")
-        program = torch.export.export(module, example, dynamic_shapes=tuple({0: batch} for _ in example))
+        program = torch.export.export(cls().eval(), example, dynamic_shapes=tuple({0: batch} for _ in example))
         pt2 = folder / f"{name}.pt2"
         torch.export.save(program, str(pt2))
         onnx = folder / f"{name}.onnx"
         result = run_cli("export", str(pt2), "--to", "onnx", "--out", str(onnx), cwd=folder, timeout=600)
         assert result.returncode == 0, result.stderr
-        made[name] = {"pt2": pt2, "onnx": onnx, "module": module}
-    return made
+
+
+@pytest.fixture(scope="module")
+def models() -> dict[str, dict]:
+    """name → {"pt2", "onnx", "module"}: each program saved, then exported by the CLI; built
+    once for these versions of torch, ONNX and this file and exporter (tests/artefacts.py).
+    The modules are seeded: the one here is the one the program was exported from."""
+    folder = artefacts.cached("conformance-models", _export_models, packages=artefacts.TORCH_EXPORT,
+                              sources=["tests/conformance/test_backends.py", "batchinfer.commands.export"])
+    return {name: {"pt2": folder / f"{name}.pt2", "onnx": folder / f"{name}.onnx", "module": cls().eval()}
+            for name, cls in MODELS.items()}
 
 
 def _handler(kind: tuple, model: dict, chunk_rows: int | None = None):

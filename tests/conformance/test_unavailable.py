@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import artefacts
 import pytest
 
 from factories import DS, numeric_project, one_line_error, run_cli
@@ -16,6 +18,16 @@ from factories import DS, numeric_project, one_line_error, run_cli
 pytestmark = pytest.mark.slow
 
 RUNTIMES = ("torch", "tensorrt", "onnxruntime")
+
+
+def _linear(folder: Path) -> None:
+    """A torch.export program of a linear layer, 4 features → 1 (made once, tests/artefacts.py)."""
+    import torch
+
+    batch = torch.export.Dim("batch")
+    exported = torch.export.export(torch.nn.Linear(4, 1).eval(), (torch.randn(8, 4),),
+                                   dynamic_shapes=({0: batch},))
+    torch.export.save(exported, str(folder / "model.pt2"))
 
 
 def _backend(folder: Path, backend: str, model: str, device: str = "auto") -> None:
@@ -53,10 +65,8 @@ def test_torch_on_cuda_without_a_gpu_exits_5(tmp_path):
         pytest.skip("a CUDA device is present")
     numeric_project(tmp_path, shards=1, rows=50)
     program = tmp_path / "models" / "model.pt2"
-    batch = torch.export.Dim("batch")
-    exported = torch.export.export(torch.nn.Linear(4, 1).eval(), (torch.randn(8, 4),),
-                                   dynamic_shapes=({0: batch},))
-    torch.export.save(exported, str(program))
+    made = artefacts.cached("linear-program", _linear, packages=artefacts.TORCH_EXPORT)
+    shutil.copy(made / "model.pt2", program)
     _backend(tmp_path, "torch", "models/model.pt2", "cuda")
     assert run_cli("stamp", "models/model.pt2", "--job", "job.yaml", "--model-version", "m:1",
                    cwd=tmp_path).returncode == 0

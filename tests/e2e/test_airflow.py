@@ -1,10 +1,19 @@
 """airflow_dags/nightly_scoring.py under real Airflow (issues 11 and 18): the DAG file parsed by a
 DagBag in a fresh process, `airflow dags test` runs of the demo job in a temporary AIRFLOW_HOME with
 its own sqlite metadata database (task states and tries are read from that database), and README's
-"Nightly with Airflow" commands run as a user types them in a copy of the repository."""
+"Nightly with Airflow" commands run as a user types them in a copy of the repository.
+
+How each way a run ends maps to Airflow's retry semantics is tested in this process, on the DAGs
+the file builds (:func:`sense`, :func:`score`): the sensor's callable, and ``batchinfer run`` as
+the score task runs it, whose exit code and error file ``nightly_scoring.outcome`` maps to the
+task's result or exception. What Airflow makes of those exceptions is seen in real ``dags test``
+runs (about 10 s of Airflow each): a success after the sensor waited and an AirflowFailException
+that fails its try at once (a late shard, exit 3) in one test, and README's commands."""
 from __future__ import annotations
 
+import importlib.util
 import json
+import logging
 import os
 import shutil
 import sqlite3
@@ -12,6 +21,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import pyarrow as pa
@@ -111,6 +121,75 @@ def dags_test(airflow: dict, ds: str, *, dag_id: str = DAG_ID, when_waiting=None
         finally:
             process.kill()
     return log.read_text()
+
+
+@pytest.fixture(scope="module")
+def nightly(airflow):
+    """airflow_dags/nightly_scoring.py imported in this process, as the DAG processor imports it,
+    with the jobs folder of :func:`airflow`. Airflow's import adds a handler to the root logger
+    and warning filters: they are taken back, the rest of the suite reads its own logs."""
+    handlers, level, filters = list(logging.root.handlers), logging.root.level, list(warnings.filters)
+    mp = pytest.MonkeyPatch()
+    for name in ("AIRFLOW_HOME", "AIRFLOW__CORE__DAGS_FOLDER", "AIRFLOW__CORE__LOAD_EXAMPLES", "BATCHINFER_JOBS_DIR"):
+        mp.setenv(name, airflow["env"][name])
+    spec = importlib.util.spec_from_file_location("nightly_scoring", DAGS / "nightly_scoring.py")
+    module = importlib.util.module_from_spec(spec)
+    mp.setitem(sys.modules, "nightly_scoring", module)  # pydantic resolves the models' annotations there
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        logging.root.handlers[:] = handlers
+        logging.root.setLevel(level)
+        warnings.filters[:] = filters
+    yield module
+    mp.undo()
+
+
+def dag_of(nightly, airflow: dict, dag_id: str):
+    """The DAG of job ``dag_id`` built from its folder as it is now (its files change in tests)."""
+    return nightly.job_dag(airflow["job"].parent / dag_id.removeprefix("nightly_"))
+
+
+def sense(nightly, airflow: dict, ds: str, dag_id: str = DAG_ID):
+    """The DAG's wait_for_marker, poked once in this process: whether the marker is there, or
+    the exception the sensor raises."""
+    from airflow.sdk.exceptions import AirflowException
+
+    try:
+        return dag_of(nightly, airflow, dag_id).get_task("wait_for_marker").python_callable(ds=ds)
+    except AirflowException as exc:
+        return exc
+
+
+def score(nightly, airflow: dict, ds: str, dag_id: str = DAG_ID):
+    """The DAG's score task in this process: ``batchinfer run JOB --ds DS`` as the task runs it
+    (in the job's folder, ``$BATCHINFER_ERROR_FILE`` set; a child of the fork server), then
+    ``nightly_scoring.outcome`` on how it ended: the task's return value, or the exception it
+    raises. Airflow retries an AirflowException and fails an AirflowFailException at once."""
+    from airflow.sdk.exceptions import AirflowException
+
+    dag = dag_of(nightly, airflow, dag_id)
+    folder = airflow["job"].parent / dag_id.removeprefix("nightly_")
+    error_file = airflow["home"].parent / f"error-{dag_id}-{ds}-{time.monotonic_ns()}.json"
+    result = run_cli("run", str(folder / "job.yaml"), "--ds", ds, cwd=folder,
+                     env={nightly.ERROR_FILE_ENV: str(error_file)})
+    try:
+        return nightly.outcome(result.returncode, result.stdout, result.stderr, nightly.read_error(error_file),
+                               marker_checked="wait_for_marker" in dag.task_ids)
+    except AirflowException as exc:
+        return exc
+
+
+def fails_now(exc) -> bool:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    return isinstance(exc, AirflowFailException)
+
+
+def retried(exc) -> bool:
+    from airflow.sdk.exceptions import AirflowException
+
+    return isinstance(exc, AirflowException) and not fails_now(exc)
 
 
 def tries(airflow: dict, ds: str, dag_id: str = DAG_ID) -> dict[str, tuple[str, int]]:
@@ -302,7 +381,7 @@ def test_sigterm_to_the_task_reaches_batchinfer_as_ctrl_c(airflow):
 
 # -- runs -----------------------------------------------------------------------------------------
 
-def test_nightly_run_waits_for_the_marker_commits_reruns_as_a_no_op_and_refuses_a_late_shard(airflow):
+def test_nightly_run_waits_for_the_marker_commits_reruns_as_a_no_op_and_refuses_a_late_shard(airflow, nightly):
     ds = "2026-01-15"
     data = partition(airflow, ds, marker=False)
     out = airflow["job"] / "out" / f"dt={ds}"
@@ -320,9 +399,9 @@ def test_nightly_run_waits_for_the_marker_commits_reruns_as_a_no_op_and_refuses_
     assert (predictions.num_rows, quarantine.num_rows) == (ROWS - BAD_ROWS, BAD_ROWS)
 
     before = snapshot(out)
-    again = dags_test(airflow, ds)
-    assert tries(airflow, ds) == {"wait_for_marker": ("success", 1), "score": ("success", 1)}, again
-    assert "is already committed with this triple" in again
+    assert sense(nightly, airflow, ds) is True
+    again = score(nightly, airflow, ds)  # the task succeeds again: it returns, raises nothing
+    assert isinstance(again, str) and "is already committed with this triple" in again
     assert snapshot(out) == before
 
     # A shard that arrives after the commit makes another set of shards: exit 3, not retried.
@@ -333,7 +412,7 @@ def test_nightly_run_waits_for_the_marker_commits_reruns_as_a_no_op_and_refuses_
     assert snapshot(out) == before
 
 
-def test_a_contract_violation_fails_once_without_retry_and_commits_nothing(airflow):
+def test_a_contract_violation_fails_once_without_retry_and_commits_nothing(airflow, nightly):
     ds = "2026-01-16"
     data = partition(airflow, ds)
     shard = data / "part-00002.parquet"
@@ -341,68 +420,82 @@ def test_a_contract_violation_fails_once_without_retry_and_commits_nothing(airfl
     column = table.schema.get_field_index("age")
     pq.write_table(table.set_column(column, "age", pa.array([str(v) for v in table.column("age").to_pylist()])),
                    shard)
-    log = dags_test(airflow, ds)
-    assert tries(airflow, ds) == {"wait_for_marker": ("success", 1), "score": ("failed", 1)}, log
-    assert "data quality failure (exit 4), not retried: batchinfer run: data quality:" in log
+    assert sense(nightly, airflow, ds) is True
+    failed = score(nightly, airflow, ds)
+    assert fails_now(failed), failed
+    assert "data quality failure (exit 4), not retried: batchinfer run: data quality:" in str(failed)
     out = airflow["job"] / "out" / f"dt={ds}"
     assert not (out / "_manifest.json").exists()
     assert not [p for p in out.rglob("*") if p.is_file()], "files left in a failed partition"
 
 
-def test_a_runtime_failure_is_retried(airflow):
+def test_a_runtime_failure_is_retried(airflow, nightly):
     ds = "2026-01-17"
     partition(airflow, ds)
     out = airflow["job"] / "out" / f"dt={ds}"
     out.mkdir(parents=True)
     (out / "predictions").write_text("a file where a folder must go\n")  # exit 5 on every try
-    log = dags_test(airflow, ds)
-    assert tries(airflow, ds) == {"wait_for_marker": ("success", 1), "score": ("failed", 3)}, log
-    assert log.count("exit 5, will retry if tries are left: batchinfer run: cannot write") == 3
+    assert dag_of(nightly, airflow, DAG_ID).get_task("score").retries == 2  # 3 tries
+    assert sense(nightly, airflow, ds) is True
+    for _ in range(3):  # each try: retried while tries are left
+        failed = score(nightly, airflow, ds)
+        assert retried(failed), failed
+        assert "exit 5, will retry if tries are left: batchinfer run: cannot write" in str(failed)
     assert not (out / "_manifest.json").exists()
 
 
-def test_a_marker_that_never_comes_times_out_and_nothing_runs(airflow):
+def test_a_marker_that_never_comes_times_out_and_nothing_runs(airflow, nightly):
+    """The sensor pokes in vain until its timeout: Airflow then fails it (a sensor's timeout is
+    not retried) and score, downstream, never runs."""
     ds = "2026-01-18"
     partition(airflow, ds, marker=False)
     write_nightly(airflow["job"], {**NIGHTLY, "marker_timeout_hours": 0.001})  # 3.6 s
     try:
-        log = dags_test(airflow, ds)
+        sensor = dag_of(nightly, airflow, DAG_ID).get_task("wait_for_marker")
+        assert sense(nightly, airflow, ds) is False
     finally:
         write_nightly(airflow["job"], NIGHTLY)
-    assert tries(airflow, ds) == {"wait_for_marker": ("failed", 1), "score": ("upstream_failed", 0)}, log
+    assert sensor.timeout == 3.6 and sensor.mode == "reschedule" and sensor.downstream_task_ids == {"score"}
     assert not (airflow["job"] / "out" / f"dt={ds}").exists()
 
 
-def test_exit_2_after_the_marker_is_not_retried(airflow):
+def test_exit_2_after_the_marker_is_not_retried(airflow, nightly):
     ds = "2026-01-19"
     folder = airflow["job"] / "data" / f"dt={ds}"
     folder.mkdir(parents=True)
     (folder / "_SUCCESS").write_text("")  # complete, and empty: retrying cannot make shards appear
-    log = dags_test(airflow, ds)
-    assert tries(airflow, ds) == {"wait_for_marker": ("success", 1), "score": ("failed", 1)}, log
-    assert "usage or spec error (exit 2) with the partition complete, not retried: " in log
-    assert "no shard matches" in log
+    assert sense(nightly, airflow, ds) is True
+    failed = score(nightly, airflow, ds)
+    assert fails_now(failed), failed
+    assert "usage or spec error (exit 2) with the partition complete, not retried: " in str(failed)
+    assert "no shard matches" in str(failed)
     assert not (airflow["job"] / "out" / f"dt={ds}").exists()
 
 
-def test_a_bad_configuration_fails_its_dag_at_once_and_the_others_still_run(airflow):
-    ds = "2026-01-20"
-    log = dags_test(airflow, ds, dag_id="nightly_broken")
-    assert tries(airflow, ds, "nightly_broken") == {"configuration_error": ("failed", 1)}, log
+def test_a_bad_configuration_fails_its_dag_at_once_and_the_others_still_run(airflow, nightly):
+    """The stand-in DAG's one task fails at once, without retry: its run fails."""
+    dag = nightly.nightly_broken  # built when the file was imported, beside the good DAGs
+    assert nightly.nightly_credit_risk_demo.task_ids == ["wait_for_marker", "score"]
+    assert dag.task_ids == ["configuration_error"] and dag.get_task("configuration_error").retries == 0
+    with pytest.raises(Exception) as failed:
+        dag.get_task("configuration_error").python_callable()
+    assert fails_now(failed.value), failed.value
     assert (f"configuration error in job {airflow['job'].parent / 'broken'}: nightly.yaml: retries: "
-            f"Input should be a valid integer (got 1.5)") in log
-    assert "DagRun failed" in log
+            f"Input should be a valid integer (got 1.5)") in str(failed.value)
 
 
 # -- setup mistakes fail at once (issue 18, item 6) --------------------------------------------
 
-def test_an_unset_variable_fails_the_sensor_at_once(airflow):
+def test_an_unset_variable_fails_the_sensor_at_once(airflow, nightly):
     ds = "2026-01-21"
     write_setup_job(airflow["setup"], airflow["job"], input={"path": f"${{{UNSET}}}/dt={{ds}}/*.parquet"})
-    write_nightly(airflow["setup"], NIGHTLY)  # retries 2, no delay: a retry would show as try 3
-    log = dags_test(airflow, ds, dag_id=SETUP_DAG)
-    assert tries(airflow, ds, SETUP_DAG) == {"wait_for_marker": ("failed", 1), "score": ("upstream_failed", 0)}, log
-    assert f"usage or spec error, not retried: input.path uses ${{{UNSET}}}, which is not set" in log
+    write_nightly(airflow["setup"], NIGHTLY)  # retries 2, no delay
+    dag = dag_of(nightly, airflow, SETUP_DAG)
+    sensor = dag.get_task("wait_for_marker")
+    assert sensor.retries == 2 and sensor.downstream_task_ids == {"score"}
+    failed = sense(nightly, airflow, ds, SETUP_DAG)  # the sensor fails: score never runs (upstream failed)
+    assert fails_now(failed), failed
+    assert f"usage or spec error, not retried: input.path uses ${{{UNSET}}}, which is not set" in str(failed)
 
 
 SETUP_MISTAKES = {
@@ -415,7 +508,7 @@ SETUP_MISTAKES = {
 
 
 @pytest.mark.parametrize("case", sorted(SETUP_MISTAKES))
-def test_a_setup_mistake_fails_the_task_at_once_without_a_marker(airflow, case):
+def test_a_setup_mistake_fails_the_task_at_once_without_a_marker(airflow, nightly, case):
     """Without a marker, exit 2 used to be retried as "the partition may not be there yet"."""
     ds = {"missing preprocessing module": "2026-01-22", "unknown schema": "2026-01-23",
           "unset variable": "2026-01-24"}[case]
@@ -423,19 +516,24 @@ def test_a_setup_mistake_fails_the_task_at_once_without_a_marker(airflow, case):
     write_setup_job(airflow["setup"], airflow["job"], **changes)
     write_nightly(airflow["setup"], {"retries": 2, "retry_delay_minutes": 0})
     partition(airflow, ds)
-    log = dags_test(airflow, ds, dag_id=SETUP_DAG)
-    assert tries(airflow, ds, SETUP_DAG) == {"score": ("failed", 1)}, log
-    assert "usage or spec error (exit 2), not retried: batchinfer run: " in log
-    assert says in log
+    dag = dag_of(nightly, airflow, SETUP_DAG)
+    assert dag.task_ids == ["score"] and dag.get_task("score").retries == 2
+    failed = score(nightly, airflow, ds, SETUP_DAG)
+    assert fails_now(failed), failed
+    assert "usage or spec error (exit 2), not retried: batchinfer run: " in str(failed)
+    assert says in str(failed)
 
 
-def test_no_shard_yet_is_retried_without_a_marker(airflow):
+def test_no_shard_yet_is_retried_without_a_marker(airflow, nightly):
     ds = "2026-01-25"  # no partition: it has not arrived
     write_setup_job(airflow["setup"], airflow["job"])
     write_nightly(airflow["setup"], {"retries": 2, "retry_delay_minutes": 0})
-    log = dags_test(airflow, ds, dag_id=SETUP_DAG)
-    assert tries(airflow, ds, SETUP_DAG) == {"score": ("failed", 3)}, log
-    assert log.count("no shard yet (exit 2), will retry if tries are left: batchinfer run: ") == 3
+    dag = dag_of(nightly, airflow, SETUP_DAG)
+    assert dag.task_ids == ["score"] and dag.get_task("score").retries == 2  # 3 tries
+    for _ in range(3):  # each try: retried while tries are left
+        failed = score(nightly, airflow, ds, SETUP_DAG)
+        assert retried(failed), failed
+        assert "no shard yet (exit 2), will retry if tries are left: batchinfer run: " in str(failed)
 
 
 # -- the error file the task reads (docs/contract.md §2) -------------------------------------------

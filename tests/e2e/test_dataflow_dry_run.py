@@ -30,8 +30,7 @@ def sets(options: dict) -> list[str]:
 def test_dry_run_builds_the_dataflow_job_and_submits_nothing(tmp_path):
     numeric_project(tmp_path, shards=2, rows=100)
     before = snapshot(tmp_path)
-    result = run_cli("run", "job.yaml", "--ds", DS, "--dry-run", *sets(DATAFLOW), cwd=tmp_path,
-                     fresh=True)
+    result = run_cli("run", "job.yaml", "--ds", DS, "--dry-run", *sets(DATAFLOW), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     print(result.stdout)
     summary = re.search(r"dataflow job '[^']+' \(batch\) built, not submitted: (\d+) transforms "

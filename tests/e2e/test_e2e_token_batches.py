@@ -18,6 +18,8 @@ import pytest
 
 from factories import DS, REPO, one_line_error, read_partition, run_cli, save_onnx, write_job
 
+pytestmark = pytest.mark.slow  # runs of the CLI, as every end-to-end module
+
 VOCAB = 128            # ids 1..127 are bytes; DEL (0x7f) becomes id 128, which the model rejects
 EXECUTION = {"_inference_id", "_compute_ms"}
 
@@ -182,7 +184,7 @@ def test_killed_token_run_commits_nothing_and_its_rerun_is_the_row_partition(pro
     row-sized run committed."""
     out = f"out/killed-{fault.replace(':', '-')}"
     args = ("run", "job.yaml", "--ds", DS, "--set", f"output.path={out}", "--set", "batch.tokens=200")
-    killed = run_cli(*args, cwd=project, env={"BATCHINFER_FAULT": fault}, fresh=True)
+    killed = run_cli(*args, cwd=project, env={"BATCHINFER_FAULT": fault})
     assert killed.returncode == -9, killed.stderr
     assert not (project / out / "_manifest.json").exists()
     rerun = run_cli(*args, cwd=project)

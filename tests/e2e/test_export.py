@@ -2,11 +2,13 @@
 driven through the CLI; the exported model then scores a partition like any ONNX model."""
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import artefacts
 import numpy as np
 import pytest
 
@@ -36,15 +38,37 @@ MAKE_PROGRAM = textwrap.dedent('''\
                                   dynamic_shapes=({0: torch.export.Dim("batch")},))
     torch.export.save(program, sys.argv[1])
     ''')
+# Outputs of ~1e6 from a 4,096-term sum (test_export_that_disagrees_writes_nothing).
+DISAGREEING = (MAKE_PROGRAM
+               .replace("return torch.sigmoid(self.out(torch.relu(self.hidden(x))))",
+                        "return self.out(torch.relu(self.hidden(x))) * 1e6")
+               .replace("Linear(4, 16)", "Linear(4, 4096)").replace("Linear(16, 1)", "Linear(4096, 1)"))
+
+
+def make_program(code: str, path: Path) -> None:
+    """``code`` (:data:`MAKE_PROGRAM` or a variant) run in a fresh interpreter writes ``path``."""
+    made = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                          text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+
+
+def _net(folder: Path) -> None:
+    make_program(MAKE_PROGRAM, folder / "net.pt2")
+
+
+def _big(folder: Path) -> None:
+    make_program(DISAGREEING, folder / "big.pt2")
+
+
+def cached_program(build, name: str) -> Path:
+    """A program of this file's, made once for these versions of torch (tests/artefacts.py)."""
+    return artefacts.cached(f"export-{name}", build, packages=artefacts.TORCH_EXPORT,
+                            sources=["tests/e2e/test_export.py"]) / f"{name}.pt2"
 
 
 @pytest.fixture(scope="module")
-def program(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("export") / "net.pt2"
-    made = subprocess.run([sys.executable, "-c", MAKE_PROGRAM, str(path)], capture_output=True,
-                          text=True, timeout=300)
-    assert made.returncode == 0, made.stderr
-    return path
+def program() -> Path:
+    return cached_program(_net, "net")
 
 
 def test_export_to_onnx_checks_parity_and_scores(program, tmp_path):
@@ -130,15 +154,9 @@ def test_export_to_tensorrt_without_a_gpu_says_so(program, tmp_path):
 def test_export_that_disagrees_writes_nothing(tmp_path):
     """Outputs of ~1e6 from a 4,096-term sum: torch's and ONNX Runtime's kernels round it
     differently, by far more than 1e-5, so the parity check must refuse the model."""
-    make = (MAKE_PROGRAM
-            .replace("return torch.sigmoid(self.out(torch.relu(self.hidden(x))))",
-                     "return self.out(torch.relu(self.hidden(x))) * 1e6")
-            .replace("Linear(4, 16)", "Linear(4, 4096)").replace("Linear(16, 1)", "Linear(4096, 1)"))
-    assert make.count("4096") == 2  # a 4,096-term sum: no two BLAS kernels round it alike
+    assert DISAGREEING.count("4096") == 2  # a 4,096-term sum: no two BLAS kernels round it alike
     program = tmp_path / "big.pt2"
-    made = subprocess.run([sys.executable, "-c", make, str(program)], capture_output=True,
-                          text=True, timeout=300)
-    assert made.returncode == 0, made.stderr
+    shutil.copy(cached_program(_big, "big"), program)
     result = run_cli("export", str(program), "--to", "onnx", "--out", "big.onnx", cwd=tmp_path,
                      timeout=600)
     assert result.returncode == 5, result.stderr

