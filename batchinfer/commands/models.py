@@ -38,15 +38,17 @@ def load_champion(resolved: Resolved) -> "ModelRun":
     from ..pipeline.transforms import ModelRun
 
     spec = resolved.job.spec
-    handler, device, _ = load_model(resolved, spec.model, resolved.model,
-                                    resolved.triple.model_digest, spec.output.predictions)
+    mapped = spec.output.predictions
+    handler, device, outputs = load_model(resolved, spec.model, resolved.model,
+                                          resolved.triple.model_digest, mapped)
     return ModelRun(name="", triple=resolved.triple, handler=handler, device=device,
                     backend=spec.model.backend, model_options=declared(spec.model),
-                    folder=PREDICTIONS, prediction_names=dict(spec.output.predictions or {}) or None,
+                    folder=PREDICTIONS, prediction_names=dict(mapped or {}) or None,
+                    columns=tuple(mapped.values()) if mapped else tuple(outputs),
                     rejects="quarantine")
 
 
-def load_challengers(resolved: Resolved) -> "list[ModelRun]":
+def load_challengers(resolved: Resolved, champion: "ModelRun") -> "list[ModelRun]":
     """Each challenger as the pipeline runs it, loaded before any work like the champion; an
     error names the challenger (the exit code stays the champion's: 5 not loading, 2 outputs).
     A challenger writes exactly the champion's prediction columns, in their order: through its
@@ -57,7 +59,7 @@ def load_challengers(resolved: Resolved) -> "list[ModelRun]":
     from ..pipeline.transforms import ModelRun
 
     output = resolved.job.spec.output
-    columns = prediction_columns(resolved)   # the champion's outputs, or as mapped
+    columns = list(champion.columns)   # the champion's outputs, or as mapped
     loaded = []
     for challenger in resolved.challengers:
         own = challenger.spec.predictions
@@ -83,7 +85,7 @@ def load_challengers(resolved: Resolved) -> "list[ModelRun]":
                                model_options=declared(challenger.spec),
                                folder=challenger_folder(challenger.name),
                                prediction_names=dict(own or output.predictions or {}) or None,
-                               rejects="count"))
+                               columns=champion.columns, rejects="count"))
     return loaded
 
 
@@ -124,13 +126,3 @@ def load_model(resolved: Resolved, spec: ModelFields, found: "ResolvedModel", di
         check_output_columns(output_spec.id_columns, {o: o for o in outputs},
                              source="the model's outputs (output.predictions maps none)")
     return handler, handler.loaded(model).device_used(), list(outputs)
-
-
-def prediction_columns(resolved: Resolved) -> list[str]:
-    """The champion's prediction columns: as ``output.predictions`` maps them, else the model's
-    output names (the model is loaded already: a cache look-up)."""
-    mapped = resolved.job.spec.output.predictions
-    if mapped:
-        return list(mapped.values())
-    return load_model(resolved, resolved.job.spec.model, resolved.model,
-                      resolved.triple.model_digest, None)[2]

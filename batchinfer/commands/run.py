@@ -238,7 +238,7 @@ def rehearse(run: Resolution, decision: Decision) -> Outcome:
     message = f"dry run: would score {len(resolved.shards)} shards into {run.shown}"
     if runners.get(spec.runner.name).builds_job:  # build the runner's job too, submit nothing
         champion = models.load_champion(resolved)
-        challengers = models.load_challengers(resolved)
+        challengers = models.load_challengers(resolved, champion)
         attempt = run.partition.begin(new_attempt(started), replacing=decision.manifest,
                                       clock=run.clock)
         header = scoring.manifest_header(job, attempt, champion, started, None, challengers)
@@ -255,11 +255,11 @@ def launch(run: Resolution, decision: Decision, tracking: "TrackingRun",
     spec = job.spec
     t_load = time.perf_counter()
     champion = models.load_champion(resolved)
-    challengers = models.load_challengers(resolved)
+    challengers = models.load_challengers(resolved, champion)
     load_s = time.perf_counter() - t_load
     baseline = run.baseline
     if baseline is not None:  # the columns it is compared on, known now (exit 2 if none)
-        baseline = baseline.for_run([*resolved.features, *models.prediction_columns(resolved)])
+        baseline = baseline.for_run([*resolved.features, *champion.columns])
     tracking.prepare()  # the checks passed: the store may be touched
     attempt = run.partition.begin(new_attempt(run.started), replacing=decision.manifest,
                                   clock=run.clock)

@@ -86,6 +86,7 @@ class ModelRun:
             predictions), as the manifest records them.
         folder: where its prediction files go (``predictions``, ``challengers/<name>``).
         prediction_names: its output name → prediction column (None: each output its own name).
+        columns: the prediction columns it writes, in order (known once the model is loaded).
         rejects: ``quarantine`` (the champion): rows it rejects (raised on, non-finite outputs)
             go to the partition's quarantine files, and its batches carry the partition's
             accounting and drift statistics (:class:`BatchRecord`); ``count`` (a challenger):
@@ -102,6 +103,7 @@ class ModelRun:
     model_options: dict[str, str]
     folder: str
     prediction_names: dict[str, str] | None = None
+    columns: tuple[str, ...] = ()
     rejects: RejectPolicy = "quarantine"
 
     @property

@@ -241,6 +241,32 @@ def _pipeline_alone(folder):
     return job, attempt
 
 
+def test_the_champions_columns_come_from_its_one_load(job_folder, monkeypatch):
+    """The champion's prediction columns (what the baseline and each challenger are matched
+    on) are the loaded model's outputs, or ``output.predictions``' columns, known from the one
+    load: the handler is built once, not again to ask for its outputs."""
+    import onnxruntime as ort
+
+    from batchinfer.commands import models
+    from batchinfer.commands.resolve import resolve
+    from batchinfer.spec import load_job
+
+    built: list[str] = []
+    real_class = models.handler_class
+
+    def counting(backend):
+        built.append(backend)
+        return real_class(backend)
+
+    monkeypatch.setattr(models, "handler_class", counting)
+    outputs = [o.name for o in ort.InferenceSession(str(job_folder / "models" / "model.onnx"))
+               .get_outputs()]
+    champion = models.load_champion(resolve(load_job(job_folder / "job.yaml", ds=DS)))
+    assert champion.columns == tuple(outputs) == ("y",) and built == ["onnxruntime"]
+    mapped = load_job(job_folder / "job.yaml", ds=DS, overrides=["output.predictions={y: score}"])
+    assert models.load_champion(resolve(mapped)).columns == ("score",)
+
+
 def test_the_pipeline_commits_without_its_launcher_and_the_rerun_is_a_noop(job_folder):
     from batchinfer.commands.run import run_job
 
