@@ -46,23 +46,32 @@ def byte_model(path: Path) -> Path:
     """``total`` = sum of a row's real ids (a Gather on a table of 0..127, so an id ≥ 128 fails
     in ONNX Runtime), ``length`` = its real tokens: small integers, exact in float32 in any
     summation order, so padding and batch shape cannot change them."""
+    from onnx import TensorProto, helper
+
+    nodes, inputs, constants = _token_total()
+    graph = helper.make_graph(
+        [*nodes, helper.make_node("ReduceSum", ["maskf", "axis"], ["length"], keepdims=0)],
+        "bytes", inputs,
+        [helper.make_tensor_value_info("total", TensorProto.FLOAT, ["N"]),
+         helper.make_tensor_value_info("length", TensorProto.FLOAT, ["N"])],
+        constants)
+    return save_onnx(graph, path)
+
+
+def _token_total() -> tuple[list, list, list]:
+    """The nodes, inputs and constants both test models share: ``total``, the sum of a row's
+    real ids (``maskf``, the mask as floats, left for more outputs)."""
     from onnx import TensorProto, helper, numpy_helper
 
     table = numpy_helper.from_array(np.arange(VOCAB, dtype=np.float32), "table")
+    axis = numpy_helper.from_array(np.array([1], np.int64), "axis")
     nodes = [helper.make_node("Gather", ["table", "input_ids"], ["values"]),
              helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT),
              helper.make_node("Mul", ["values", "maskf"], ["masked"]),
-             helper.make_node("ReduceSum", ["masked", "axis"], ["total"], keepdims=0),
-             helper.make_node("ReduceSum", ["maskf", "axis"], ["length"], keepdims=0)]
-    axis = numpy_helper.from_array(np.array([1], np.int64), "axis")
-    graph = helper.make_graph(
-        nodes, "bytes",
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["N", "L"]),
-         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["N", "L"])],
-        [helper.make_tensor_value_info("total", TensorProto.FLOAT, ["N"]),
-         helper.make_tensor_value_info("length", TensorProto.FLOAT, ["N"])],
-        [table, axis])
-    return save_onnx(graph, path)
+             helper.make_node("ReduceSum", ["masked", "axis"], ["total"], keepdims=0)]
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["N", "L"]),
+              helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["N", "L"])]
+    return nodes, inputs, [table, axis]
 
 
 def documents(rng: np.random.Generator, n: int) -> list[str | None]:
@@ -213,23 +222,16 @@ assert f"width = {WIDTH}" in DENSE_PREPROCESS and "dense" in DENSE_PREPROCESS
 def dense_model(path: Path) -> Path:
     """The byte model with a third input ``dense [N, 300]`` (fixed) and a third output
     ``dense_total``, the sum of a row's dense values (small integers: exact)."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
-    table = numpy_helper.from_array(np.arange(VOCAB, dtype=np.float32), "table")
-    nodes = [helper.make_node("Gather", ["table", "input_ids"], ["values"]),
-             helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT),
-             helper.make_node("Mul", ["values", "maskf"], ["masked"]),
-             helper.make_node("ReduceSum", ["masked", "axis"], ["total"], keepdims=0),
-             helper.make_node("ReduceSum", ["dense", "axis"], ["dense_total"], keepdims=0)]
-    axis = numpy_helper.from_array(np.array([1], np.int64), "axis")
+    nodes, inputs, constants = _token_total()
     graph = helper.make_graph(
-        nodes, "bytes_and_dense",
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["N", "L"]),
-         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["N", "L"]),
-         helper.make_tensor_value_info("dense", TensorProto.FLOAT, ["N", WIDTH])],
+        [*nodes, helper.make_node("ReduceSum", ["dense", "axis"], ["dense_total"], keepdims=0)],
+        "bytes_and_dense",
+        [*inputs, helper.make_tensor_value_info("dense", TensorProto.FLOAT, ["N", WIDTH])],
         [helper.make_tensor_value_info("total", TensorProto.FLOAT, ["N"]),
          helper.make_tensor_value_info("dense_total", TensorProto.FLOAT, ["N"])],
-        [table, axis])
+        constants)
     return save_onnx(graph, path)
 
 
