@@ -35,7 +35,8 @@ from ..errors import BatchInferError
 
 Count = Annotated[int, Field(ge=0)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
-Duration = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+NonNegative = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+Duration = NonNegative   # seconds or milliseconds
 Name = Annotated[str, Field(min_length=1)]
 
 
@@ -142,7 +143,7 @@ class ColumnStatsModel(_Checked):
     count: Count
     nulls: Count
     mean: Finite
-    m2: Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+    m2: NonNegative
     min: Finite | None = None
     max: Finite | None = None
     counts: list[Count] = Field(default_factory=list)
@@ -207,10 +208,10 @@ class ColumnProfileModel(_Checked):
     count: Count
     nulls: Count
     mean: Finite | None = None
-    std: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] | None = None
+    std: NonNegative | None = None
     min: Finite | None = None
     max: Finite | None = None
-    m2: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] | None = None
+    m2: NonNegative | None = None
     quantiles: dict[str, Finite | None] = Field(default_factory=dict)
     cuts: list[Finite] = Field(default_factory=list)
     counts: list[Count] = Field(default_factory=list)
