@@ -11,7 +11,9 @@ implements four hooks:
 
 Four more have defaults: ``device_used(model)`` ("cpu"), ``default_chunk_rows(model)`` (None:
 the whole batch per call), ``input_shapes(model)`` (none known) and ``model_key()`` (backend,
-digest, device, options). Every handler is
+digest, device, options). A backend whose ``predict`` may run in several threads at once on one
+loaded model says so with ``thread_safe = True``; by default the calls are serialised (see
+:func:`call_lock`). Every handler is
 built the same way, ``cls(model_path, digest=…, device=…, options=…)``, with options already
 checked against the backend's entry. Nothing calls a hook but through a
 :class:`~batchinfer.handlers.loaded.LoadedModel` (:meth:`BatchModelHandler.loaded`), which binds
@@ -75,6 +77,25 @@ def shared_model(key: Hashable, load: Callable[[], Any]) -> Held:
             held = Held(load())
             _models[key] = held
         return held
+
+
+# One lock per loaded model in the process, for the backends whose ``predict`` is not thread-safe.
+# Beam shares a worker's model between its threads: it unpickles a handler per thread and loads
+# the model in one of them (its ``Shared``), so the other threads' handlers never load it and
+# hold no Held; what every thread has is the model's key, which is also what makes the cache
+# give two handlers one model. So the locks are kept by key, here, never on the handler (it
+# pickles to the workers; a lock does not). A lock outlives its model (one per key a process
+# loads, a few bytes): a model loaded again under its key, while threads still use a copy the
+# cache let go, shares that copy's lock (over-cautious, never unguarded). Its own lock, not
+# _models_lock, which is held while a model loads.
+_call_locks: dict[Hashable, threading.Lock] = {}
+_call_locks_lock = threading.Lock()
+
+
+def call_lock(key: Hashable) -> threading.Lock:
+    """The lock held around every ``predict`` on the model ``key`` names, in this process."""
+    with _call_locks_lock:
+        return _call_locks.setdefault(key, threading.Lock())
 
 
 @dataclass
@@ -157,6 +178,10 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
 
     backend: ClassVar[str] = ""   # the name in batchinfer.backends ("" for test doubles)
     warm_up: ClassVar[bool] = True  # one untimed call on the first chunk, see _predict
+    # May threads call ``predict`` on one loaded model at the same time? Beam shares a worker's
+    # model between its threads; False (the safe default for a backend that does not say)
+    # serialises the calls with the model's call_lock (LocalModel.predict).
+    thread_safe: ClassVar[bool] = False
 
     def __init__(self, model_path: str, *, digest: str, device: str = "auto",
                  options: Optional[Mapping[str, Any]] = None, tokens: Optional[int] = None,
@@ -270,6 +295,11 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
 
     def model_copies(self) -> int:
         return int(self.options.get("model_copies", 1))
+
+    def calls_lock(self) -> Optional[threading.Lock]:
+        """What every ``predict`` on this handler's model holds: its :func:`call_lock`, or None
+        for a thread-safe backend."""
+        return None if self.thread_safe else call_lock(self.model_key())
 
     def loaded(self, model: Any) -> LoadedModel:
         """``model``, as :meth:`load_model` returned it, as a :class:`LoadedModel`: the hooks
@@ -496,14 +526,23 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
             finally:
                 tally.warmup_seconds += time.perf_counter() - t_warm
         t0 = time.perf_counter()
+        waited = _waited(model)
         try:
             self.oom_policy.before_call(rows)
             return model.predict(chunk)
         finally:
-            tally.seconds += time.perf_counter() - t0
+            # the model's time: not the time the call waited for another thread's (call_lock)
+            tally.seconds += time.perf_counter() - t0 - (_waited(model) - waited)
 
     def _is_out_of_memory(self, exc: BaseException) -> bool:
         return isinstance(exc, InjectedOutOfMemory) or self.is_out_of_memory(exc)
+
+
+def _waited(model: LoadedModel) -> float:
+    """Seconds the calls of ``model`` (one batch's, one thread's) have waited for its call lock.
+    0 for a served model: it is every caller's, and its calls wait in the process that serves
+    it, inside the call as this process times it."""
+    return model.waited_s if isinstance(model, LocalModel) and not isinstance(model, ServedModel) else 0.0
 
 
 def cast_input(name: str, value: np.ndarray, want: Any) -> np.ndarray:

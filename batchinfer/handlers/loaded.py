@@ -9,9 +9,14 @@ that the calls are checked and one object answers them wherever the model is:
 - :class:`ServedModel`: the model that ``share_across_processes`` serves from a process of its
   own (Beam's ``multi_process_shared``); workers hold a proxy to it, which pickles whatever a
   method takes or returns, so it answers with plain data.
+
+Both hold the model's call lock around ``predict`` for a backend that is not thread-safe; a
+served model's is in the process that serves it, where the calls of every worker process arrive,
+each in a thread of its own.
 """
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, Generic, Optional, Protocol, TypeVar
 
 import numpy as np
@@ -39,13 +44,20 @@ class LoadedModel(Protocol):
 
 
 class LocalModel(Generic[ModelT]):
-    """A backend's model in this process, with the handler's hooks bound to it."""
+    """A backend's model in this process, with the handler's hooks bound to it.
 
-    __slots__ = ("_handler", "_model")
+    ``predict`` holds the model's call lock when the backend is not thread-safe
+    (``BatchModelHandler.thread_safe``, ``base.call_lock``): every thread's calls on one model
+    take turns, whichever handler they come from. ``waited_s`` is the time this object's calls
+    waited for it."""
+
+    __slots__ = ("_handler", "_model", "_lock", "waited_s")
 
     def __init__(self, handler: "BatchModelHandler[ModelT]", model: ModelT):
         self._handler = handler
         self._model = model
+        self._lock = handler.calls_lock()
+        self.waited_s = 0.0
 
     def input_names(self) -> list[str]:
         return self._handler.input_names(self._model)
@@ -63,7 +75,12 @@ class LocalModel(Generic[ModelT]):
         return self._handler.device_used(self._model)
 
     def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self._handler.predict(self._model, inputs)
+        if self._lock is None:
+            return self._handler.predict(self._model, inputs)
+        t0 = time.perf_counter()
+        with self._lock:
+            self.waited_s += time.perf_counter() - t0
+            return self._handler.predict(self._model, inputs)
 
 
 class ServedModel(LocalModel[Any]):

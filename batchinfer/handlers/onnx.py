@@ -84,6 +84,10 @@ class OnnxModelHandler(BatchModelHandler[Any]):
     the loaded model is an ``onnxruntime.InferenceSession``."""
 
     backend = "onnxruntime"
+    # ONNX Runtime guarantees that threads may call run() on one InferenceSession at once (its
+    # TensorRT provider locks its own engine for it, onnxruntime#19301), and predict keeps nothing
+    # between calls: the feed, and the IO binding, are made per call.
+    thread_safe = True
 
     def open_model(self) -> Any:
         import onnxruntime as ort

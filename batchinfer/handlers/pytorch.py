@@ -17,7 +17,9 @@ as float32, so a column's type does not depend on the precision.
 
 On CUDA each chunk's inputs are copied into pinned host buffers that are allocated once and
 reused, sent to the device with non-blocking copies on the handler's own stream, and the outputs
-copied back on the same stream before it is synchronised. (Overlapping the next chunk's copy
+copied back on the same stream before it is synchronised. The buffers and the stream are the
+model's, shared by the threads that share the model, so the calls on one model take turns
+(``thread_safe = False``). (Overlapping the next chunk's copy
 with the current chunk's compute is left out until it is measured on a GPU: at the bench model's
 sizes a chunk's copy is a small part of its time.)
 
@@ -63,6 +65,12 @@ class TorchModelHandler(BatchModelHandler[TorchModel]):
     """Runs a ``torch.export`` program; see the module docstring."""
 
     backend = "torch"
+    # Not thread-safe on CUDA: every call stages its inputs in the model's one set of pinned
+    # buffers and runs on its one stream, so a second thread would overwrite a buffer that a
+    # non-blocking copy is still reading and synchronise on the other's work. On CPU the program's
+    # forward keeps no state, but each call already runs on every core (intra-op threads), so
+    # taking turns costs little there: the calls are serialised on both (base.call_lock).
+    thread_safe = False
 
     @property
     def precision(self) -> str:

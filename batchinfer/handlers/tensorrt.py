@@ -14,6 +14,13 @@ profile's max batch is the model-call chunk (``model.options.chunk_rows`` can lo
 batch axis is dynamic between the profile's min and max. CUDA memory and streams come from
 torch, which the ``gpu`` extra installs beside TensorRT.
 
+The threads of a worker share one model copy, and with it that context, its buffers and its
+stream: their calls take turns (``thread_safe = False``, the lock in handlers/base.py), as in
+Beam's TensorRT handler. A context per thread (with its own buffers and stream) would let calls
+overlap on the GPU, but each context holds its own activation memory and buffers at the
+profile's maximum, so the memory grows with the number of SDK threads per process, for a
+gain nobody has measured: left out until it is measured on a GPU.
+
 Nothing here has run on this project's CI machines (no GPU, no TensorRT): the conformance
 suite's ``tensorrt`` cases and ``bench/gpu_check.sh`` run it where both are present.
 """
@@ -48,6 +55,11 @@ class TrtModel:
 
 class TensorRTModelHandler(BatchModelHandler[TrtModel]):
     backend = "tensorrt"
+    # Not thread-safe: predict sets the input shapes and the tensor addresses on the model's one
+    # execution context and stages through its one set of device buffers on its one stream;
+    # calls take turns (base.call_lock), as Beam's own TensorRT handler holds a lock around
+    # execution. See the module docstring for why not a context per thread.
+    thread_safe = False
 
     @classmethod
     def build_facts(cls, model_path: str) -> dict[str, str]:

@@ -8,6 +8,7 @@ array, as the pipeline feeds it.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
@@ -128,6 +129,45 @@ def check_out_of_memory_loses_no_row(make_handler: Callable[..., BatchModelHandl
         np.testing.assert_allclose(result.outputs[name], want, atol=atol, rtol=0, err_msg=name)
 
 
+def check_threads_sharing_a_model(make_handler: Callable[[], BatchModelHandler],
+                                  inputs: Sequence[Mapping[str, np.ndarray]]) -> None:
+    """Threads that share one loaded model, as a Beam worker's threads do (each with a handler
+    of its own; one loads the model and the others are handed it), score ``inputs`` (one batch
+    each) at once and get the bytes each batch gets alone. A backend that says it is
+    ``thread_safe`` must really be; for one that does not, the handler base's lock is checked.
+    That the calls did overlap is up to the scheduler: a pass is evidence, not proof."""
+    handlers = [make_handler() for _ in inputs]
+    model = handlers[0].load_model()
+
+    def batch(arrays: Mapping[str, np.ndarray]) -> Prepared:
+        rows = len(next(iter(arrays.values())))
+        features = dict(arrays) if len(arrays) > 1 else next(iter(arrays.values()))
+        return Prepared(key=(0, 0), rows=rows, features=features)
+
+    alone = [handler.infer(model, batch(arrays)) for handler, arrays in zip(handlers, inputs)]
+    start = threading.Barrier(len(inputs))
+    together: list = [None] * len(inputs)
+
+    def score_one(i: int) -> None:
+        start.wait(timeout=60)
+        try:
+            together[i] = handlers[i].infer(model, batch(inputs[i]))
+        except Exception as exc:  # noqa: BLE001 - reported below, in the test's thread
+            together[i] = exc
+
+    threads = [threading.Thread(target=score_one, args=(i,)) for i in range(len(inputs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    for i, (want, have) in enumerate(zip(alone, together)):
+        assert isinstance(have, Inference), f"thread {i}: {have!r}"
+        assert have.failed == [] and have.ok_rows.tolist() == want.ok_rows.tolist(), \
+            f"thread {i}: {have.failed[:3]}"
+        for name, value in want.outputs.items():
+            assert have.outputs[name].tobytes() == value.tobytes(), f"{name}, thread {i}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class BackendCase:
     """One backend, device and model under test, as :class:`BackendConformance` runs it.
@@ -202,6 +242,10 @@ class BackendConformance:
         atol = 0.05 if backend.reduced_precision else max(backend.atol, 1e-6)
         check_a_bad_row_stays_in_its_row(backend.make_handler, backend.inputs(300, 9), [0, 150, 299],
                                          atol=atol)
+
+    def test_threads_sharing_a_model(self, backend: BackendCase) -> None:
+        check_threads_sharing_a_model(backend.make_handler,
+                                      [backend.inputs(500, seed) for seed in range(4)])
 
     def test_out_of_memory_loses_no_row(self, backend: BackendCase) -> None:
         atol = 0.05 if backend.reduced_precision else max(backend.atol, 1e-6)

@@ -34,6 +34,7 @@ from batchinfer.testing import (
     check_out_of_memory_loses_no_row,
     check_predictions,
     check_rows_do_not_depend_on_their_neighbours,
+    check_threads_sharing_a_model,
     score,
 )
 from factories import DS, make_shards, read_partition, run_cli, write_job, write_schema
@@ -232,6 +233,14 @@ def test_a_nan_row_leaves_its_neighbours_alone(models, kind):
     tolerance = 0.05 if kind[3] == "kl" else max(kind[3], 1e-6)
     check_a_bad_row_stays_in_its_row(lambda: _handler(kind, models["multi"]), _inputs("multi", 300, seed=9),
                                      [0, 150, 299], atol=tolerance)
+
+
+@pytest.mark.parametrize("kind", list(BACKENDS.values()))
+def test_threads_sharing_a_model_get_what_each_gets_alone(models, kind):
+    """Four threads on one loaded model, as a Beam worker's threads: each batch's bytes are its
+    own, whether the backend says it is thread-safe (ONNX Runtime) or the base takes turns."""
+    check_threads_sharing_a_model(lambda: _handler(kind, models["multi"]),
+                                  [_inputs("multi", 500, seed) for seed in range(4)])
 
 
 @pytest.mark.parametrize("kind", list(BACKENDS.values()))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from batchinfer.testing import (
     check_out_of_memory_loses_no_row,
     check_predictions,
     check_rows_do_not_depend_on_their_neighbours,
+    check_threads_sharing_a_model,
 )
 
 WEIGHTS = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
@@ -106,6 +108,31 @@ def test_the_kit_fails_wrong_predictions_and_a_broken_batch_contract():
     short.predict = lambda model, inputs: {"logits": inputs["x"][1:] @ model, "score": inputs["x"][1:, 0]}
     with pytest.raises(ModelError, match="breaks the batch contract"):
         check_predictions(short, inputs)
+
+
+class SharedScratch(NumpyHandler):
+    """Says it is thread-safe but stages every call's input in one buffer of its model's (as the
+    torch CUDA path stages in its pinned buffers): calls that overlap read each other's rows.
+    Each thread's first call waits for the others inside, so that they do overlap."""
+
+    thread_safe = True
+    warm_up = False
+
+    def open_model(self):
+        return {"weights": WEIGHTS, "scratch": {}, "meet": threading.Barrier(4, timeout=30)}
+
+    def predict(self, model, inputs):
+        model["scratch"]["x"] = inputs["x"]
+        if threading.current_thread() is not threading.main_thread() and not getattr(self, "met", False):
+            self.met = True
+            model["meet"].wait()
+        logits = model["scratch"]["x"] @ model["weights"]
+        return {"logits": logits, "score": 1 / (1 + np.exp(-logits[:, 0]))}
+
+
+def test_the_kit_fails_a_backend_that_says_it_is_thread_safe_and_is_not():
+    with pytest.raises(AssertionError, match="logits, thread"):
+        check_threads_sharing_a_model(SharedScratch, [numpy_inputs(50, seed) for seed in range(4)])
 
 
 def test_importing_batchinfer_imports_neither_the_kit_nor_pytest():

@@ -1,8 +1,9 @@
 """The parts of the handler base (batchinfer/handlers): call planning (calls.py), the
 out-of-memory policy (oom.py), the batch contract (batch_contract.py), the loaded model
-(loaded.py), the per-process model cache (base.py), and the fault value the handler carries
-(faults.py). Each is checked on its own here; tests/unit/test_model_failures.py and
-test_token_batches.py check them together through ``BatchModelHandler.infer``.
+(loaded.py), the per-process model cache and the lock on a model that is not thread-safe
+(base.py), and the fault value the handler carries (faults.py). Each is checked on its own
+here; tests/unit/test_model_failures.py and test_token_batches.py check them together through
+``BatchModelHandler.infer``.
 Rerun with ``.venv/bin/pytest tests/unit/test_handler_parts.py -q``.
 """
 from __future__ import annotations
@@ -11,6 +12,8 @@ import gc
 import os
 import pickle
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -134,6 +137,7 @@ def test_a_local_model_binds_the_hooks_and_a_served_one_answers_plain_data():
     shared = Counting(share_across_processes=True)
     served = shared.load_model()
     assert isinstance(served, ServedModel) and shared.loaded(served) is served
+    assert served._lock is base.call_lock(shared.model_key())   # held where it is served
     assert served.input_names() == ["x"]
     result = shared.infer(served, Prepared((0, 0), 5, np.ones((5, 1))))
     assert result.outputs["y"].tolist() == [2.0] * 5 and result.chunk_rows == 2
@@ -155,6 +159,104 @@ def test_a_model_is_cached_while_a_handler_holds_it_and_freed_after():
     assert key not in base._models                     # no handler left: evicted
     Counting(digest="cached").load_model()
     assert Counting.opened == ["cached", "cached"]
+
+
+# -- threads sharing a model ---------------------------------------------------------------------
+
+class Entered:
+    """A model that watches the threads in its ``predict``."""
+
+    def __init__(self):
+        self.guard = threading.Lock()
+        self.inside = 0
+        self.most = 0          # threads inside at once, at most
+        self.threads: set[int] = set()
+
+
+ENTERED: dict[str, Entered] = {}   # by digest: the model each test's handlers load
+
+
+class OneAtATime(BatchModelHandler):
+    """A backend whose ``predict`` may not run in two threads at once, as TensorRT's one
+    execution context or the torch CUDA path's one set of staging buffers: a call that finds
+    another thread inside fails its rows."""
+
+    warm_up = False
+
+    def __init__(self, digest):
+        super().__init__("one-at-a-time.model", digest=digest, options={"chunk_rows": 2})
+
+    def open_model(self):
+        return ENTERED.setdefault(self.digest, Entered())
+
+    def input_names(self, model):
+        return ["x"]
+
+    def output_names(self, model):
+        return ["y"]
+
+    def predict(self, model, inputs):
+        with model.guard:
+            model.inside += 1
+            model.most = max(model.most, model.inside)
+            model.threads.add(threading.get_ident())
+            clash = model.inside > 1
+        try:
+            if clash:
+                raise RuntimeError("another thread is inside predict")
+            time.sleep(0.002)   # the call's time on the device: room for another thread to come in
+            return {"y": inputs["x"][:, 0] * 2}
+        finally:
+            with model.guard:
+                model.inside -= 1
+
+
+def test_a_beam_workers_threads_take_turns_on_a_model_that_is_not_thread_safe():
+    """Beam's direct runner with 4 threads in this process: each thread unpickles a handler of
+    its own and one of them loads the model, which Beam's ``Shared`` hands the others — the
+    threads' handlers share nothing but the model and its key. Its calls never overlap and every
+    row is scored. (With the lock off, ``thread_safe = True`` here, 4 threads were inside at once
+    and rows failed.)"""
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from batchinfer.beam_compat import RunInference
+    from batchinfer.pipeline.runners import pipeline_options
+
+    batches = [Prepared((i, 0), 8, np.full((8, 1), i, np.float32)) for i in range(16)]
+    options = pipeline_options("direct", {"direct_num_workers": 4, "direct_running_mode": "multi_threading"})
+    with beam.Pipeline(options=options) as pipeline:
+        scored = (pipeline | beam.Create(batches) | beam.Reshuffle()
+                  | RunInference(OneAtATime("beam-threads"))
+                  | beam.Map(lambda r: (r.example.key[0], r.inference.failed,
+                                      r.inference.outputs.get("y", np.zeros(0)).tolist())))
+        assert_that(scored, equal_to([(i, [], [2.0 * i] * 8) for i in range(16)]))
+    model = ENTERED["beam-threads"]
+    assert len(model.threads) > 1 and model.most == 1, (len(model.threads), model.most)
+
+
+def test_the_time_a_call_waits_for_the_lock_is_not_the_models(monkeypatch):
+    """``_compute_ms`` is the model's time: a call that waits for another thread's (here a lock
+    that takes a second of a fake clock to get) does not count the wait."""
+    clock = [0.0]
+
+    class SlowLock:
+        def __enter__(self):
+            clock[0] += 1.0
+
+        def __exit__(self, *exc):
+            return None
+
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(base, "call_lock", lambda key: SlowLock())
+    handler = OneAtATime("slow-lock")
+    model = handler.load_model()
+    monkeypatch.setattr(OneAtATime, "predict", lambda self, model, inputs: {"y": inputs["x"][:, 0]})
+    result = handler.infer(model, Prepared((0, 0), 4, np.ones((4, 1), np.float32)))
+    assert result.failed == [] and result.compute_ms == 0.0          # 2 calls, 2 s waited, 0 s computed
+    loaded = handler.loaded(model)
+    loaded.predict({"x": np.ones((1, 1), np.float32)})
+    assert loaded.waited_s == 1.0
 
 
 # -- the fault value the handler carries ----------------------------------------------------------

@@ -193,12 +193,13 @@ def test_run_with_an_option_the_runner_does_not_take_exits_2_before_any_work(pro
 
 def test_run_with_the_runners_own_options_commits(tmp_path):
     """A job file written for Dask, switched to the direct runner as the refusal says
-    (``runner.options={}`` clears the file's options), with the direct runner's own options."""
+    (``runner.options={}`` clears the file's options), with the direct runner's own options:
+    two threads in one process, sharing the model (docs/runners.md "Threads sharing a model")."""
     numeric_project(tmp_path, shards=2, rows=100,
                     runner={"name": "dask", "options": {"dask_client_address": "tcp://x:8786"}})
     result = run_cli("run", "job.yaml", "--ds", DS, "--set", "runner.name=direct",
-                     "--set", "runner.options={}", "--set", "runner.options.direct_num_workers=1",
-                     "--set", "runner.options.direct_running_mode=in_memory", cwd=tmp_path)
+                     "--set", "runner.options={}", "--set", "runner.options.direct_num_workers=2",
+                     "--set", "runner.options.direct_running_mode=multi_threading", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     manifest = json.loads((tmp_path / "out" / f"dt={DS}" / "_manifest.json").read_text())
     assert (manifest["runner"], manifest["totals"]["rows_scored"]) == ("direct", 200)
