@@ -9,7 +9,7 @@ precisions (fp32, bf16) it measures:
 - **model alone**: rows/s of the ``torch.export`` program called directly under
   ``torch.inference_mode()``, inputs taken from host memory each call (pinned, copied to the
   device, outputs copied back: what any batch job must do), at batch 64k / 256k / 1M rows;
-- **end to end**: ``python -m batchinfer run`` of a job over Parquet shards of the same features
+- **end to end**: ``batchinfer run`` (its CLI, called in this process) of a job over Parquet shards of the same features
   with the same program (``backend: torch``, ``device`` as given, ``batch.rows`` = the model's
   best batch size), rows/s from the job's own ``wall_seconds`` (validation, hashing, audit
   columns, writing and the commit included), and its ratio to the best model-alone figure;
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +34,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-ROOT = Path(__file__).resolve().parent.parent
 FEATURES = 32
 
 SCHEMA = '''\
@@ -125,18 +123,20 @@ def make_data(folder: Path, rows: int, shards: int) -> None:
 
 def end_to_end(work: Path, label: str, model: Path, device: str, precision: str, rows: int,
                batch: int) -> dict:
-    """Run the job through the CLI; its metrics say how long the job took."""
+    """Stamp and run the job through batchinfer's CLI, in this process (torch, Beam and the
+    model are imported once for every case, not once per command); the job's metrics say how
+    long it took."""
+    from batchinfer import cli
+
     job = work / f"{label}.yaml"
     job.write_text(JOB.format(label=label, data=work / "data", model=model, device=device,
                               precision=precision, rows=batch, work=work))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    for argv in (["stamp", str(model), "--job", job.name, "--model-version", f"{label}:1"],
-                 ["run", job.name, "--ds", "2026-01-31"]):
+    for argv in (["stamp", str(model), "--job", str(job), "--model-version", f"{label}:1"],
+                 ["run", str(job), "--ds", "2026-01-31"]):
         t0 = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "batchinfer", *argv], cwd=work, env=env,
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            raise SystemExit(f"gpu_check: batchinfer {argv[0]} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+        code = cli.main(argv)
+        if code != 0:
+            raise SystemExit(f"gpu_check: batchinfer {argv[0]} failed ({code}): its error is above")
     process_s = time.perf_counter() - t0
     out = work / "out" / label / "dt=2026-01-31"
     manifest = json.loads((out / "_manifest.json").read_text())
