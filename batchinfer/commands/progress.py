@@ -27,6 +27,7 @@ MODES = ("rich", "plain", "quiet")
 LIVE = ("process", "result", "end")
 RESULT_POLL_S = 2.0
 NOT_LIVE = "not available live on this runner (it reports its metrics when the job ends)"
+NO_FIGURES = "no figures: the runner reported no batchinfer metrics"
 log = logging.getLogger("batchinfer")
 
 
@@ -41,14 +42,15 @@ class Watching:
         if live not in LIVE:
             raise ValueError(f"live must be one of {LIVE}, not {live!r}")
         self.live = live
-        self._result: Any = None
+        self.result: Any = None
         self._final: counters.Counts | None = None
         self._polled: counters.Counts | None = None
         self._polled_at = -RESULT_POLL_S
+        self._ended = False
         self.kind = ""   # which Beam figures the final counts are: committed or attempted
 
     def follow(self, result: Any) -> None:
-        self._result = result
+        self.result = result
 
     def end(self, result: Any) -> None:
         """The job ended: its final figures, from its Beam metrics (the live source's where the
@@ -58,24 +60,28 @@ class Watching:
         except Exception as exc:   # a runner without metrics: say so, keep what was counted
             log.warning("progress: the runner's metrics could not be read (%s)", exc)
             found = None
+        self._ended = True
         if found is not None:
             self._final, self.kind = found
 
     @property
     def ended(self) -> bool:
-        return self._final is not None
+        """:meth:`end` was called (the job ended, whether its metrics could be read or not)."""
+        return self._ended
 
     def counts(self) -> counters.Counts | None:
         if self._final is not None:
             return self._final
+        if self._ended and self.live != "process":   # no figures, rather than zeros
+            return None
         if self.live == "process":
             return counters.snapshot()
-        if self.live == "result" and self._result is not None:
+        if self.live == "result" and self.result is not None:
             now = time.perf_counter()
             if now - self._polled_at >= RESULT_POLL_S:
                 self._polled_at = now
                 try:
-                    found = counters.from_metrics(self._result.metrics(), prefer="attempted")
+                    found = counters.from_metrics(self.result.metrics(), prefer="attempted")
                 except Exception:   # the runner could not answer this time: keep the last
                     found = None
                 if found is not None:
@@ -182,6 +188,8 @@ def watch(shards: int, mode: str, *, live: str = "process", label: str = "scorin
         snap = watching.counts()
         now = time.perf_counter()
         if snap is None:
+            if final and watching.ended:
+                emit(f"progress: {NO_FIGURES}")
             return
         if snap.rows_done != last["done"] and (final or now - last["at"] >= every):
             last["at"], last["done"] = now, snap.rows_done

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import re
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -72,6 +74,18 @@ def test_shards_are_done_as_their_rows_are_written_not_at_the_end(tmp_path, monk
     assert watching.counts() == counters.snapshot() == counters.Counts(
         shards_opened=SHARDS, shards_done=totals.shards, rows_known=totals.rows_in,
         rows_done=totals.rows_in, rows_quarantined=totals.rows_quarantined)
+    # The batch latencies and sizes as Beam distributions: the batches _metrics.json counts.
+    from apache_beam.metrics.metric import MetricsFilter
+
+    found = watching.result.metrics().query(MetricsFilter().with_namespace(counters.NAMESPACE))
+    dists = {r.key.metric.name: r.committed for r in found["distributions"]}
+    job = load_job(job_path, ds=DS)
+    kept = json.loads((Path(job.spec.output.path) / "_metrics.json").read_text())["metrics"]
+    assert dists[counters.BATCH_ROWS].count == kept["model_batches"] == SHARDS * ROWS // BATCH
+    assert dists[counters.BATCH_ROWS].sum == kept["rows_in"]
+    latency = dists[counters.MODEL_BATCH_LATENCY_US]
+    assert latency.count == kept["model_batches"]
+    assert abs(latency.max / 1000 - kept["model_latency_ms_max"]) <= 0.001
     rows = f"{SHARDS * ROWS:,}"
     assert lines[-1].startswith(f"progress: shards {SHARDS}/{SHARDS}, rows {rows}/{rows}, "), lines
 
@@ -197,3 +211,19 @@ def test_a_runner_without_live_figures_says_so_then_shows_its_final_beam_metrics
                                                 rows_done=300, rows_quarantined=3)
     assert len(lines) == 2 and lines[-1].startswith("progress: shards 3/3, rows 300/300, "), lines
     assert lines[-1].endswith(", 3 quarantined"), lines
+
+
+def test_a_runner_that_reports_no_metrics_gets_no_figures_not_zeros():
+    """A result whose Beam metrics hold none of batchinfer's counters (Beam's own DaskRunner
+    dropped every one): the last line says there are no figures."""
+    from batchinfer.beam_compat import beam
+    from batchinfer.commands import progress
+
+    lines: list[str] = []
+    with progress.watch(2, "plain", live="result", emit=lines.append) as watching:
+        pipeline = beam.Pipeline(
+            runner="apache_beam.runners.portability.fn_api_runner.FnApiRunner")
+        _ = pipeline | beam.Create([0, 1])
+        watching.end(pipeline.run())
+    assert watching.counts() is None
+    assert lines == [f"progress: {progress.NO_FIGURES}"], lines
