@@ -279,7 +279,7 @@ def _watcher(quiet: bool):
     from .commands.progress import choose_mode, watch
 
     mode = choose_mode(quiet)
-    return lambda shards: watch(shards, mode)
+    return lambda shards, live: watch(shards, mode, live=live)
 
 
 def cmd_profile(args) -> int:

@@ -41,6 +41,12 @@ class Runner:
         job_service: its job service adds options of its own when the job is submitted, so an
             option Beam's Python SDK does not know is a warning here, not an error.
         fixes: what batchinfer changes in Beam's own runner, and why ('' for none).
+        live_metrics: where live progress comes from while the job runs (docs/runners.md
+            "Progress and metrics"): ``process`` — the work runs in the launching process,
+            whose own counters move (Beam's metrics come only at the end; ``direct``, except in
+            its multi_processing mode); ``result`` — the pipeline result's Beam metrics,
+            polled; ``end`` — none: the runner reports its metrics when the job ends. Every
+            runner's final figures are its Beam metrics.
     """
 
     name: str
@@ -55,6 +61,7 @@ class Runner:
     reads_options_of: tuple[str, ...] = ()
     job_service: bool = False
     fixes: str = ""
+    live_metrics: str = "end"
 
     def with_defaults(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """``options`` with :attr:`defaults` first, unless it sets one of them already."""
@@ -113,7 +120,8 @@ BUILTIN: tuple[Runner, ...] = (
               "online, 0.3-0.4 s wasted and a failure when offline) and then falls back to the "
               "FnApiRunner for batch pipelines. batchinfer names the FnApiRunner directly: the "
               "same engine, predictably, on any machine. It honours --direct_num_workers and "
-              "--direct_running_mode."),
+              "--direct_running_mode.",
+        live_metrics="process"),
     # `portable` hands every option to its job service, which may be Flink's, Spark's, Prism's
     # or Kafka Streams' job server, or Beam's Python one (an FnApiRunner: direct_*).
     Runner(
@@ -129,7 +137,7 @@ BUILTIN: tuple[Runner, ...] = (
         name="dataflow", beam_runner="DataflowRunner",
         required=("project", "region", "temp_location"),
         needs="apache_beam.runners.dataflow.internal.apiclient",
-        install="pip install 'batchinfer[dataflow]'", builds_job=True),
+        install="pip install 'batchinfer[dataflow]'", builds_job=True, live_metrics="result"),
     # Beam puts up to 128 elements in one Dask partition, so a partition's shards would all be
     # read by one worker; a shard per partition spreads them over the cluster (each partition
     # then loads the model once per worker process, from the per-process cache).
@@ -138,9 +146,10 @@ BUILTIN: tuple[Runner, ...] = (
         name="dask", beam_runner="batchinfer.pipeline.dask.DaskRunner",
         defaults={"dask_partition_size": 1}, defaults_unless=("dask_npartitions",),
         needs="dask.distributed", install="pip install 'batchinfer[dask]'",
-        own_options=("DaskOptions",),
+        own_options=("DaskOptions",), live_metrics="result",
         fixes="Beam's DaskRunner with its finish_bundle outputs kept and the job finished "
-              "without its launcher (pipeline/dask.py)."),
+              "without its launcher, and Beam metrics reported from its workers "
+              "(pipeline/dask.py)."),
 )
 
 _REGISTRY: Registry[Runner] = Registry(kind="runner", entry_type=Runner, group="batchinfer.runners",

@@ -44,7 +44,7 @@ def backfill(job_path: str | Path, dates: Sequence[str], *, overrides: Sequence[
              overwrite: bool = False, dry_run: bool = False, keep_going: bool = False,
              progress: Callable[[str], None] = lambda line: None,
              done: Callable[[PartitionResult], None] = lambda result: None,
-             watch: Callable[[int], Any] | None = None) -> list[PartitionResult]:
+             watch: Callable[[int, str], Any] | None = None) -> list[PartitionResult]:
     """Run the job for each date in order; return one result per date attempted.
 
     The spec is loaded for the first date before anything runs, so an error in the spec itself

@@ -1,15 +1,20 @@
 """Live progress of a run: shards and rows done of the total, rows/s, ETA, quarantined so far.
 
-A driver thread polls the pipeline's counters (:mod:`batchinfer.pipeline.progress`) while the
-pipeline runs; the pipeline itself only bumps them once per batch. On a terminal it draws a
-``rich`` progress bar (removed when scoring ends: the run's summary follows); otherwise it
-prints a plain line every ``BATCHINFER_PROGRESS_SECONDS`` (default 30) when something moved, and
-one last line where scoring ended;
-``--quiet`` shows nothing.
+A driver thread polls the pipeline's counts (:mod:`batchinfer.pipeline.progress`) while the
+pipeline runs, from where the runner has them (``live``, the runner's ``live_metrics``): the
+process-wide counters of a pipeline that runs in this process (``process``), the pipeline
+result's Beam metrics (``result``: polled at most every :data:`RESULT_POLL_S` seconds, attempted
+figures), or nowhere (``end``: the runner reports its metrics when the job ends, and progress
+says so rather than show zeros). The pipeline itself only bumps them once per batch. On a
+terminal it draws a ``rich`` progress bar (removed when scoring ends: the run's summary
+follows); otherwise it prints a plain line every ``BATCHINFER_PROGRESS_SECONDS`` (default 30)
+when something moved, and one last line where scoring ended, from the result's Beam metrics
+(committed where the runner gives them); ``--quiet`` shows nothing.
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import threading
@@ -19,6 +24,72 @@ from typing import IO, Any, Callable, Iterator
 from ..pipeline import progress as counters
 
 MODES = ("rich", "plain", "quiet")
+LIVE = ("process", "result", "end")
+RESULT_POLL_S = 2.0
+NOT_LIVE = "not available live on this runner (it reports its metrics when the job ends)"
+NO_FIGURES = "no figures: the runner reported no batchinfer metrics"
+log = logging.getLogger("batchinfer")
+
+
+class Watching:
+    """Where the figures come from while the pipeline runs, and once it has ended.
+
+    ``live``: see :data:`LIVE`. :meth:`follow` is told the pipeline's result as the runner hands
+    it over, :meth:`end` once the job has ended; :meth:`counts` is what to show now (None: no
+    figure to show yet on this runner)."""
+
+    def __init__(self, live: str):
+        if live not in LIVE:
+            raise ValueError(f"live must be one of {LIVE}, not {live!r}")
+        self.live = live
+        self.result: Any = None
+        self._final: counters.Counts | None = None
+        self._polled: counters.Counts | None = None
+        self._polled_at = -RESULT_POLL_S
+        self._ended = False
+        self.kind = ""   # which Beam figures the final counts are: committed or attempted
+
+    def follow(self, result: Any) -> None:
+        self.result = result
+
+    def end(self, result: Any) -> None:
+        """The job ended: its final figures, from its Beam metrics (the live source's where the
+        runner has none)."""
+        try:
+            found = counters.from_metrics(result.metrics(), prefer="committed")
+        except Exception as exc:   # a runner without metrics: say so, keep what was counted
+            log.warning("progress: the runner's metrics could not be read (%s)", exc)
+            found = None
+        self._ended = True
+        if found is not None:
+            self._final, self.kind = found
+
+    @property
+    def ended(self) -> bool:
+        """:meth:`end` was called (the job ended, whether its metrics could be read or not)."""
+        return self._ended
+
+    def counts(self) -> counters.Counts | None:
+        if self._final is not None:
+            return self._final
+        if self._ended and self.live != "process":   # no figures, rather than zeros
+            return None
+        if self.live == "process":
+            return counters.snapshot()
+        if self.live == "result" and self.result is not None:
+            now = time.perf_counter()
+            if now - self._polled_at >= RESULT_POLL_S:
+                self._polled_at = now
+                try:
+                    found = counters.from_metrics(self.result.metrics(), prefer="attempted")
+                except Exception:   # the runner could not answer this time: keep the last
+                    found = None
+                if found is not None:
+                    self._polled = found[0]
+            return self._polled or counters.Counts()
+        if self.live == "result":
+            return counters.Counts()   # not handed over yet: nothing has run
+        return None
 
 
 def choose_mode(quiet: bool, stream: IO[str] | None = None) -> str:
@@ -71,13 +142,15 @@ def bar(done: int, total: int | None, width: int = BAR_WIDTH) -> str:
 
 
 @contextlib.contextmanager
-def watch(shards: int, mode: str, *, label: str = "scoring",
+def watch(shards: int, mode: str, *, live: str = "process", label: str = "scoring",
           emit: Callable[[str], None] = lambda line: print(line, flush=True),
-          console: Any = None) -> Iterator[None]:
-    """Show progress while the block runs (the pipeline), in ``mode`` (see :data:`MODES`);
+          console: Any = None) -> Iterator[Watching]:
+    """Show progress while the block runs (the pipeline), in ``mode`` (see :data:`MODES`), from
+    ``live`` (see :data:`LIVE`); yields the :class:`Watching` to tell the result.
     ``console``: the rich Console to draw on (default: stdout's)."""
+    watching = Watching(live)
     if mode == "quiet":
-        yield
+        yield watching
         return
     counters.reset()
     start = time.perf_counter()
@@ -88,7 +161,10 @@ def watch(shards: int, mode: str, *, label: str = "scoring",
                             TextColumn("{task.fields[line]}"), transient=True,
                             refresh_per_second=4, console=console)
         def fields() -> tuple[str, str]:
-            line, done, total = describe(counters.snapshot(), shards, time.perf_counter() - start)
+            snap = watching.counts()
+            if snap is None:
+                return bar(0, None), NOT_LIVE
+            line, done, total = describe(snap, shards, time.perf_counter() - start)
             return bar(done, total), line
 
         # The first frame already says what is counted (shards 0/N, rows 0/?): a short job may
@@ -101,22 +177,29 @@ def watch(shards: int, mode: str, *, label: str = "scoring",
             progress.update(task, bar=shown, line=line)
 
         with progress, _polling(tick, 0.25):
-            yield
+            yield watching
         return
     every = float(os.environ.get("BATCHINFER_PROGRESS_SECONDS", "30"))
     last = {"at": start, "done": -1}
+    if live == "end":
+        emit(f"progress: {NOT_LIVE}")
 
     def plain(final: bool = False) -> None:
-        snap = counters.snapshot()
+        snap = watching.counts()
         now = time.perf_counter()
+        if snap is None:
+            if final and watching.ended:
+                emit(f"progress: {NO_FIGURES}")
+            return
         if snap.rows_done != last["done"] and (final or now - last["at"] >= every):
             last["at"], last["done"] = now, snap.rows_done
             emit(f"progress: {describe(snap, shards, now - start)[0]}")
 
     with _polling(plain, min(1.0, max(every, 0.05))):
-        yield
-    # A last line with where scoring ended: a short job's rows may all be counted between two
-    # polls, and the log should not end on a line that says less than was done.
+        yield watching
+    # A last line with where scoring ended (the runner's final Beam metrics): a short job's rows
+    # may all be counted between two polls, and the log should not end on a line that says less
+    # than was done.
     plain(final=True)
 
 

@@ -81,7 +81,7 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
             clock: Clock = utc_now,
             progress: Callable[[str], None] = lambda line: None,
             tracking: "TrackingRun | None" = None,
-            watch: "Callable[[int], Any] | None" = None) -> Outcome:
+            watch: "Callable[[int, str], Any] | None" = None) -> Outcome:
     """Score one partition and commit it (see the module docstring for the phases).
 
     Args:
@@ -89,8 +89,9 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
         tracking: a :class:`~batchinfer.io.tracking.TrackingRun` for the job's store that the
             caller started early (its helper needs seconds to be ready); by default one is
             started here. It is closed without a run if the job stops before scoring.
-        watch: called with the number of shards when scoring starts; returns a context manager
-            that shows live progress while the pipeline runs (see ``commands/progress.py``).
+        watch: called with the number of shards and where the runner's live figures come
+            from when scoring starts; returns a context manager that shows live progress while
+            the pipeline runs (see ``commands/progress.py`` and ``scoring.run_pipeline``).
 
     Raises:
         BatchInferError: with the exit code of what went wrong (contract §2).
@@ -279,7 +280,7 @@ def launch(run: Resolution, decision: Decision, tracking: "TrackingRun",
 
 
 def score(run: Resolution, launched: Launch, tracking: "TrackingRun",
-          watch: "Callable[[int], Any] | None") -> "Scored | Outcome":
+          watch: "Callable[[int, str], Any] | None") -> "Scored | Outcome":
     """Phase 3: score into the attempt and commit, in the pipeline. A failure removes the
     attempt's files — unless its commit happened (the runner may fail after the commit step):
     then the run goes on to read it back. Returns the lost race's outcome when another run

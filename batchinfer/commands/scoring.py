@@ -58,9 +58,16 @@ def build_job(resolved: Resolved, champion: "ModelRun", attempt: Attempt,
 
 
 def run_pipeline(resolved: Resolved, champion: "ModelRun", attempt: Attempt, header: Manifest,
-                 baseline: Baseline | None = None, watch: "Callable[[int], Any] | None" = None,
+                 baseline: Baseline | None = None,
+                 watch: "Callable[[int, str], Any] | None" = None,
                  challengers: "Sequence[ModelRun]" = ()) -> None:
     """Run the Beam pipeline into ``attempt``, up to and including its commit step.
+
+    ``watch(shards, live)`` gives a context manager that shows progress while the pipeline runs
+    (``commands/progress.py``): ``live`` says where figures come from on this runner
+    (``Runner.live_metrics``); it is told the pipeline's result once the runner hands it over
+    (``follow``: a runner that returns while the job runs) and once the job has ended (``end``:
+    the final figures, from the result's Beam metrics).
 
     Raises:
         BatchInferError: one that a transform raised on purpose (its own message and code).
@@ -68,16 +75,21 @@ def run_pipeline(resolved: Resolved, champion: "ModelRun", attempt: Attempt, hea
         RuntimeFailure: the pipeline failed otherwise.
     """
     from ..beam_compat import beam
-    from ..pipeline.runners import pipeline_options
+    from ..pipeline.runners import live_metrics, pipeline_options
     from ..pipeline.transforms import build
 
     spec = resolved.job.spec
     options = pipeline_options(spec.runner.name, spec.runner.options)
+    live = live_metrics(spec.runner.name, spec.runner.options)
     try:
-        with watch(len(resolved.shards)) if watch else contextlib.nullcontext():
+        with watch(len(resolved.shards), live) if watch else contextlib.nullcontext() as watching:
+            # What ``with beam.Pipeline(...)`` does (run, then wait), with the result in between.
             with beam.Pipeline(options=options) as pipeline:
                 build(pipeline, *pipeline_plans(resolved, attempt, header, baseline),
                       models=(champion, *challengers))
+                pipeline.run = _handing_over(pipeline.run, watching)  # type: ignore[method-assign]
+            if watching is not None:
+                watching.end(pipeline.result)
     except Exception as exc:
         if _interrupted(exc):  # Beam wraps a Ctrl-C inside a transform in an Exception
             raise KeyboardInterrupt from None
@@ -87,6 +99,16 @@ def run_pipeline(resolved: Resolved, champion: "ModelRun", attempt: Attempt, hea
             # --debug shows); Beam's wrapping goes.
             raise ours from ours.__cause__
         raise RuntimeFailure(f"the scoring pipeline failed: {last_line(exc)}") from exc
+
+
+def _handing_over(run: Callable[..., Any], watching: Any) -> Callable[..., Any]:
+    """``Pipeline.run``, telling ``watching`` the result before the pipeline waits on it."""
+    def handing_over(*args: Any, **kwargs: Any) -> Any:
+        result = run(*args, **kwargs)
+        if watching is not None:
+            watching.follow(result)
+        return result
+    return handing_over
 
 
 def pipeline_plans(resolved: Resolved, attempt: Attempt, header: Manifest,

@@ -41,6 +41,7 @@ class BatchRecord:
     quarantine: dict[tuple[str | None, str], int] = field(default_factory=dict)  # (column, check)
     compute_ms: float | None = None   # model time; None when no row reached the model
     preprocess: PreprocessStats = PreprocessStats()
+    last: bool = False                # its shard's last batch (live progress counts the shard)
 
 
 @dataclass(frozen=True, kw_only=True)

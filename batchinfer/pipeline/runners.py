@@ -46,6 +46,17 @@ def pipeline_options(name: str, options: Mapping[str, Any]):
 
 
 
+def live_metrics(name: str, options: Mapping[str, Any]) -> str:
+    """Where live progress of a job on runner ``name`` comes from (``Runner.live_metrics``):
+    ``process``, ``result`` or ``end``. The direct runner's multi_processing mode runs its
+    workers in processes of their own, and its FnApiRunner hands over Beam's metrics only at the
+    end: ``end``."""
+    live = runners.get(name).live_metrics
+    if live == "process" and str(options.get("direct_running_mode", "")) == "multi_processing":
+        return "end"
+    return live
+
+
 def job_summary(result: Any) -> str:
     """What Beam's DataflowRunner built in a dry run (``result.job``): the job's name and type,
     its transforms, PCollections and stages, and the SDK container the workers would run."""

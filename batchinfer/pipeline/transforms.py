@@ -155,6 +155,7 @@ class Chunk:
     first_row: int
     batch: pa.RecordBatch
     read_s: float
+    last: bool = False             # the shard's last batch (its footer's rows all read)
 
     def nbytes(self) -> int:
         return self.batch.nbytes
@@ -171,6 +172,7 @@ class Payload:
     quarantine: list[pa.Table]     # rows already quarantined (schema, preprocess)
     seconds: dict[str, float] = field(default_factory=dict)   # time spent per stage
     preprocess: PreprocessStats = PreprocessStats()
+    last: bool = False             # the shard's last batch (pipeline/progress.py counts it done)
 
 
 def build(pipeline: beam.Pipeline, plan: ScoringPlan, commit: CommitPlan, *,
@@ -239,13 +241,13 @@ class ReadShard(beam.DoFn):
         try:
             reader = ShardReader(url, hasher=self._hasher)
         except Unreadable as exc:
-            progress.shard_finished(index)
+            progress.shard_unreadable(index)
             yield index, ShardInfo(None, None, str(exc))
             return
         faults.point("read")
         progress.shard_opened(index, reader.num_rows or 0)
         opened_s = time.perf_counter() - t0
-        first_row = 0
+        first_row, last = 0, False
         try:
             batches = enumerate(reader.batches(self.plan.batch_rows))
             while True:
@@ -254,11 +256,13 @@ class ReadShard(beam.DoFn):
                 if item is None:
                     break
                 number, batch = item
-                yield Chunk(index, number, first_row, batch, time.perf_counter() - t0)
                 first_row += batch.num_rows
+                last = reader.num_rows is not None and first_row >= reader.num_rows
+                yield Chunk(index, number, first_row - batch.num_rows, batch,
+                            time.perf_counter() - t0, last)
         except Unreadable as exc:
             # Batches already sent on are dropped by FinishShard: the shard counts as unreadable.
-            progress.shard_finished(index)
+            progress.shard_unreadable(index, counted=last)
             yield index, ShardInfo(reader.sha256, None, str(exc))
             return
         info = ShardInfo(reader.sha256, reader.num_rows, None, {"read": opened_s})
@@ -282,7 +286,7 @@ class PrepareBatch(beam.DoFn):
                        features=prepared.features,
                        payload=Payload(element.first_row, element.batch.num_rows, prepared.valid,
                                        prepared.source_rows, prepared.quarantine, seconds,
-                                       prepared.stats))
+                                       prepared.stats, element.last))
 
 
 class WritePredictions(beam.DoFn):
@@ -319,11 +323,21 @@ class WritePredictions(beam.DoFn):
     def process(self, result: PredictionResult) -> Iterator[Any]:
         self._pending.append(self._writer.submit(self._complete, result))
         while len(self._pending) > self.IN_FLIGHT:
-            yield self._pending.popleft().result()
+            yield self._counted(self._pending.popleft().result())
 
     def finish_bundle(self) -> Iterator[Any]:
         while self._pending:
-            yield in_global_window(self._pending.popleft().result())
+            yield in_global_window(self._counted(self._pending.popleft().result()))
+
+    def _counted(self, out: tuple[int, Any]) -> tuple[int, Any]:
+        """``out`` (a batch's record), counted for progress — here, on the thread Beam runs the
+        step on, where its metrics count (pipeline/progress.py)."""
+        index, record = out
+        if isinstance(record, BatchRecord):
+            progress.rows_written(index, record.rows_in, record.rows_quarantined,
+                                  last=record.last)
+            progress.batch_timings(record.rows_in, record.seconds, record.compute_ms)
+        return out
 
     def teardown(self):
         writer = getattr(self, "_writer", None)
@@ -384,7 +398,6 @@ class WritePredictions(beam.DoFn):
             files.append(self._write(QUARANTINE, index, number, table))
         seconds = dict(payload.seconds, infer=inference.compute_ms / 1000.0, hash=hash_s,
                        profile=profile_s, write=time.perf_counter() - t0 - hash_s - profile_s)
-        progress.rows_written(index, payload.rows_in, quarantined)
         model = ModelStats(rows=item.rows, raised=len(inference.failed),
                            error=inference.failed[0][1] if inference.failed else None,
                            oom_backoffs=inference.oom_backoffs, chunk_rows=inference.chunk_rows,
@@ -394,7 +407,8 @@ class WritePredictions(beam.DoFn):
             batch=number, rows_in=payload.rows_in, rows_scored=int(ok.size),
             rows_quarantined=quarantined, files=tuple(files), first_reason=first_reason,
             seconds=seconds, model=model, profile=profile, quarantine=by_check,
-            compute_ms=inference.compute_ms if item.rows else None, preprocess=payload.preprocess))
+            compute_ms=inference.compute_ms if item.rows else None, preprocess=payload.preprocess,
+            last=payload.last))
 
     def _write(self, kind: str, index: int, number: int, table: pa.Table,
                encoding: dict | None = None) -> FileRecord:

@@ -3,13 +3,18 @@ and the plain lines show, rendered without a terminal.
 
 The pipeline runs in process (the direct runner's in-memory mode, where the counters count); every
 state the counters pass through is recorded by swapping their lock for one that takes a snapshot
-each time it is released, so no assertion depends on when a poller happens to look.
+each time it is released, so no assertion depends on when a poller happens to look. The run's final
+figures are its Beam metrics, which must say what the process counters and the manifest say
+(tests/with_servers/test_distributed_runners.py checks the same on Dask and the job service).
 """
 from __future__ import annotations
 
+import contextlib
 import io
+import json
 import re
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +42,7 @@ class RecordingLock:
 
 
 def test_shards_are_done_as_their_rows_are_written_not_at_the_end(tmp_path, monkeypatch):
+    from batchinfer.commands import progress
     from batchinfer.commands.progress import describe
     from batchinfer.commands.run import run_job
     from batchinfer.commands.stamp import stamp
@@ -48,9 +54,40 @@ def test_shards_are_done_as_their_rows_are_written_not_at_the_end(tmp_path, monk
     stamp(load_job(job_path, require_ds=False), None, "model:1")
     recorder = RecordingLock(counters)
     monkeypatch.setattr(counters, "_lock", recorder)
-    counters.reset()
-    outcome = run_job(load_job(job_path, ds=DS))
-    assert outcome.status == "committed"
+    monkeypatch.setenv("BATCHINFER_PROGRESS_SECONDS", "3600")  # the last line only
+    lines: list[str] = []
+    watched: list[progress.Watching] = []
+
+    @contextlib.contextmanager
+    def watch(shards, live):
+        with progress.watch(shards, "plain", live=live, emit=lines.append) as watching:
+            watched.append(watching)
+            yield watching
+
+    outcome = run_job(load_job(job_path, ds=DS), watch=watch)
+    assert outcome.status == "committed" and outcome.manifest is not None
+
+    # The final figures are Beam's (committed), and say what the counters and the manifest say.
+    (watching,) = watched
+    assert watching.live == "process" and watching.kind == "committed"
+    totals = outcome.manifest.totals
+    assert watching.counts() == counters.snapshot() == counters.Counts(
+        shards_opened=SHARDS, shards_done=totals.shards, rows_known=totals.rows_in,
+        rows_done=totals.rows_in, rows_quarantined=totals.rows_quarantined)
+    # The batch latencies and sizes as Beam distributions: the batches _metrics.json counts.
+    from apache_beam.metrics.metric import MetricsFilter
+
+    found = watching.result.metrics().query(MetricsFilter().with_namespace(counters.NAMESPACE))
+    dists = {r.key.metric.name: r.committed for r in found["distributions"]}
+    job = load_job(job_path, ds=DS)
+    kept = json.loads((Path(job.spec.output.path) / "_metrics.json").read_text())["metrics"]
+    assert dists[counters.BATCH_ROWS].count == kept["model_batches"] == SHARDS * ROWS // BATCH
+    assert dists[counters.BATCH_ROWS].sum == kept["rows_in"]
+    latency = dists[counters.MODEL_BATCH_LATENCY_US]
+    assert latency.count == kept["model_batches"]
+    assert abs(latency.max / 1000 - kept["model_latency_ms_max"]) <= 0.001
+    rows = f"{SHARDS * ROWS:,}"
+    assert lines[-1].startswith(f"progress: shards {SHARDS}/{SHARDS}, rows {rows}/{rows}, "), lines
 
     states = recorder.states
     final = states[-1]
@@ -139,3 +176,54 @@ def test_plain_mode_ends_on_where_scoring_ended(monkeypatch):
         counters.shard_opened(0, 100)
         counters.rows_written(0, 100, 1)
     assert lines and lines[-1].startswith("progress: shards 1/2, rows 100/~200, "), lines
+
+
+def _bump(shard):
+    from batchinfer.pipeline import progress as counters
+
+    counters.shard_opened(shard, 100)
+    counters.rows_written(shard, 60, 1)
+    counters.rows_written(shard, 40, last=True)
+    return shard
+
+
+def test_a_runner_without_live_figures_says_so_then_shows_its_final_beam_metrics(monkeypatch):
+    """``live="end"`` (the job service, the direct runner's worker processes): one line saying
+    progress is not available live, nothing while the job runs — not zeros —, then the figures of
+    the pipeline result's Beam metrics, which a real FnApiRunner run in this process gives."""
+    from batchinfer.beam_compat import beam
+    from batchinfer.commands import progress
+    from batchinfer.pipeline import progress as counters
+
+    monkeypatch.setenv("BATCHINFER_PROGRESS_SECONDS", "0.05")
+    lines: list[str] = []
+    with progress.watch(3, "plain", live="end", emit=lines.append) as watching:
+        pipeline = beam.Pipeline(
+            runner="apache_beam.runners.portability.fn_api_runner.FnApiRunner")
+        _ = pipeline | beam.Create([0, 1, 2]) | beam.Map(_bump)
+        result = pipeline.run()
+        result.wait_until_finish()
+        assert lines == [f"progress: {progress.NOT_LIVE}"]   # the process counters moved: unread
+        assert counters.snapshot().rows_done == 300
+        watching.end(result)
+    assert watching.kind == "committed"
+    assert watching.counts() == counters.Counts(shards_opened=3, shards_done=3, rows_known=300,
+                                                rows_done=300, rows_quarantined=3)
+    assert len(lines) == 2 and lines[-1].startswith("progress: shards 3/3, rows 300/300, "), lines
+    assert lines[-1].endswith(", 3 quarantined"), lines
+
+
+def test_a_runner_that_reports_no_metrics_gets_no_figures_not_zeros():
+    """A result whose Beam metrics hold none of batchinfer's counters (Beam's own DaskRunner
+    dropped every one): the last line says there are no figures."""
+    from batchinfer.beam_compat import beam
+    from batchinfer.commands import progress
+
+    lines: list[str] = []
+    with progress.watch(2, "plain", live="result", emit=lines.append) as watching:
+        pipeline = beam.Pipeline(
+            runner="apache_beam.runners.portability.fn_api_runner.FnApiRunner")
+        _ = pipeline | beam.Create([0, 1])
+        watching.end(pipeline.run())
+    assert watching.counts() is None
+    assert lines == [f"progress: {progress.NO_FIGURES}"], lines

@@ -4,6 +4,9 @@ with an external SDK worker pool (what a Flink cluster's job server looks like t
 mode. Each commits exactly what the in-process direct runner commits: the same rows, the same
 quarantine, predictions and ``_input_hash`` bit for bit. And the commit does not depend on the
 process that launched the job: killed mid-job, the job still commits, and its retry is a no-op.
+The last progress line of each run, from the runner's Beam metrics, says what ``_metrics.json``
+says; a runner that reports them only at the end says so first (docs/runners.md "Progress and
+metrics").
 
 Every run is a real ``python -m batchinfer`` process; the wall times are printed (``-s``) for
 the closing note, never asserted.
@@ -11,6 +14,7 @@ the closing note, never asserted.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -63,8 +67,31 @@ def run(folder: Path, label: str, runner: str = "direct", **options) -> tuple[Pa
 
 @pytest.fixture(scope="module")
 def direct(project) -> Path:
-    out, _, _ = run(project, "direct")
+    out, _, stdout = run(project, "direct")
+    assert_progress_agrees(out, stdout, live=True)
     return out
+
+
+def assert_progress_agrees(out: Path, stdout: str, *, live: bool) -> None:
+    """The run's last progress line (its Beam metrics) holds the shards, rows and quarantined rows
+    of its ``_metrics.json`` (the shard records); without ``live`` the first line says progress
+    is not available live on this runner, and no line shows figures before the last."""
+    from batchinfer.commands.progress import NOT_LIVE
+
+    lines = [line for line in stdout.splitlines() if line.startswith("progress: ")]
+    assert lines, stdout
+    assert (lines[0] == f"progress: {NOT_LIVE}") is (not live), lines
+    if not live:
+        assert len(lines) == 2, lines
+    last = re.fullmatch(r"progress: shards (\d+)/(\d+), rows ([\d,]+)/([\d,]+), .*, "
+                        r"([\d,]+) quarantined", lines[-1])
+    assert last, lines
+    metrics = json.loads((out / "_metrics.json").read_text())["metrics"]
+    shards_done, shards, rows_done, rows_total, quarantined = (int(g.replace(",", ""))
+                                                               for g in last.groups())
+    assert shards_done == shards == metrics["shards"] == SHARDS
+    assert rows_done == rows_total == metrics["rows_in"] == SHARDS * ROWS
+    assert quarantined == metrics["rows_quarantined"] == sum(len(r) for r in BAD.values())
 
 
 def assert_same_partition(out: Path, reference: Path, folder: Path, runner: str) -> None:
@@ -92,15 +119,17 @@ def assert_same_partition(out: Path, reference: Path, folder: Path, runner: str)
 
 
 def test_portable_job_service_commits_what_the_direct_runner_commits(project, direct, beam_job_service):
-    out, _, _ = run(project, "portable", "portable", **beam_job_service.options)
+    out, _, stdout = run(project, "portable", "portable", **beam_job_service.options)
     assert_same_partition(out, direct, project, "portable")
+    assert_progress_agrees(out, stdout, live=False)
 
 
 def test_dask_cluster_of_two_worker_processes_commits_what_the_direct_runner_commits(
         project, direct, dask_cluster):
     before = dask_cluster.executed()
-    out, _, _ = run(project, "dask", "dask", dask_client_address=dask_cluster.address)
+    out, _, stdout = run(project, "dask", "dask", dask_client_address=dask_cluster.address)
     assert_same_partition(out, direct, project, "dask")
+    assert_progress_agrees(out, stdout, live=True)
     after = dask_cluster.executed()
     assert len(after) == 2
     ran = {worker: after[worker] - before.get(worker, 0) for worker in after}
@@ -108,8 +137,10 @@ def test_dask_cluster_of_two_worker_processes_commits_what_the_direct_runner_com
 
 
 def test_direct_runner_multi_processing_commits_what_one_process_commits(project, direct):
-    out, _, _ = run(project, "multiprocess", direct_num_workers=2, direct_running_mode="multi_processing")
+    out, _, stdout = run(project, "multiprocess", direct_num_workers=2,
+                         direct_running_mode="multi_processing")
     assert_same_partition(out, direct, project, "direct")
+    assert_progress_agrees(out, stdout, live=False)
 
 
 def test_one_model_copy_served_to_all_worker_processes_commits_the_same(project, direct):
