@@ -8,8 +8,11 @@ The last progress line of each run, from the runner's Beam metrics, says what ``
 says; a runner that reports them only at the end says so first (docs/runners.md "Progress and
 metrics").
 
-Every run is a real ``python -m batchinfer`` process; the wall times are printed (``-s``) for
-the closing note, never asserted.
+Every run is a real ``batchinfer`` process, tracked to MLflow for real: forked from the
+session's fork server (forkserver.py; the runners' own worker processes, job service and Dask
+cluster start as they would), except the launchers that the tests kill or interrupt, which are
+plain ``python -m batchinfer`` processes (signals reach the entry point). The wall times are
+printed (``-s``) for the closing note, never asserted.
 """
 from __future__ import annotations
 
@@ -58,7 +61,7 @@ def run(folder: Path, label: str, runner: str = "direct", **options) -> tuple[Pa
     for key, value in options.items():
         sets += ["--set", f"runner.options.{key}={value}"]
     t0 = time.perf_counter()
-    result = run_cli("run", "job.yaml", "--ds", DS, *sets, cwd=folder, fresh=True, timeout=600)
+    result = run_cli("run", "job.yaml", "--ds", DS, *sets, cwd=folder, track=True, timeout=600)
     wall = time.perf_counter() - t0
     assert result.returncode == 0, result.stdout + result.stderr
     print(f"\n[{label}] {runner} runner: {wall:.1f} s wall (process start to exit)")
@@ -150,7 +153,7 @@ def test_one_model_copy_served_to_all_worker_processes_commits_the_same(project,
     sets = ["--set", "output.path=out_shared", "--set", "model.options.share_across_processes=true",
             "--set", "runner.options.direct_num_workers=2",
             "--set", "runner.options.direct_running_mode=multi_processing"]
-    result = run_cli("run", "job.yaml", "--ds", DS, *sets, cwd=project, fresh=True, timeout=600)
+    result = run_cli("run", "job.yaml", "--ds", DS, *sets, cwd=project, track=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert_same_partition(project / "out_shared", direct, project, "direct")
 
@@ -213,7 +216,7 @@ def test_dask_launcher_interrupted_cancels_the_job_and_nothing_is_committed(tmp_
     dask_cluster.wait_until_idle(120)  # the tasks already running have finished
     out = tmp_path / "out" / f"dt={DS}"
     assert not (out / "_manifest.json").exists()
-    rerun = run_cli("run", "job.yaml", "--ds", DS, *sets, cwd=tmp_path, fresh=True, timeout=600)
+    rerun = run_cli("run", "job.yaml", "--ds", DS, *sets, cwd=tmp_path, track=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr
     _, _, manifest = check_partition(out, shard_paths(tmp_path))   # no file of the first attempt
     assert manifest["totals"]["rows_scored"] == 1000
@@ -264,7 +267,7 @@ def assert_commits_without_its_launcher(folder: Path, runner: str, options: dict
         assert time.monotonic() < deadline, "the job did not commit without its launcher"
         time.sleep(0.1)
     committed = json.loads((out / "_manifest.json").read_text())
-    retry = run_cli("run", "job.yaml", "--ds", DS, *sets, cwd=folder, fresh=True, timeout=600)
+    retry = run_cli("run", "job.yaml", "--ds", DS, *sets, cwd=folder, track=True, timeout=600)
     assert retry.returncode == 0, retry.stderr
     assert f"already committed with this triple (attempt {committed['attempt']})" in retry.stdout
     _, _, manifest = check_partition(out, shard_paths(folder))   # the retry tidied the scratch
