@@ -81,6 +81,10 @@ for line in sys.stdin:
                 break
             time.sleep(0.02)
         print(json.dumps({"rc": rc}), file=out, flush=True)
+    elif req["op"] == "poll":
+        done, status = os.waitpid(req["pid"], os.WNOHANG)
+        print(json.dumps({"rc": os.waitstatus_to_exitcode(status) if done else None}), file=out,
+              flush=True)
 '''
 
 
@@ -94,6 +98,24 @@ class Run:
             self.returncode = self.server._call({"op": "wait", "pid": self.pid, "timeout": timeout})["rc"]
             assert self.returncode != "timeout", f"run {self.pid} timed out: {self.stderr}"
         return self
+
+    # What tests use of subprocess.Popen, for a child of the fork server (its parent: the
+    # server reaps it, so only the server can tell whether it ended).
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.server._call({"op": "poll", "pid": self.pid})["rc"]
+        return self.returncode
+
+    def communicate(self, timeout: float = 240) -> tuple[str, str]:
+        self.wait(timeout)
+        return self.stdout, self.stderr
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(9)
 
     @property
     def stdout(self) -> str:

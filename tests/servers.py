@@ -26,9 +26,12 @@ import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import pytest
+
+if TYPE_CHECKING:
+    import forkserver
 
 __all__ = ["free_port", "closed_port", "MotoServer", "moto_server", "MlflowServer", "mlflow_server",
            "FaultRule", "FaultProxy", "fault_proxy", "s3_server", "mlflow_live", "s3_proxy",
@@ -645,14 +648,23 @@ def copy_project(template: Path, dest: Path, *, store: bool = True, **job_sectio
     return write_job(dest, **job_sections)
 
 
-def start_cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.Popen:
-    """``python -m batchinfer ARGS`` started in the background (for concurrent runs)."""
-    return subprocess.Popen([sys.executable, "-m", "batchinfer", *args], cwd=cwd,
-                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+def start_cli(*args: str, cwd: Path, env: dict | None = None,
+              fresh: bool = False) -> "subprocess.Popen | forkserver.Run":
+    """``batchinfer ARGS`` started in the background (for concurrent runs), tracked for real: a
+    child of the session's fork server, or with ``fresh=True`` a plain ``python -m batchinfer``
+    (where signals or the entry point are the subject). Both answer ``poll``, ``communicate``,
+    ``send_signal``, ``kill``, ``wait`` and ``returncode`` alike."""
+    full_env = {**os.environ, **(env or {})}
+    if not fresh:
+        import forkserver
+
+        return forkserver.shared().start(*args, cwd=Path(cwd), env=full_env, track=True)
+    return subprocess.Popen([sys.executable, "-m", "batchinfer", *args], cwd=cwd, env=full_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def finish_all(procs: list[subprocess.Popen], timeout: float = 600) -> list[tuple[int, str, str]]:
+def finish_all(procs: "list[subprocess.Popen] | list[forkserver.Run]",
+               timeout: float = 600) -> list[tuple[int, str, str]]:
     """Wait for every process (killing the ones still running on the way out)."""
     results = []
     try:

@@ -233,7 +233,7 @@ def launch_gated(folder: Path, runner: str, options: dict) -> tuple[subprocess.P
     sets = ["--set", f"runner.name={runner}"]
     for key, value in options.items():
         sets += ["--set", f"runner.options.{key}={value}"]
-    launcher = start_cli("run", "job.yaml", "--ds", DS, *sets, cwd=folder)
+    launcher = start_cli("run", "job.yaml", "--ds", DS, *sets, cwd=folder, fresh=True)
     try:
         deadline = time.monotonic() + 300
         while not any(gate.glob("ready-*")):
