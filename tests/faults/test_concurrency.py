@@ -8,13 +8,11 @@ Rerun with ``.venv/bin/pytest tests/faults/test_concurrency.py -q``.
 from __future__ import annotations
 
 import json
-import os
 import re
 import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +28,10 @@ from factories import (
     write_job,
     write_schema,
 )
+from servers import start_cli
+
+if TYPE_CHECKING:
+    import forkserver
 
 pytestmark = pytest.mark.slow
 
@@ -71,13 +73,12 @@ def make_project(folder: Path) -> tuple[Path, list[Path]]:
     return folder, shards
 
 
-def start(folder: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "batchinfer", "run", "job.yaml", *args],
-                            cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "BARRIER": str(folder / "barrier")})
+def start(folder: Path, *args: str) -> "forkserver.Run":
+    """``batchinfer run job.yaml ARGS`` in ``folder``, tracked for real, held at the barrier."""
+    return start_cli("run", "job.yaml", *args, cwd=folder, env={"BARRIER": str(folder / "barrier")})
 
 
-def release(procs: list[subprocess.Popen], folder: Path) -> None:
+def release(procs: list["forkserver.Run"], folder: Path) -> None:
     """Wait until every process of ``folder`` is at the barrier, then let them all go."""
     barrier = folder / "barrier"
     deadline = time.monotonic() + 240
@@ -88,7 +89,7 @@ def release(procs: list[subprocess.Popen], folder: Path) -> None:
     (barrier / "go").touch()
 
 
-def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
+def finish(proc: "forkserver.Run") -> tuple[int, str, str]:
     out, err = proc.communicate(timeout=300)
     return proc.returncode, out, err
 
