@@ -12,7 +12,10 @@ paths and in the baseline's, and a ``${BI_MLFLOW_URL}`` holding a password (a se
 job lists it) in ``tracking.uri``. Its data, outputs and baseline are in an object store
 (fsspec's ``memory://``: nothing is run) and its model on a shared mount, so nothing the workers
 need is in the job's folder: its path (a distinctive ``launcher-only-…`` name) and batchinfer's
-launcher temp folders must not appear either.
+launcher temp folders must not appear either, nor the job's spec, nor the launcher's commands
+(the report and the run's record are the launcher's, made from what the commit step leaves).
+Both tests fail on the code before this file (the shard and output URLs, the drift gate's
+baseline and the schema's and preprocessing's files all held one or the other).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import json
 import lzma
 import pickle
 import re
+import shutil
 import tempfile
 import uuid
 import zlib
@@ -148,7 +152,11 @@ def project(tmp_path_factory):
         stamp(load_job(job, environ=env, require_ds=False), None, "model:1")
     needles = {"the secret ${BI_TOKEN}": TOKEN.encode(), "the MLflow password": PASSWORD.encode(),
                "the job's folder": folder.name.encode(),
-               "a batchinfer temp folder": str(Path(tempfile.gettempdir()) / "batchinfer-").encode()}
+               "a batchinfer temp folder": str(Path(tempfile.gettempdir()) / "batchinfer-").encode(),
+               # Nothing of the launcher's: not the job (its spec holds every ${NAME} value), not
+               # the code that renders the report and the record (the launcher does, from what
+               # the commit step leaves in scratch).
+               "the job's spec": b"JobSpec", "the launcher's commands": b"batchinfer.commands"}
     return job, env, needles
 
 
@@ -156,10 +164,11 @@ def load(job: Path, env: dict, *sets: str):
     return load_job(job, ds=DS, environ=env, overrides=list(sets))
 
 
-def test_the_dataflow_job_holds_no_secret_and_no_launcher_path(project, monkeypatch):
+def dataflow_job(job_path: Path, env: dict, monkeypatch, *sets: str):
+    """The Dataflow job that ``run --dry-run`` builds for the job (Beam's DataflowRunner, which
+    returns before calling the Dataflow API)."""
     from batchinfer.pipeline import runners
 
-    job_path, env, needles = project
     built = []
     summary = runners.job_summary
 
@@ -168,16 +177,41 @@ def test_the_dataflow_job_holds_no_secret_and_no_launcher_path(project, monkeypa
         return summary(result)
 
     monkeypatch.setattr(runners, "job_summary", keep)
-    sets = ["runner.name=dataflow", *(f"runner.options.{k}={v}" for k, v in DATAFLOW.items())]
+    options = [f"runner.options.{k}={v}" for k, v in DATAFLOW.items()]
     with redaction.scope():
-        outcome = run_job(load(job_path, env, *sets), dry_run=True)
+        outcome = run_job(load(job_path, env, "runner.name=dataflow", *options, *sets), dry_run=True)
     assert "built, not submitted" in outcome.message
     [job] = built
-    found = (hits("the pipeline proto", job.proto_pipeline.SerializeToString(), needles)
-             + hits("the job request", json.dumps(job.json()).encode(), needles))
     assert len(job.proto_pipeline.components.transforms) > 14
+    return job
+
+
+def dataflow_hits(job, needles: dict[str, bytes]) -> list[str]:
+    return (hits("the pipeline proto", job.proto_pipeline.SerializeToString(), needles)
+            + hits("the job request", json.dumps(job.json()).encode(), needles))
+
+
+def test_the_dataflow_job_holds_no_secret_and_no_launcher_path(project, monkeypatch):
+    job_path, env, needles = project
+    found = dataflow_hits(dataflow_job(job_path, env, monkeypatch), needles)
     assert found == [], "\n".join(found)
 
+
+def test_the_search_finds_a_launcher_temp_folder_planted_in_the_graph(project, monkeypatch):
+    """A model in a batchinfer temp folder (where ``models:/`` downloads went) is found: the
+    handler pickled inside RunInference's DoFn, compressed and encoded, names it."""
+    job_path, env, needles = project
+    temp = Path(tempfile.mkdtemp(prefix="batchinfer-model-"))
+    try:
+        shared = job_path.parent.parent / "shared-mount"
+        for file in shared.iterdir():
+            (temp / file.name).write_bytes(file.read_bytes())
+        found = dataflow_hits(dataflow_job(job_path, env, monkeypatch, f"model.uri={temp / 'model.onnx'}"),
+                              needles)
+    finally:
+        shutil.rmtree(temp)
+    assert found and all(": a batchinfer temp folder: " in line for line in found), found
+    assert any(b"model_path" in line.encode() for line in found), found
 
 
 class RecordingJobService:
