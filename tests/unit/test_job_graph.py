@@ -122,7 +122,10 @@ def project(tmp_path_factory):
     root = tmp_path_factory.mktemp("graph")
     folder = root / f"launcher-only-{uuid.uuid4().hex[:8]}"
     shared = root / "shared-mount"
-    write_schema(folder / "schemas")
+    schema = write_schema(folder / "schemas")   # with a check of its own: a function of the module
+    schema.write_text(schema.read_text().replace(
+        '"id": pa.Column(pl.Int64, nullable=False)',
+        '"id": pa.Column(pl.Int64, nullable=False, checks=pa.Check(lambda d: d.lazyframe.select(pl.col("id") >= 0)))'))
     (folder / "prep.py").write_text("import numpy as np\n\n"
                                     "def transform(batch):\n"
                                     "    return np.stack([batch.column(f'f{i}').to_numpy() "
