@@ -190,8 +190,8 @@ class Deferred:
         """``text`` with each of ``secrets``' values (name → value; longest first) as ``${NAME}``.
 
         Raises:
-            ValueError: the text would not come back as it is (it holds a ``${NAME}`` of its own
-                for a secret's name): no job spec makes such a text.
+            SpecError: the text would not come back as it is (it holds a ``${NAME}`` of its own
+                for a secret's name, as well as the secret's value).
         """
         template, names = text, []
         for name, value in sorted(secrets.items(), key=lambda kv: -len(kv[1])):
@@ -200,7 +200,10 @@ class Deferred:
                 names.append(name)
         deferred = cls(template, tuple(sorted(names)))
         if deferred.value(secrets, register_values=False) != text:
-            raise ValueError("a text that holds ${NAME} of a secret's name cannot be deferred")
+            from .errors import SpecError
+
+            raise SpecError(f"{redact(text)} holds both a secret's value and ${{NAME}} of a secret's "
+                            f"name ({', '.join(deferred.names)}): the workers could not tell them apart")
         return deferred
 
     def value(self, environ: Mapping[str, str] | None = None, *, register_values: bool = True) -> str:
