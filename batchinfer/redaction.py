@@ -19,13 +19,21 @@ one per job (``with redaction.scope(): run_job(load_job(...))``), and the values
 inside are hidden while it is open — from every thread — and forgotten when it closes, so that
 the next job neither hides the last one's values nor loses its own when another closes. Values
 registered outside any scope (the CLI: one command, one job, one process) stay for the process.
+
+A secret the workers need (a ``${NAME}`` in ``input.path`` or ``output.path``) travels as a
+:class:`Deferred`: the text with the secret's value put back as ``${NAME}``, which the process that
+uses it — a worker, wherever it runs — fills in from its own environment and registers there.
+Secret values are never part of the job graph a runner stages (docs/runners.md "What travels to
+the workers").
 """
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import threading
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Collection, Iterable, Iterator, Mapping
 
 # Secrets shorter than this are not searched for: a one-letter value would mangle every path
@@ -161,3 +169,69 @@ def _mask_parameter(match: re.Match) -> str:
 
 def _hide(part: str) -> str:
     return part if not part or _PLACEHOLDERS.fullmatch(part) else HIDDEN
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """A string that a worker needs, with each secret value in it put back as ``${NAME}``: it
+    pickles (into the job graph) without the values, and :meth:`value` fills them in from the
+    environment of the process that uses it.
+
+    Attributes:
+        template: the text, secret values as ``${NAME}``.
+        names: the variables :meth:`value` fills in (any other ``${…}`` in the text stays).
+    """
+
+    template: str
+    names: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, text: str, secrets: Mapping[str, str]) -> "Deferred":
+        """``text`` with each of ``secrets``' values (name → value; longest first) as ``${NAME}``.
+
+        Raises:
+            SpecError: the text would not come back as it is (it holds a ``${NAME}`` of its own
+                for a secret's name, as well as the secret's value).
+        """
+        template, names = text, []
+        for name, value in sorted(secrets.items(), key=lambda kv: -len(kv[1])):
+            if value and value in template:
+                template = template.replace(value, "${%s}" % name)
+                names.append(name)
+        deferred = cls(template, tuple(sorted(names)))
+        if deferred.value(secrets, register_values=False) != text:
+            from .errors import SpecError
+
+            raise SpecError(f"{redact(text)} holds both a secret's value and ${{NAME}} of a secret's "
+                            f"name ({', '.join(deferred.names)}): the workers could not tell them apart")
+        return deferred
+
+    def value(self, environ: Mapping[str, str] | None = None, *, register_values: bool = True) -> str:
+        """The text, each ``${NAME}`` of :attr:`names` filled in from ``environ`` (default: this
+        process's environment); the values are registered as secrets here (see :func:`register`)
+        unless an open scope or this process hides them already.
+
+        Raises:
+            RuntimeFailure: the environment lacks one of the variables (exit 5: the workers
+                need the job's secret variables, as they need their store's credentials).
+        """
+        if not self.names:
+            return self.template
+        env = os.environ if environ is None else environ
+        missing = [name for name in self.names if name not in env]
+        if missing:
+            from .errors import RuntimeFailure
+
+            raise RuntimeFailure(
+                f"this process's environment has no {', '.join('${%s}' % n for n in missing)}, "
+                f"which {self.template} uses: give every worker the job's secret variables "
+                f"(docs/runners.md \"What travels to the workers\")")
+        values = {name: env[name] for name in self.names}
+        if register_values:
+            with _lock:
+                hidden = {v for held in (_process, *_open) for v in held.values}
+            register({n: v for n, v in values.items() if v not in hidden})
+        text = self.template
+        for name, value in values.items():
+            text = text.replace("${%s}" % name, value)
+        return text

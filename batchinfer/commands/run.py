@@ -379,7 +379,8 @@ def _refused(run: Resolution, launched: Launch, scored: Scored, read: ReadBack,
     if drifted:  # _drift/ is kept: no cleanup there
         kept, where = record.keep_drift_report(job, attempt.layout, read.verdict,
                                                launched.baseline, read.results)
-    error = _refusal(read.outcome, where)
+    accept = launched.baseline.accept if drifted and launched.baseline is not None else None
+    error = _refusal(read.outcome, where, accept)
     tags = {**record.run_tags(job, attempt.attempt, device), "batchinfer.error": error.message,
             "batchinfer.exit_code": str(error.exit_code)}
     if drifted:
@@ -391,9 +392,11 @@ def _refused(run: Resolution, launched: Launch, scored: Scored, read: ReadBack,
     raise error
 
 
-def _refusal(outcome: CommitOutcome, kept: str | None = None) -> BatchInferError:
+def _refusal(outcome: CommitOutcome, kept: str | None = None,
+             accept: str | None = None) -> BatchInferError:
     """The error of a refused commit, from the code and message the commit step recorded (and,
-    for a run that drift stopped, where its drift report is ``kept``)."""
+    for a run that drift stopped, how to ``accept`` the drift and where its drift report is
+    ``kept``: the launcher's words, which name its files)."""
     message = outcome.message or "nothing committed"
     if outcome.code == PreprocessError.exit_code:
         # The function's exception stayed on the worker; its traceback came back as text.
@@ -401,6 +404,8 @@ def _refusal(outcome: CommitOutcome, kept: str | None = None) -> BatchInferError
         if trace:
             log.debug("the preprocessing's first failure:\n%s", trace.rstrip())
         return PreprocessError(message)
+    if accept:
+        message = f"{message}; {accept}"
     if kept:
         message = f"{message}; {kept}"
     return ModelError(message) if outcome.code == ModelError.exit_code else DataQualityError(message)

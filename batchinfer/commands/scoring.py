@@ -11,6 +11,7 @@ from ..clock import rfc3339
 from ..errors import BatchInferError, RuntimeFailure, SpecError
 from ..io.commit import Attempt
 from ..io.records import Challenger, Manifest, Totals
+from ..redaction import Deferred
 from ..rows.drift import Baseline, DriftGate
 from ..spec import Job
 from .monitor import load_baseline
@@ -119,15 +120,20 @@ def pipeline_plans(resolved: Resolved, attempt: Attempt, header: Manifest,
     from ..pipeline.commit import CommitPlan
     from ..pipeline.transforms import ScoringPlan
 
-    spec = resolved.job.spec
+    job = resolved.job
+    spec = job.spec
+    # The graph holds no secret's value: the workers fill them in (docs/runners.md "What
+    # travels to the workers").
+    output = Deferred.of(spec.output.path, job.secrets)
     plan = ScoringPlan(
-        shard_urls=tuple(s.url for s in resolved.shards), shard_names=resolved.shard_names(),
-        output_url=spec.output.path, attempt=attempt.attempt, batch_rows=spec.batch.rows,
+        shard_urls=tuple(Deferred.of(s.url, job.secrets) for s in resolved.shards),
+        shard_names=resolved.shard_names(),
+        output_url=output, attempt=attempt.attempt, batch_rows=spec.batch.rows,
         schema=resolved.schema, preprocessor=resolved.preprocessor,
         id_columns=tuple(spec.output.id_columns), hash_columns=resolved.schema.columns,
         profile_features=tuple(resolved.features), profile_cuts=baseline.cuts() if baseline else {})
-    gate = DriftGate(tuple(resolved.features), baseline) if baseline is not None else None
-    commit = CommitPlan(output_url=spec.output.path, attempt=attempt.attempt,
+    gate = DriftGate.of(resolved.features, baseline) if baseline is not None else None
+    commit = CommitPlan(output_url=output, attempt=attempt.attempt,
                         replacing=attempt.replacing, shard_count=len(resolved.shards),
                         header=header, breach=spec.quarantine.breach, drift=gate,
                         preprocess=spec.preprocess, clock=attempt.clock)

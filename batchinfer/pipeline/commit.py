@@ -23,6 +23,7 @@ from ..clock import Clock, rfc3339, utc_now
 from ..errors import BatchInferError, DataQualityError, ModelError, PreprocessError
 from ..io.commit import Attempt, CommitOutcome, PartitionCommit
 from ..io.records import Manifest, ModelStats, PreprocessStats, ShardResult, Totals, with_challenger_shards
+from ..redaction import Deferred
 from ..rows.drift import DriftGate
 from .prepare import preprocess_fault
 
@@ -36,7 +37,7 @@ class CommitPlan:
     """What the commit step needs; plain, picklable data.
 
     Attributes:
-        output_url: ``output.path``.
+        output_url: ``output.path`` (secret values as ``${NAME}``: the worker fills them in).
         attempt: this run's attempt id.
         replacing: the manifest an ``--overwrite`` run replaces, or None.
         shard_count: how many shards the pipeline scores (each must have a result).
@@ -51,7 +52,7 @@ class CommitPlan:
         clock: the run's clock (``run_job``'s), which stamps the manifest's ``finished_at``.
     """
 
-    output_url: str
+    output_url: Deferred
     attempt: str
     replacing: Manifest | None
     shard_count: int
@@ -62,7 +63,7 @@ class CommitPlan:
     clock: Clock = utc_now
 
     def begin(self) -> Attempt:
-        return PartitionCommit(self.output_url).begin(self.attempt, replacing=self.replacing,
+        return PartitionCommit(self.output_url.value()).begin(self.attempt, replacing=self.replacing,
                                                       clock=self.clock)
 
 

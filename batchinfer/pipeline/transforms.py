@@ -43,6 +43,7 @@ from ..handlers.base import BatchModelHandler, Inference, Prepared
 from ..io.outputs import QUARANTINE, Layout, parquet_bytes, write_file, write_json
 from ..io.records import FileRecord, ModelStats, PreprocessStats
 from ..io.shards import ShardReader, Unreadable
+from ..redaction import Deferred
 from ..rows.arrow_types import plain_array
 from ..rows.columns import (
     AUDIT,
@@ -116,12 +117,14 @@ class ModelRun:
 
 @dataclass(frozen=True, kw_only=True)
 class ScoringPlan:
-    """What the pipeline's workers need besides the models; plain, picklable data.
+    """What the pipeline's workers need besides the models; plain, picklable data, without a
+    secret's value (docs/runners.md "What travels to the workers").
 
     Attributes:
-        shard_urls: shard URLs to read, by shard index.
+        shard_urls: shard URLs to read, by shard index (secret values as ``${NAME}``, filled in
+            by the worker that reads them).
         shard_names: what ``_source_shard`` records for each (``${NAME}`` values put back).
-        output_url: ``output.path``.
+        output_url: ``output.path`` (the same).
         attempt: this run's attempt id.
         batch_rows: rows per RecordBatch.
         schema: the loaded schema version (its source travels, not the module).
@@ -130,9 +133,9 @@ class ScoringPlan:
         hash_columns: the columns ``_input_hash`` covers.
     """
 
-    shard_urls: tuple[str, ...]
+    shard_urls: tuple[Deferred, ...]
     shard_names: tuple[str, ...]
-    output_url: str
+    output_url: Deferred
     attempt: str
     batch_rows: int
     schema: SchemaVersion
@@ -218,7 +221,8 @@ def _is_shard_info(element: Any) -> bool:
 
 
 class ReadShard(beam.DoFn):
-    """(shard index, url) → :class:`Chunk` RecordBatches, then one ``(shard index, ShardInfo)``.
+    """(shard index, url as a :class:`~batchinfer.redaction.Deferred`) → :class:`Chunk`
+    RecordBatches, then one ``(shard index, ShardInfo)``.
 
     The shard's sha256 is computed on a helper thread while its batches are decoded and scored
     downstream; the shard record, which carries it, comes out after the batches.
@@ -236,10 +240,10 @@ class ReadShard(beam.DoFn):
             hasher.shutdown(wait=True, cancel_futures=True)
 
     def process(self, element) -> Iterator[Any]:
-        index, url = element
+        index, deferred = element
         t0 = time.perf_counter()
         try:
-            reader = ShardReader(url, hasher=self._hasher)
+            reader = ShardReader(deferred.value(), hasher=self._hasher)
         except Unreadable as exc:
             progress.shard_unreadable(index)
             yield index, ShardInfo(None, None, str(exc))
@@ -314,7 +318,7 @@ class WritePredictions(beam.DoFn):
         self.encoding = prediction_encoding(plan.id_columns)
 
     def setup(self):
-        self.layout = Layout.for_url(self.plan.output_url, self.plan.attempt)
+        self.layout = Layout.for_url(self.plan.output_url.value(), self.plan.attempt)
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="batchinfer-write")
 
     def start_bundle(self):
@@ -470,7 +474,7 @@ class FinishShard(beam.DoFn):
         self.challengers = challengers
 
     def setup(self):
-        self.layout = Layout.for_url(self.plan.output_url, self.plan.attempt)
+        self.layout = Layout.for_url(self.plan.output_url.value(), self.plan.attempt)
 
     def process(self, element) -> Iterator[int]:
         index, records = element

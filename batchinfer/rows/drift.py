@@ -158,12 +158,22 @@ class DriftGate:
     features: tuple[str, ...]
     baseline: Baseline
 
+    @classmethod
+    def of(cls, features: Sequence[str], baseline: Baseline) -> "DriftGate":
+        """The gate of ``baseline``, holding only what a verdict needs: its columns and limits.
+        Its URL (which may hold a secret), how messages show it, what it says about itself and
+        how to accept a drift (which names the job's file) stay with the launcher, which adds
+        them to a refusal: the gate travels in the job graph (docs/runners.md "What travels to
+        the workers")."""
+        return cls(tuple(features), Baseline("", baseline.columns, what=baseline.what,
+                                             warn=baseline.warn, fail=baseline.fail))
+
     def refusal(self, profiles: Iterable[ShardProfile]) -> str | None:
-        """Why the partition must not commit (the message of exit 4, but for where the
-        launcher keeps the drift report), or None."""
+        """Why the partition must not commit (the message of exit 4, but for how to accept the
+        drift and where the launcher keeps the drift report), or None."""
         verdict = observe(profiles, self.features, self.baseline)
         if verdict.level != "fail":
             return None
         warned = [d.column for d in verdict.above("warn")]
         also = f"; above warn: {listed(warned, 5)}" if warned else ""
-        return f"drift: {verdict.summary('fail')}{also}; nothing committed; {self.baseline.accept}"
+        return f"drift: {verdict.summary('fail')}{also}; nothing committed"

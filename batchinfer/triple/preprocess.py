@@ -107,7 +107,8 @@ def load_preprocessor(ref: str | None, job_folder: Path, features: Sequence[str]
             raise PreprocessError(f"preprocess {ref}: asset {name!r} unreadable: {exc}") from None
     digest = preprocess_hash(module_name, function_name, source.text, assets,
                              [(m.name, m.text) for m in source.local_modules])
-    return Preprocessor(ref=ref, hash=digest, features=features, source=source,
+    # The assets travel with the code: a worker reads the bytes that were hashed.
+    return Preprocessor(ref=ref, hash=digest, features=features, source=source.with_assets(assets),
                         packages=imports.packages)
 
 

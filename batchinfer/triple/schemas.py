@@ -46,11 +46,38 @@ class SchemaVersion:
     columns: tuple[str, ...]
     features: tuple[str, ...] | None
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Not the compiled schema: its checks are the module's functions, which would be pickled
+        # by value with the launcher's path of the file. The source travels, and is compiled
+        # again where it lands (once per process).
+        return {**self.__dict__, "schema": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            object.__setattr__(self, key, value)
+        if self.schema is None:
+            object.__setattr__(self, "schema", _compiled(self.source))
+
     def features_for(self, id_columns: list[str]) -> tuple[str, ...]:
         if self.features is not None:
             return self.features
         ids = set(id_columns)
         return tuple(c for c in self.columns if c not in ids)
+
+
+_compiled_here: dict[tuple[str, str], Any] = {}
+
+
+def _compiled(source: ModuleSource) -> Any:
+    """The compiled ``SCHEMA`` of a schema version's source that travelled (it compiled where
+    it was resolved), once per process and text."""
+    from ..rows.validation import compile_schema, import_pandera
+
+    key = (source.name, source.sha256)
+    if key not in _compiled_here:
+        import_pandera()
+        _compiled_here[key] = compile_schema(source.load().SCHEMA)
+    return _compiled_here[key]
 
 
 def parse_ref(ref: str) -> tuple[str, int]:

@@ -6,6 +6,13 @@ execute that same text (on the driver and, after pickling, on remote workers) in
 importing whatever file a worker happens to find under the same name. The local modules a
 module imports (its helpers in the job's folder, found by :mod:`batchinfer.triple.import_walk`)
 travel with it, and a finder on ``sys.meta_path`` serves their hashed text to ``import``.
+
+A module travels without the launcher's paths (docs/runners.md "What travels to the workers"):
+pickled, its files are named by its module name (``pkg/prep.py``), and its ``ASSETS`` travel as
+bytes. A copy that travelled writes its text, its local modules' and its assets into this
+machine's code cache (``$BATCHINFER_CODE_CACHE``, else ``~/.cache/batchinfer/code``), one folder
+per content digest, once, and runs from there: ``__file__`` and the assets beside it are the
+bytes that were hashed, wherever it runs.
 """
 from __future__ import annotations
 
@@ -14,14 +21,28 @@ import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
+import posixpath
+import shutil
 import sys
 import threading
 import types
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 _lock = threading.Lock()
+CODE_CACHE_ENV = "BATCHINFER_CODE_CACHE"
+
+
+def code_cache() -> Path:
+    """Where modules that travelled are written on this machine: ``$BATCHINFER_CODE_CACHE``,
+    else ``$XDG_CACHE_HOME/batchinfer/code`` (``~/.cache/batchinfer/code``)."""
+    configured = os.environ.get(CODE_CACHE_ENV)
+    if configured:
+        return Path(configured)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "batchinfer" / "code"
 
 
 def normalise_source(raw: bytes) -> str:
@@ -42,6 +63,11 @@ class ModuleSource:
         local_modules: the local modules it imports (directly or through each other), by name:
             ``import`` gets their text from here, not from the files, while it executes and
             afterwards (an import inside a function runs when it is called).
+        assets: the files it reads (its ``ASSETS``, as listed: relative to its folder) and
+            their bytes, as hashed; they travel with it.
+
+    Pickled, ``filename`` becomes :attr:`relative` and ``search_path`` the folder it is
+    imported from, wherever that is: the copy runs from the code cache (:meth:`load`).
     """
 
     name: str
@@ -49,6 +75,7 @@ class ModuleSource:
     text: str
     search_path: tuple[str, ...] = ()
     local_modules: tuple["ModuleSource", ...] = ()
+    assets: tuple[tuple[str, bytes], ...] = ()
     _cache: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     @classmethod
@@ -60,7 +87,21 @@ class ModuleSource:
     def with_local_modules(self, local_modules: Sequence["ModuleSource"]) -> "ModuleSource":
         """This source (not yet loaded) with the local modules it imports, sorted by name."""
         return ModuleSource(self.name, self.filename, self.text, self.search_path,
-                            tuple(sorted(local_modules, key=lambda m: m.name)))
+                            tuple(sorted(local_modules, key=lambda m: m.name)), self.assets)
+
+    def with_assets(self, assets: Sequence[tuple[str, bytes]]) -> "ModuleSource":
+        """This source with the files it reads (name as listed, bytes); loaded already if it was."""
+        copy = ModuleSource(self.name, self.filename, self.text, self.search_path,
+                            self.local_modules, tuple(assets))
+        object.__setattr__(copy, "_cache", self._cache)
+        return copy
+
+    @property
+    def relative(self) -> str:
+        """Its file below the folder it is imported from, as its name says: ``pkg/prep.py``,
+        ``pkg/__init__.py`` for a package."""
+        base = self.name.replace(".", "/")
+        return f"{base}/__init__.py" if Path(self.filename).name == "__init__.py" else f"{base}.py"
 
     @property
     def sha256(self) -> str:
@@ -74,18 +115,78 @@ class ModuleSource:
         with _lock:
             module = self._cache.get("module")
             if module is None:
-                module = _execute(self)
+                module = _execute(_materialise(self) if self._cache.get("travelled") else self)
                 self._cache["module"] = module
         return module
 
     def __getstate__(self):
-        return {"name": self.name, "filename": self.filename, "text": self.text,
-                "search_path": self.search_path, "local_modules": self.local_modules}
+        # No path of the process that pickles it: its files are named by the module names,
+        # and the folder it is imported from is wherever the copy is written.
+        return {"name": self.name, "filename": self.relative, "text": self.text,
+                "search_path": ("",) if self.search_path else (),
+                "local_modules": self.local_modules, "assets": self.assets}
 
     def __setstate__(self, state):
         for key, value in state.items():
             object.__setattr__(self, key, value)
-        object.__setattr__(self, "_cache", {})
+        object.__setattr__(self, "assets", state.get("assets", ()))
+        object.__setattr__(self, "_cache", {"travelled": True})
+
+
+def _materialise(source: ModuleSource) -> ModuleSource:
+    """``source`` (a copy that travelled) written into the code cache with its local modules and
+    assets, one folder per digest of the files (written once, atomically: processes that
+    write the same folder at once keep the first), as a source located there."""
+    base = posixpath.dirname(source.relative)
+    files = {m.relative: m.text.encode("utf-8") for m in (source, *source.local_modules)}
+    for name, data in source.assets:
+        where = posixpath.normpath(posixpath.join(base, name))
+        if not posixpath.isabs(where):   # an absolute asset is read where it is
+            files[where] = data
+    # An asset above the module's folder ("../vocab.txt") lands inside the folder too: the
+    # modules go that many folders down.
+    prefix = "/".join(["_"] * max(_climbs(path) for path in files))
+    files = {posixpath.normpath(posixpath.join(prefix, p)): data for p, data in files.items()}
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(f"{path}\0{len(files[path])}\0".encode() + files[path])
+    root = code_cache() / digest.hexdigest()
+    if not root.is_dir():
+        _write_folder(root, files)
+    top = root / prefix if prefix else root
+
+    def located(module: ModuleSource, local: tuple[ModuleSource, ...] = ()) -> ModuleSource:
+        return ModuleSource(module.name, str(top / module.relative), module.text,
+                            (str(top),) if module.search_path else (), local, module.assets)
+
+    return located(source, tuple(located(m) for m in source.local_modules))
+
+
+def _climbs(path: str) -> int:
+    """How many folders a normalised relative path climbs (``../../x``: 2)."""
+    parts = path.split("/")
+    return next((i for i, part in enumerate(parts) if part != ".."), len(parts))
+
+
+def _write_folder(root: Path, files: dict[str, bytes]) -> None:
+    scratch = root.with_name(f".{root.name}.{uuid.uuid4().hex[:8]}")
+    try:
+        for relative, data in files.items():
+            path = scratch / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        try:
+            os.rename(scratch, root)
+        except OSError:
+            if not root.is_dir():   # not another process's copy of the same files
+                raise
+    except OSError as exc:
+        from ..errors import RuntimeFailure
+
+        raise RuntimeFailure(f"cannot write the job's code into the code cache {root.parent} "
+                             f"(set ${CODE_CACHE_ENV}): {exc}") from None
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _execute(source: ModuleSource) -> types.ModuleType:

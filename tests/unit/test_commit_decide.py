@@ -103,6 +103,7 @@ def test_the_commit_step_stamps_finished_at_with_the_runs_clock(tmp_path):
     """The clock given to the attempt travels in the commit plan to the commit step."""
     from batchinfer.clock import rfc3339
     from batchinfer.pipeline.commit import CommitPartition, CommitPlan
+    from batchinfer.redaction import Deferred
 
     moments = iter([datetime(2026, 1, 15, 3, 4, 5, 678000, tzinfo=timezone(timedelta(hours=2)))])
     attempt = PartitionCommit(str(tmp_path / "out")).begin("20260115T010405Z-0000abcd",
@@ -113,7 +114,7 @@ def test_the_commit_step_stamps_finished_at_with_the_runs_clock(tmp_path):
     write_json(attempt.layout.fs, attempt.layout.shard_result(0), ShardResult(record=record).to_dict())
     header = dataclasses.replace(_manifest(), attempt=attempt.attempt, finished_at="", shards=(),
                                  totals=Totals.of([]), challengers=())
-    plan = CommitPlan(output_url=str(tmp_path / "out"), attempt=attempt.attempt, replacing=None,
+    plan = CommitPlan(output_url=Deferred(str(tmp_path / "out")), attempt=attempt.attempt, replacing=None,
                       shard_count=1, header=header, breach=lambda rows, bad, unreadable: None,
                       clock=attempt.clock)
     assert list(CommitPartition(plan).process(0)) == ["committed"]

@@ -20,7 +20,7 @@ ACCEPT = "to accept this drift, do what the launcher says"
 BASELINE = Baseline("b.json", {"f0": baseline_column("feature", F0),
                                "score": baseline_column("prediction", SCORE)},
                     shown="b.json", warn=WARN, fail=FAIL, accept=ACCEPT)
-GATE = DriftGate(("f0",), BASELINE)
+GATE = DriftGate.of(("f0",), BASELINE)
 
 
 def shards(f0: np.ndarray, score: np.ndarray, parts: int = 3) -> list[dict]:
@@ -46,9 +46,9 @@ def test_a_shifted_feature_is_refused_with_its_psi_and_the_columns_above_warn():
     assert (verdict.level, [d.column for d in verdict.above("fail")]) == ("fail", ["f0"])
     assert verdict.drifts[0].psi == pytest.approx(expected)
     assert [d.column for d in verdict.above("warn")] == ["score"]
-    assert GATE.refusal(profiles) == (
+    assert GATE.refusal(profiles) == (   # how to accept it is the launcher's to say
         f"drift: 1 column(s) drifted above the fail limits: f0 (psi {expected:.3g} > 0.5); "
-        f"above warn: score; nothing committed; {ACCEPT}")
+        f"above warn: score; nothing committed")
 
 
 def test_warn_only_commits():
@@ -86,6 +86,10 @@ def test_drift_metric_names_and_a_column_without_values():
     assert drift_metrics(empty) == {"drift_columns_warn": 0.0, "drift_columns_fail": 1.0}
 
 
-def test_the_gate_pickles_to_the_worker_that_commits():
+def test_the_gate_pickles_to_the_worker_that_commits_with_only_the_columns_and_limits():
     profiles = shards(F0 + 2.0, SCORE)
     assert pickle.loads(pickle.dumps(GATE)).refusal(profiles) == GATE.refusal(profiles) is not None
+    # the baseline's URL, how it is shown and how to accept a drift stay with the launcher
+    assert (GATE.baseline.path, GATE.baseline.shown, GATE.baseline.accept, GATE.baseline.about) == (
+        "", "", "", {})
+    assert (GATE.baseline.warn, GATE.baseline.fail) == (WARN, FAIL)

@@ -245,25 +245,37 @@ def test_helpers_run_from_the_hashed_text_after_the_files_change(tmp_path):
 
 
 def test_a_pickled_preprocessor_runs_where_the_job_folder_does_not_exist(tmp_path):
-    job = tmp_path / "job"
+    """No path of the job's folder travels; the assets do, and the worker's copy reads the bytes
+    that were hashed from beside its ``__file__`` (the code cache)."""
+    job = tmp_path / f"job-{unique('folder')}"
     entry, helper, late, pkg = unique("prep"), unique("helper"), unique("late"), unique("pkg")
     write(job, f"{entry}.py", HELPER_USER.format(helper=helper, late=late)
-          + f"\nfrom {pkg}.inner import tool\n")
+          + f"\nfrom {pkg}.inner import tool\nfrom pathlib import Path\n"
+          + 'ASSETS = ["assets/k.txt", "../up.txt"]\n'
+          + "KS = [float((Path(__file__).parent / a).read_text()) for a in ASSETS]\n")
     write(job, f"{helper}.py", "K = 1.0\n")
     write(job, f"{late}.py", "L = 10.0\n")
     write(job, f"{pkg}/inner/tool.py", "T = 1\n")    # namespace packages on the way
-    pickled = tmp_path / "pre.pkl"
-    pickled.write_bytes(pickle.dumps(load_preprocessor(f"{entry}:transform", job, [])))
-    job.rename(tmp_path / "gone")                    # nothing left to import from
+    write(job, "assets/k.txt", "100")
+    write(tmp_path, "up.txt", "1000")
+    pre = load_preprocessor(f"{entry}:transform", job, [])
+    data = pickle.dumps(pre)
+    assert job.name.encode() not in data and str(tmp_path).encode() not in data
+    (tmp_path / "pre.pkl").write_bytes(data)
+    job.rename(tmp_path / "gone")                    # nothing left to import or read from
+    (tmp_path / "up.txt").unlink()
     elsewhere = tmp_path / "worker"
     elsewhere.mkdir()
     code = ("import pickle, sys, pyarrow as pa\n"
-            f"pre = pickle.loads(open({str(pickled)!r}, 'rb').read())\n"
-            "print(pre(pa.record_batch({'x': [1.0]}))[0, 0])\n")
+            f"pre = pickle.loads(open({str(tmp_path / 'pre.pkl')!r}, 'rb').read())\n"
+            "print(pre(pa.record_batch({'x': [1.0]}))[0, 0], sys.modules[pre.ref.split(':')[0]].KS)\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "BATCHINFER_CODE_CACHE": str(tmp_path / "cache")}
     result = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, capture_output=True,
-                            text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+                            text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "11.0"
+    assert result.stdout.split() == ["11.0", "[100.0,", "1000.0]"]
+    [copy] = (tmp_path / "cache").iterdir()      # one folder, named by the files' digest
+    assert (copy / "_" / f"{entry}.py").is_file() and (copy / "up.txt").read_text() == "1000"
 
 
 def test_two_jobs_with_a_helper_of_the_same_name_each_run_their_own(tmp_path):

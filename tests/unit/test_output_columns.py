@@ -20,6 +20,7 @@ from batchinfer.io.outputs import PREDICTIONS, QUARANTINE, challenger_folder
 from batchinfer.io.records import PreprocessStats
 from batchinfer.pipeline.records import BatchRecord, ChallengerBatchRecord
 from batchinfer.pipeline.transforms import ModelRun, Payload, ScoringPlan, WritePredictions, build
+from batchinfer.redaction import Deferred
 from batchinfer.rows import columns
 from batchinfer.rows.quarantine import QUARANTINE_SCHEMA, Failure, build_quarantine
 from batchinfer.triple.contract import Triple
@@ -57,8 +58,8 @@ def _run(rejects: str) -> ModelRun:
 
 
 def _write(tmp_path, run: ModelRun):
-    plan = ScoringPlan(shard_urls=("s0.parquet",), shard_names=("s0.parquet",),
-                       output_url=str(tmp_path), attempt="A1", batch_rows=100,
+    plan = ScoringPlan(shard_urls=(Deferred("s0.parquet"),), shard_names=("s0.parquet",),
+                       output_url=Deferred(str(tmp_path)), attempt="A1", batch_rows=100,
                        schema=None, preprocessor=None,  # type: ignore[arg-type]
                        id_columns=("id",), hash_columns=("id", "f1"), profile_features=("f1",))
     writer = WritePredictions(plan, run)
@@ -142,7 +143,7 @@ def test_build_takes_the_champion_first():
 
 def test_the_writer_does_not_carry_the_handler():
     writer = WritePredictions(ScoringPlan(
-        shard_urls=(), shard_names=(), output_url="memory://x", attempt="A", batch_rows=1,
+        shard_urls=(), shard_names=(), output_url=Deferred("memory://x"), attempt="A", batch_rows=1,
         schema=None, preprocessor=None, id_columns=()),  # type: ignore[arg-type]
         dataclasses.replace(_run("count"), handler=object()))  # type: ignore[arg-type]
     assert not any(v is not None and type(v) is object for v in vars(writer).values())
