@@ -26,6 +26,9 @@ from pathlib import Path
 import artefacts
 import numpy as np
 import pytest
+from _pytest.mark import KeywordMatcher, MarkMatcher
+from _pytest.mark.expression import Expression
+from outcomes import OUTCOMES, gpu_check_cpu_selection
 
 from batchinfer.testing import (
     check_a_bad_row_stays_in_its_row,
@@ -372,3 +375,21 @@ def test_out_of_memory_halves_the_chunk_and_loses_no_row(models, tmp_path):
     assert metrics["model_oom_backoffs"] >= 3         # per model copy; every copy backs off
     clean_metrics = json.loads((tmp_path / "clean" / f"dt={DS}" / "_metrics.json").read_text())["metrics"]
     assert clean_metrics["model_oom_backoffs"] == 0 and clean_metrics["model_chunk_rows"] == 4096.0
+
+
+def test_the_conformance_cases_gpu_check_selects_passed_in_this_session(request):
+    """What bench/gpu_check.sh's own pytest run asserted (its cases passed, none failed), from
+    this module's run of them, selected as pytest selects them (-m, -k). It is the module's last
+    test: the cases ran before it, in this process (also under pytest-xdist, which keeps a module
+    on one worker: ``--dist loadscope``). tests/conformance/test_gpu_check.py runs the rest of the
+    script."""
+    pytest.importorskip("torch")
+    items = [item for item in request.session.items if item.path == Path(__file__)]
+    marks, keywords = map(Expression.compile, gpu_check_cpu_selection())
+    chosen = [item.nodeid for item in items
+              if marks.evaluate(MarkMatcher.from_markers(item.iter_markers()))
+              and keywords.evaluate(KeywordMatcher.from_item(item))]
+    if not chosen:
+        pytest.skip("the cases bench/gpu_check.sh selects are not part of this session")
+    assert len(chosen) >= 20, chosen  # each torch-cpu precision, model and size
+    assert {node: OUTCOMES.get(node) for node in chosen} == dict.fromkeys(chosen, "passed")
