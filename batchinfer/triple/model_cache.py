@@ -15,10 +15,10 @@ of the root (the same file system, so the rename is atomic), hashes what it down
 renames the folder to its digest: a reader sees a whole, verified entry or none. Processes that
 want the same digest take its lock, so one downloads and the others find the entry; when two
 place the same digest anyway (without a lock, or on a file system whose locks do not hold), the
-first rename wins and the other copy is removed. A worker trusts an entry once placed (it was
-hashed on the way in, and its name is the digest the launcher checked); the launcher revalidates
-it against the store's listing of the files (:func:`fetch`'s ``revalidate``). Delete an entry's
-folder to make the next fetch download it again.
+first rename wins and the other copy is removed. Every use of an entry hashes it again before
+anything loads it (an entry damaged on disk is removed and fetched again); the launcher also
+revalidates it against the store's listing of the files (:func:`fetch`'s ``revalidate``), so a
+model changed in the store after stamping is refused even where the cache holds the stamped one.
 
 Only the files the digest covers come along: the model file and the external-data files its
 ONNX entries name — exactly what is verified, and not the store folder's other files (other
@@ -68,7 +68,7 @@ class Fetched:
 
     Attributes:
         path: the model file in the cache (its external data beside it).
-        digest: its model digest, computed from the bytes fetched (or the entry's name).
+        digest: its model digest, computed from the bytes in the cache (fetched, or found).
         downloaded: whether this call downloaded it (False: the entry was there).
         seconds: how long the call took, download and hashing included.
     """
@@ -82,7 +82,7 @@ class Fetched:
 def fetch(url: str, expected: str | None = None, root: Path | None = None, *,
           revalidate: bool = False) -> Fetched:
     """The model at ``url`` in the local cache, downloaded unless the entry for ``expected`` is
-    there already.
+    there already (and still hashes to ``expected``).
 
     What is downloaded is placed under the digest of its bytes, whatever ``expected`` says: the
     caller compares (a mismatch is the contract's, exit 3, or a changed store under a running
@@ -106,7 +106,12 @@ def fetch(url: str, expected: str | None = None, root: Path | None = None, *,
     def found() -> Fetched | None:
         if expected is None or not entry_file(root, expected, url).is_file():
             return None
-        if revalidate and _recorded(root, url) != (expected, _identity(url, root / expected)):
+        if revalidate and not _unchanged(root, url, expected):
+            return None
+        if model_digest(entry_file(root, expected, url)) != expected:   # damaged since placed
+            log.warning("model cache: the entry %s does not hash to its name: fetching it again",
+                        root / expected)
+            _discard(root, root / expected)
             return None
         return Fetched(path=entry_file(root, expected, url), digest=expected, downloaded=False,
                        seconds=time.monotonic() - start)
@@ -123,8 +128,8 @@ def fetch(url: str, expected: str | None = None, root: Path | None = None, *,
         hit = found()   # fetched meanwhile, by the process that held the lock
         if hit is not None:
             return hit
-        digest, size = _download(url, root)
-        _record(root, url, digest, _identity(url, root / digest))
+        digest, size, external = _download(url, root)
+        _record(root, url, digest, external)
     log.info("model cache: fetched %s (%d bytes, sha256 %s…) in %.2f s", url, size, digest[:12],
              time.monotonic() - start)
     return Fetched(path=entry_file(root, digest, url), digest=digest, downloaded=True,
@@ -137,15 +142,11 @@ _IDENTITY_KEYS = ("size", "ETag", "etag", "md5Hash", "crc32c", "VersionId", "mti
                   "LastModified", "last_modified", "updated")
 
 
-def _identity(url: str, entry: Path) -> list[list[str]]:
-    """What the store lists of the model file and of each external-data file the cached entry
-    names, for :func:`fetch`'s revalidation."""
+def _identity(url: str, external: list[str]) -> list[list[str]]:
+    """What the store lists of the model file and of its external-data files, for
+    :func:`fetch`'s revalidation."""
     fs, path = url_to_fs(url)
-    files = [path]
-    name = posixpath.basename(path)
-    if name.lower().endswith(".onnx") and (entry / name).is_file():
-        files += [posixpath.join(posixpath.dirname(path), loc)
-                  for loc in onnx_external_locations(entry / name)]
+    files = [path, *(posixpath.join(posixpath.dirname(path), loc) for loc in external)]
     try:
         fs.invalidate_cache()
         infos = [fs.info(f) for f in files]
@@ -160,20 +161,25 @@ def _source_record(root: Path, url: str) -> Path:
     return root / "sources" / f"{hashlib.sha256(url.encode()).hexdigest()}.json"
 
 
-def _recorded(root: Path, url: str) -> tuple[str, list[list[str]]] | None:
+def _unchanged(root: Path, url: str, digest: str) -> bool:
+    """Whether ``url`` held ``digest`` when last fetched here and the store still lists its files
+    as it did then."""
     try:
         data = json.loads(_source_record(root, url).read_text())
-        return data["digest"], data["identity"]
+        recorded, external, identity = data["digest"], list(data["external"]), data["identity"]
     except (OSError, ValueError, KeyError, TypeError):
-        return None
+        return False
+    return recorded == digest and _identity(url, external) == identity
 
 
-def _record(root: Path, url: str, digest: str, identity: list[list[str]]) -> None:
-    """Remember which digest ``url`` held, and what the store said of its files then."""
+def _record(root: Path, url: str, digest: str, external: list[str]) -> None:
+    """Remember which digest ``url`` held, its external-data files, and what the store said of
+    them all then (listed after the download: a change in between costs a download next time)."""
     path = _source_record(root, url)
     path.parent.mkdir(exist_ok=True)
     tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(json.dumps({"url": url, "digest": digest, "identity": identity}))
+    tmp.write_text(json.dumps({"url": url, "digest": digest, "external": external,
+                               "identity": _identity(url, external)}))
     os.replace(tmp, path)
 
 
@@ -190,18 +196,19 @@ def _locked(root: Path, digest: str | None) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _download(url: str, root: Path) -> tuple[str, int]:
+def _download(url: str, root: Path) -> tuple[str, int, list[str]]:
     """Download the model and its external data into a fresh folder of ``root``, hash it and
-    rename it to its digest; the digest and the bytes downloaded."""
+    rename it to its digest; the digest, the bytes downloaded and the external-data files."""
     tmp = root / f"{_TMP_PREFIX}{uuid.uuid4().hex}"
     tmp.mkdir()
     try:
         fs, path = url_to_fs(url)
         name = posixpath.basename(path)
         size = _get(fs, path, tmp / name, url)
-        if name.lower().endswith(".onnx"):
+        external = onnx_external_locations(tmp / name) if name.lower().endswith(".onnx") else []
+        if external:
             folder = posixpath.dirname(path)
-            for location in onnx_external_locations(tmp / name):
+            for location in external:
                 target = tmp / location
                 target.parent.mkdir(parents=True, exist_ok=True)
                 size += _get(fs, posixpath.join(folder, location), target,
@@ -215,12 +222,20 @@ def _download(url: str, root: Path) -> tuple[str, int]:
                 raise
             if not (final / name).is_file():   # the same bytes, under another file name
                 os.replace(tmp / name, final / name)
-        return digest, size
+        return digest, size, external
     except OSError as exc:
         raise StorageError(f"cannot fetch the model {url} into the cache {root}: "
                            f"{one_line(exc)}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _discard(root: Path, entry: Path) -> None:
+    """Remove an entry at once (renamed away, then deleted): a reader finds it whole or not."""
+    gone = root / f"{_TMP_PREFIX}{uuid.uuid4().hex}"
+    with contextlib.suppress(OSError):
+        os.rename(entry, gone)
+    shutil.rmtree(gone, ignore_errors=True)
 
 
 def _get(fs, path: str, local: Path, what: str) -> int:

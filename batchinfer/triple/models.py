@@ -39,6 +39,7 @@ class ResolvedModel:
         declaration: the declared triple parts (and the backend's declared values), or None.
         registry: ``(name, version)`` for ``models:/`` URIs.
         url: the store URL of the model file, which workers fetch; None for a local file.
+        digest: the model digest of ``path``, when the fetch computed it (None: not yet hashed).
     """
 
     uri: str
@@ -46,6 +47,7 @@ class ResolvedModel:
     declaration: dict | None
     registry: tuple[str, str] | None = None
     url: str | None = None
+    digest: str | None = None
 
     @property
     def where(self) -> str:
@@ -124,7 +126,7 @@ def _file_model(url: str, uri: str, backend: str, declaration: dict | None,
     # The launcher revalidates a warm entry against the store: a model changed there since it
     # was stamped is this run's contract mismatch (exit 3), not its workers' failure.
     fetched = fetch(url, (declaration or {}).get("model_digest"), revalidate=True)
-    return ResolvedModel(uri, fetched.path, declaration, registry, url)
+    return ResolvedModel(uri, fetched.path, declaration, registry, url, fetched.digest)
 
 
 def _registry_model_file(location: str, backend: str, uri: str, tracking_uri: str) -> str:

@@ -11,12 +11,11 @@ import fsspec
 import numpy as np
 import pytest
 
-from factories import make_mlp_onnx, mlp_reference
-
 from batchinfer.errors import ContractError, ModelFileError
 from batchinfer.io.storage import local_path
 from batchinfer.triple.contract import model_digest
 from batchinfer.triple.model_cache import CACHE_ENV, ModelSource, cache_root, entry_file, fetch
+from factories import make_mlp_onnx, mlp_reference
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +67,15 @@ def test_first_fetch_downloads_and_verifies_then_the_entry_is_reused(store, mode
     # Nothing but the entry (and its lock, and the URL's record) is left in the cache.
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([first.digest, f"{first.digest}.lock",
                                                                  "sources"])
+
+
+def test_an_entry_damaged_on_disk_is_hashed_before_use_and_fetched_again(store, model_bytes,
+                                                                         tmp_path):
+    first = fetch(store, sha(model_bytes[0]), tmp_path)
+    first.path.write_bytes(first.path.read_bytes()[:-1] + b"\0")   # one byte flipped on disk
+    again = fetch(store, first.digest, tmp_path)
+    assert again.downloaded and again.path.read_bytes() == model_bytes[0]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
 
 
 def test_a_worker_refuses_bytes_other_than_those_the_run_checked(store, model_bytes, tmp_path,
