@@ -268,11 +268,16 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
 
     # -- Beam's ModelHandler -----------------------------------------------------------------
     def load_model(self) -> Any:
-        if self.source is not None:   # where this runs (a worker): its cache, checked first
-            self.model_path = self.source.local_path()
-        self._held = shared_model(self.model_key(), self.open_model)
+        self._held = shared_model(self.model_key(), self._fetch_and_open)
         model = self._held.model
         return ServedModel(self, model) if self.share_model_across_processes() else model
+
+    def _fetch_and_open(self) -> ModelT:
+        # A model in a store: fetched into this machine's model cache and checked against the
+        # run's digest before it loads (a model this process holds already was checked then).
+        if self.source is not None:
+            self.model_path = self.source.local_path()
+        return self.open_model()
 
     def __getstate__(self) -> dict[str, Any]:
         # Beam pickles the handler to its workers; each loads (or finds) the model itself.

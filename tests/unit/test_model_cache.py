@@ -126,16 +126,21 @@ def test_external_data_comes_along_and_is_in_the_digest(tmp_path):
     fs.rm(folder, recursive=True)
 
 
-def test_a_handler_loads_through_the_cache_and_pickles_the_url(store, model_bytes, tmp_path,
-                                                              monkeypatch):
+def test_a_handler_loads_through_the_cache_and_pickles_the_url(tmp_path, monkeypatch):
     from batchinfer.handlers.onnx import OnnxModelHandler
 
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    digest = sha(model_bytes[0])
-    handler = OnnxModelHandler(store, digest=digest, device="cpu", source=ModelSource(store, digest))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    # A model no other test loads (a live handler of the same digest would be reused instead).
+    data = make_mlp_onnx(tmp_path / "m.onnx", hidden=7, seed=11).read_bytes()
+    url = f"memory://handler-{uuid.uuid4().hex[:8]}/model.onnx"
+    fsspec.filesystem("memory").pipe_file(url, data)
+    digest = sha(data)
+    handler = OnnxModelHandler(url, digest=digest, device="cpu", source=ModelSource(url, digest))
     model = handler.loaded(handler.load_model())
-    assert handler.model_path == str(tmp_path / digest / "model.onnx")
+    assert handler.model_path == str(tmp_path / "cache" / digest / "model.onnx")
     x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
-    np.testing.assert_allclose(model.predict({"x": x})["y"][:, 0], mlp_reference(x), atol=1e-5)
+    np.testing.assert_allclose(model.predict({"x": x})["y"][:, 0],
+                               mlp_reference(x, hidden=7, seed=11), atol=1e-5)
     # What travels to a worker names the store, not this machine's cache.
-    assert pickle.loads(pickle.dumps(handler)).model_path == store
+    assert pickle.loads(pickle.dumps(handler)).model_path == url
+    fsspec.filesystem("memory").rm(url)
