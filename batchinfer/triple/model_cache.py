@@ -268,6 +268,5 @@ class ModelSource:
         if fetched.digest != self.sha256:
             raise ContractError(
                 f"contract mismatch for {self.url}: model_digest declared {self.sha256} found "
-                f"{fetched.digest} (the model in the store changed since the run checked it: "
-                f"re-stamp it, or restore the stamped model, and run again)")
+                f"{fetched.digest} (the model in the store changed since the run checked it)")
         return str(fetched.path)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing
+import os
 import re
 from pathlib import Path
 
@@ -216,3 +217,48 @@ def test_registry_model_leaves_no_temp_folder(tmp_path, mlflow_live, stamped_tem
     assert [re.sub(r"//[^/]+/", "//HOST/", r["url"]) for r in records] == [
         f"http://HOST/api/2.0/mlflow-artifacts/artifacts/{run.info.experiment_id}/"
         f"{run.info.run_id}/artifacts/model/model.onnx"]
+
+
+def test_a_worker_refuses_a_model_that_changed_after_the_launcher_checked_it(
+        tmp_path, mlflow_live, stamped_template, beam_job_service, model_cache):
+    """Beam's job service and its worker pool (processes of their own, with their own model
+    cache: the session's) run a registry model whose files the tracking server serves. The
+    launcher checks the bytes it fetched; the file is then replaced on the server by one of the
+    same size and its old mtime (so the server lists it as before, and the launcher's warm entry
+    still counts);
+    the worker fetches the new bytes, refuses them, and the job fails saying so, nothing
+    committed."""
+    import uuid
+
+    client = mlflow_live.client()
+    name = f"mlp_{uuid.uuid4().hex[:8]}"
+    run = client.create_run(client.create_experiment(f"worker-{name}"))
+    # A model no other test fetches into the session's cache (the worker pool's).
+    original = make_mlp_onnx(tmp_path / "m" / "model.onnx", seed=21)
+    client.log_artifact(run.info.run_id, str(original), "model")
+    client.create_registered_model(name)
+    client.create_model_version(name, source=f"{run.info.artifact_uri}/model", run_id=run.info.run_id)
+    job = copy_project(stamped_template, tmp_path / "job", model=f"models:/{name}/1",
+                       tracking={"uri": mlflow_live.uri, "experiment": f"run-{name}"},
+                       runner={"name": "portable", "options": beam_job_service.options})
+    env = {"BATCHINFER_MODEL_CACHE": str(tmp_path / "launcher-cache")}
+    stamp = run_cli("stamp", f"models:/{name}/1", "--job", str(job), cwd=tmp_path, env=env)
+    assert stamp.returncode == 0, stamp.stderr
+    served = next(mlflow_live.artifacts.rglob(f"{run.info.run_id}/**/model.onnx"))
+    changed = make_mlp_onnx(tmp_path / "changed.onnx", seed=22).read_bytes()
+    before = served.stat()
+    assert len(changed) == before.st_size
+    served.write_bytes(changed)
+    # Its mtime put back: the server's listing (size, Last-Modified, ETag) says nothing changed.
+    os.utime(served, ns=(before.st_atime_ns, before.st_mtime_ns))
+    scored = run_cli("run", str(job), "--ds", DS, cwd=tmp_path / "job", env=env, fresh=True)
+    assert scored.returncode != 0, scored.stdout
+    line = scored.stderr.strip().splitlines()[-1]
+    print(f"exit {scored.returncode}: {line}")
+    assert "contract mismatch" in line and "changed since the run checked it" in line, scored.stderr
+    assert hashlib.sha256(changed).hexdigest() in line
+    assert not (tmp_path / "job" / "out" / f"dt={DS}" / "_manifest.json").exists()
+    # The worker pool fetched into its own cache; the launcher's holds only the checked bytes.
+    assert (model_cache / hashlib.sha256(changed).hexdigest() / "model.onnx").is_file()
+    assert [p.name for p in (tmp_path / "launcher-cache").iterdir() if len(p.name) == 64] == [
+        hashlib.sha256(original.read_bytes()).hexdigest()]
