@@ -71,15 +71,19 @@ def test_a_model_in_s3_scores_like_the_local_one_and_is_fetched_once(
     mtime = entry.stat().st_mtime_ns
     assert not [p for p in cache.iterdir() if p.name.startswith(".tmp-")]
 
-    # The second run finds the entry: no model GET (the launcher's revalidation is a HEAD).
+    # The second run, with the same model as a challenger's URL too, finds the entry: no model
+    # GET (the launcher's revalidation is a HEAD).
     s3_proxy.reset()
+    twin = f"[{{name: twin, uri: 's3://{new_bucket}/models/model.onnx', device: cpu}}]"
     again = run_cli("run", str(job), "--ds", DS, "--set", "output.path=out2/dt={ds}",
-                    cwd=tmp_path, env=env)
+                    "--set", f"model.challengers={twin}", cwd=tmp_path, env=env)
     assert again.returncode == 0, again.stderr
     assert model_gets(s3_proxy, "model.onnx") == 0, s3_proxy.requests()
     assert s3_proxy.requests("HEAD", "/models/model.onnx"), s3_proxy.requests()
     assert entry.stat().st_mtime_ns == mtime
-    assert_scored_like_the_local_model(tmp_path / "out2" / f"dt={DS}", stamped_template)
+    manifest = assert_scored_like_the_local_model(tmp_path / "out2" / f"dt={DS}", stamped_template)
+    [challenger] = manifest["challengers"]
+    assert challenger["name"] == "twin" and challenger["triple"]["model_digest"] == digest
 
 
 def test_stamp_writes_the_sidecar_in_the_store_and_a_model_changed_after_exits_3(
