@@ -108,7 +108,7 @@ def fetch(url: str, expected: str | None = None, root: Path | None = None, *,
             return None
         if revalidate and not _unchanged(root, url, expected):
             return None
-        if model_digest(entry_file(root, expected, url)) != expected:   # damaged since placed
+        if _digest_or_none(entry_file(root, expected, url)) != expected:   # damaged since placed
             log.warning("model cache: the entry %s does not hash to its name: fetching it again",
                         root / expected)
             _discard(root, root / expected)
@@ -228,6 +228,15 @@ def _download(url: str, root: Path) -> tuple[str, int, list[str]]:
                            f"{one_line(exc)}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _digest_or_none(path: Path) -> str | None:
+    """The model digest of a cache entry; None when it cannot be hashed (a file of it gone, an
+    ONNX model damaged past reading)."""
+    try:
+        return model_digest(path)
+    except (ModelFileError, ContractError, OSError):
+        return None
 
 
 def _discard(root: Path, entry: Path) -> None:

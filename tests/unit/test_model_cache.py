@@ -75,6 +75,8 @@ def test_an_entry_damaged_on_disk_is_hashed_before_use_and_fetched_again(store, 
     first.path.write_bytes(first.path.read_bytes()[:-1] + b"\0")   # one byte flipped on disk
     again = fetch(store, first.digest, tmp_path)
     assert again.downloaded and again.path.read_bytes() == model_bytes[0]
+    first.path.write_bytes(b"\xff" * 7)   # past reading as ONNX
+    assert fetch(store, first.digest, tmp_path).path.read_bytes() == model_bytes[0]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
 
 
