@@ -335,6 +335,8 @@ def test_the_registry_is_read_and_written_without_leaving_mlflow_settings_behind
     from batchinfer.triple.models import QUIET_DOWNLOADS, declare, register_model, resolve_model
     from factories import make_mlp_onnx
 
+    import polars  # noqa: F401  (its first import sets _RJEM_MALLOC_CONF: not ours to compare)
+
     for name in [*MLFLOW_DEFAULTS, *QUIET_DOWNLOADS]:
         monkeypatch.delenv(name, raising=False)
     before = dict(os.environ)
