@@ -227,10 +227,10 @@ def decide(run: Resolution, overwrite: bool) -> Decision:
     return decision
 
 
-def attempt_key(run: Resolution) -> AttemptKey:
+def resume_key(job: Job, resolved: Resolved) -> AttemptKey:
     """What an attempt of this run scores, as its scratch records it (io/resume.py)."""
-    wanted = run.wanted
-    return AttemptKey(job=wanted.job, ds=wanted.ds, job_spec_sha256=run.job.spec_sha256,
+    wanted = _identity(job, resolved)
+    return AttemptKey(job=wanted.job, ds=wanted.ds, job_spec_sha256=job.spec_sha256,
                       triple=wanted.triple, model_options=wanted.model_options,
                       challengers=tuple(Challenger(name=n, triple=t, model_options=o)
                                         for n, t, o in wanted.challengers))
@@ -242,8 +242,26 @@ def resume(run: Resolution, decision: Decision) -> Resume:
     replaced whole by ``--overwrite``)."""
     if decision.manifest is not None:
         return Resume()
-    shards = [(name, shard.url) for name, shard in zip(run.resolved.shard_names(), run.resolved.shards)]
-    return resume_shards(run.job.spec.output.path, attempt_key(run), shards)
+    return _find_resume(run.job, run.resolved)
+
+
+def _find_resume(job: Job, resolved: Resolved) -> Resume:
+    shards = [(name, shard.url) for name, shard in zip(resolved.shard_names(), resolved.shards)]
+    return resume_shards(job.spec.output.path, resume_key(job, resolved), shards)
+
+
+def planned(job: Job, resolved: Resolved) -> str:
+    """What a run would do with the partition as it is now, for ``batchinfer plan``: reuse the
+    commit, or score, adopting what crashed attempts finished (shards and files hashed again,
+    as the run does)."""
+    committed = PartitionCommit(job.spec.output.path).committed()
+    if committed is not None:
+        return (f"committed by attempt {committed.attempt}: a run reuses it if it is this "
+                f"run's partition (else exit 3 without --overwrite)")
+    found = _find_resume(job, resolved)
+    if found.adopted or found.changed or found.damaged:
+        return found.summary(len(resolved.shards))
+    return f"nothing to reuse: would score all {len(resolved.shards)} shards"
 
 
 def reuse(run: Resolution, decision: Decision, dry_run: bool) -> Outcome:
@@ -293,7 +311,7 @@ def launch(run: Resolution, decision: Decision, resumed: Resume, tracking: "Trac
     tracking.prepare()  # the checks passed: the store may be touched
     attempt = run.partition.begin(new_attempt(run.started), replacing=decision.manifest,
                                   clock=run.clock)
-    attempt.start(attempt_key(run))
+    attempt.start(resume_key(job, resolved))
     tracking.open(f"{spec.name}-{job.ds or attempt.attempt}",
                   {"batchinfer.job": spec.name, "batchinfer.attempt": attempt.attempt,
                    "batchinfer.ds": job.ds or ""}, started=run.started)
