@@ -30,7 +30,14 @@ from fsspec import AbstractFileSystem
 from .. import faults
 from ..clock import Clock, utc_now
 from ..errors import RuntimeFailure, SpecError, StorageError
-from .manifest import clean_after_commit, create_manifest, holds, read_manifest, remove_attempt
+from .manifest import (
+    clean_after_commit,
+    create_manifest,
+    holds,
+    read_manifest,
+    remove_attempt,
+    remove_unlisted,
+)
 from .outputs import TMP, Layout, write_json
 from .readback import M, OutcomeModel, ShardResultModel, check
 from .records import AttemptKey, Manifest, ShardResult
@@ -338,8 +345,17 @@ class Attempt:
                              "manifest: the runner did not run the commit step; nothing committed")
 
     def abort(self) -> None:
-        """Remove this attempt's files (best effort: debris is never part of a partition)."""
-        remove_attempt(self.layout, self.attempt)
+        """Remove this attempt's files (best effort: debris is never part of a partition) —
+        except those a committed manifest lists: another run may have adopted shards this
+        attempt finished (io/resume.py) and committed them while this one was still going."""
+        try:
+            current = self.partition.committed()
+        except Exception:  # an unreadable manifest lists nothing this attempt can know of
+            current = None
+        if current is not None and holds(current, self.attempt):
+            remove_unlisted(self.layout, current, self.attempt)
+        else:
+            remove_attempt(self.layout, self.attempt)
 
 
 def _read_scratch(layout: Layout, path: str, schema: type[M]) -> M:

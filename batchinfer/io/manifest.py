@@ -109,6 +109,34 @@ def remove_attempt(layout: Layout, attempt: str) -> None:
     _remove_if_empty(fs, join(layout.root, TMP))
 
 
+def remove_unlisted(layout: Layout, manifest: Manifest, attempt: str) -> None:
+    """Delete ``attempt``'s files that ``manifest`` does not list, and its scratch: what an
+    attempt that lost to a run that adopted some of its shards removes (the rest is the
+    partition now)."""
+    fs, listed = layout.fs, manifest.files()
+    for kind in data_folders(layout):
+        base = join(layout.root, kind, attempt)
+        try:
+            present = fs.find(base) if fs.exists(base) else []
+        except OSError:
+            continue
+        for path in present:
+            if path[len(layout.root):].lstrip("/") not in listed:
+                try:
+                    fs.rm(path)
+                except OSError:
+                    pass
+        _remove_if_empty(fs, base)
+    try:
+        scratch = join(layout.root, TMP, attempt)
+        if fs.exists(scratch):
+            fs.rm(scratch, recursive=True)
+    except OSError:
+        pass
+    _remove_empty_challengers(layout)
+    _remove_if_empty(fs, join(layout.root, TMP))
+
+
 def _remove_if_empty(fs: AbstractFileSystem, path: str) -> None:
     """Remove a folder that holds nothing (on object stores folders are not kept anyway). The
     last run out leaves no empty `_tmp/`; a run still writing there keeps it (not empty)."""
