@@ -114,6 +114,7 @@ def test_killed_run_resumes_from_what_it_finished_on_s3(tmp_path, s3_server, new
     rerun = run_cli("run", str(job), "--ds", DS, cwd=tmp_path, env=s3_server.env)
     assert rerun.returncode == 0, rerun.stderr
     assert f"reusing {len(results)} of {SHARDS} shards" in rerun.stdout + rerun.stderr
+    fs.invalidate_cache()   # listed before the commit
     manifest = assert_committed_partition(fs, new_bucket, stamped_template)
     by = [s["scored_by"] for s in manifest["shards"]]
     assert sorted(set(by)) == sorted({manifest["attempt"], *finished})
