@@ -204,6 +204,8 @@ def crashed(project, server):
         assert run.wait().returncode == 0, run.stderr
         old_manifest[f] = (folder / _ow(f) / "_manifest.json").read_bytes()
 
+    plan = server.run("plan", "job.yaml", "--ds", DS, "--set", f"output.path={_out('shard_done')}",
+                      cwd=folder, track=False)
     reruns = {f: server.start(*run_args(_out(f)), cwd=folder, track=False) for f in FAULTS}
     reruns["rewritten"] = server.start(*run_args("out_rewritten"), *copied, cwd=folder, track=False)
     ow = {f: server.start(*run_args(_ow(f)), "--overwrite", cwd=folder, fault=f)
@@ -217,8 +219,10 @@ def crashed(project, server):
                  "after_commit": server.start(*run_args(_ow("after_commit")), cwd=folder, track=False)}
     for run in ow_reruns.values():
         run.wait()
+    inspect = server.run("inspect", _out("shard_done"), cwd=folder, track=False)
     _, err = cli.communicate(timeout=300)
-    return {"killed": killed, "reruns": reruns, "cli": (cli.returncode, err),
+    return {"killed": killed, "reruns": reruns, "cli": (cli.returncode, err), "plan": plan,
+            "inspect": inspect,
             "old_manifest": old_manifest, "ow_killed": ow_killed, "ow_reruns": ow_reruns}
 
 
@@ -270,6 +274,20 @@ def assert_resumed(out: Path, manifest: dict, finished: dict[str, str]) -> None:
     metrics = json.loads((out / "_metrics.json").read_text())["metrics"]
     assert metrics["shards_reused"] == len(finished)
     assert metrics["rows_reused"] == len(finished) * ROWS
+
+
+def test_plan_inspect_and_report_say_what_a_resume_reuses(project, crashed):
+    folder, _ = project
+    finished = len(crashed["killed"]["shard_done"]["finished"])
+    plan, inspect = crashed["plan"], crashed["inspect"]
+    assert plan.returncode == 0, plan.stderr
+    assert (f"a run would      reusing {finished} of {SHARDS} shards ({finished * ROWS:,} rows)"
+            in plan.stdout), plan.stdout
+    assert f"; scoring {SHARDS - finished}" in plan.stdout
+    assert inspect.returncode == 0, inspect.stderr
+    assert f"resumed: {finished} of {SHARDS} shards ({finished * ROWS} rows)" in inspect.stdout
+    report = (folder / _out("shard_done") / "report.html").read_text()
+    assert "scored by" in report and f"resumed: {finished} of {SHARDS} shards" in report
 
 
 def test_shard_rewritten_after_the_crash_is_scored_again(project, crashed):
