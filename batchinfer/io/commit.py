@@ -270,6 +270,22 @@ class Attempt:
                                      f"files)") from None
         return results
 
+    def missing(self, paths: "set[str]") -> list[str]:
+        """Which of ``paths`` (relative data files) are not on the store now, by one listing
+        per folder: the files of shards this attempt adopted, checked before it commits (another
+        attempt's cleanup, or a failing attempt's abort, may have removed them since)."""
+        layout = self.layout
+        present: set[str] = set()
+        for folder in sorted({p.rsplit("/", 1)[0] for p in paths}):
+            try:
+                found = layout.fs.find(join(layout.root, folder))
+            except FileNotFoundError:
+                found = []
+            except OSError as exc:
+                raise StorageError(f"cannot list {join(layout.root, folder)}: {exc}") from None
+            present |= {f[len(layout.root):].lstrip("/") for f in found}
+        return sorted(paths - present)
+
     def committed_meanwhile(self) -> Manifest | None:
         """A manifest that another run committed since this attempt began, if any (its cleanup
         removes this attempt's files, which is how a losing pipeline usually learns it lost)."""

@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Tuple
 
 from ..beam_compat import beam
 from ..clock import Clock, rfc3339, utc_now
-from ..errors import BatchInferError, DataQualityError, ModelError, PreprocessError
+from ..errors import BatchInferError, DataQualityError, ModelError, PreprocessError, RuntimeFailure
 from ..io.commit import Attempt, CommitOutcome, PartitionCommit
 from ..io.records import Manifest, ModelStats, PreprocessStats, ShardResult, Totals, with_challenger_shards
 from ..redaction import Deferred
@@ -97,6 +97,13 @@ class CommitPartition(beam.DoFn):
         plan = self.plan
         attempt = plan.begin()
         results = attempt.results(plan.shard_count, plan.adopted)
+        adopted = {f.path for r in plan.adopted.values() for f in r.record.files} | {
+            f.path for r in plan.adopted.values() for c in r.challengers.values() for f in c.files}
+        gone = attempt.missing(adopted) if adopted else []
+        if gone:  # never commit a manifest that lists files that are not there
+            raise RuntimeFailure(f"{len(gone)} file(s) of shards this run adopted from another "
+                                 f"attempt were removed meanwhile (e.g. {gone[0]}): nothing "
+                                 f"committed; run the job again")
         refusal = refuse(results, plan.breach, plan.preprocess)
         if refusal is None and plan.drift is not None:
             drifted = plan.drift.refusal(r.profile for r in results)

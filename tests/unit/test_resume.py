@@ -139,3 +139,15 @@ def test_a_loser_keeps_its_files_that_the_winner_adopted(crashed):
     PartitionCommit(str(out)).begin(OLD).abort()
     present = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
     assert present == {"_manifest.json", *files.values()}
+
+
+def test_the_commit_step_finds_adopted_files_removed_since(crashed):
+    """What the commit step checks before it commits a manifest listing adopted files
+    (pipeline/commit.py): one listing per folder."""
+    out, _, _, files = crashed
+    attempt = PartitionCommit(str(out)).begin(NEW)
+    assert attempt.missing(set(files.values())) == []
+    (out / files["challenger"]).unlink()
+    assert attempt.missing(set(files.values())) == [files["challenger"]]
+    assert attempt.missing({f"quarantine/{OLD}/part-00000-00000.parquet"}) == [
+        f"quarantine/{OLD}/part-00000-00000.parquet"]
