@@ -11,7 +11,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -230,6 +230,17 @@ class NoTracking:
 
     def __getattr__(self, name):
         return lambda *args, **kwargs: None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def model_cache(tmp_path_factory) -> Iterator[Path]:
+    """The session's model cache (``$BATCHINFER_MODEL_CACHE``): models fetched from a store by a
+    test's jobs land here, never in ``~/.cache``. A test that counts downloads sets its own."""
+    folder = tmp_path_factory.mktemp("model-cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("BATCHINFER_MODEL_CACHE", str(folder))
+    yield folder
+    mp.undo()
 
 
 @pytest.fixture(scope="module")

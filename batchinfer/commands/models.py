@@ -96,9 +96,11 @@ def load_model(resolved: Resolved, spec: ModelFields, found: "ResolvedModel", di
     batch = resolved.job.spec.batch   # a challenger gets the champion's batches: sized alike
     cls = handler_class(spec.backend)
     options = {k: v for k, v in spec.options.items() if k != "allow_pickle"}
-    handler = cls(str(found.path), digest=digest, device=spec.device, options=options,
+    # A model in a store: the handler holds its URL and digest and loads it through the model
+    # cache, here (the entry resolve placed) as on every worker (its own cache).
+    handler = cls(found.where, digest=digest, device=spec.device, options=options,
                   tokens=batch.tokens, lengths_from=batch.lengths_from,
-                  sequence_inputs=batch.sequence_inputs)
+                  sequence_inputs=batch.sequence_inputs, source=found.source(digest))
     declared = found.declaration or {}
     for key, here in handler.runtime_facts().items():
         # e.g. a TensorRT engine runs only under the TensorRT version and on the GPU

@@ -34,7 +34,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Hashable, Iterable, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Callable, ClassVar, Hashable, Iterable, Mapping, Optional, Protocol, Sequence, TypeVar
 
 import numpy as np
 
@@ -96,6 +96,16 @@ def call_lock(key: Hashable) -> threading.Lock:
     """The lock held around every ``predict`` on the model ``key`` names, in this process."""
     with _call_locks_lock:
         return _call_locks.setdefault(key, threading.Lock())
+
+
+class ModelSource(Protocol):
+    """A model in a store, as the run gives it to a handler (triple/model_cache.py): its URL, and
+    the model file in this machine's model cache, fetched and checked against the run's digest."""
+
+    @property
+    def url(self) -> str: ...
+
+    def local_path(self) -> str: ...
 
 
 @dataclass
@@ -161,8 +171,10 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
     """Beam ``ModelHandler`` over :class:`Prepared` batches; subclass per backend.
 
     Args:
-        model_path: the local model file.
+        model_path: the local model file (for a model in a store: its URL until it is fetched).
         digest: the model digest that was checked (part of the per-process cache key).
+        source: a model in a store: :meth:`load_model` fetches it into the machine's model cache
+            (verified against ``digest``) and loads it from there; None: ``model_path`` is local.
         device: ``auto`` | ``cpu`` | ``cuda`` (the job's ``model.device``).
         options: the job's ``model.options`` for this backend.
         tokens: the job's ``batch.tokens``: size model calls by padded tokens, longest rows
@@ -186,12 +198,14 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
     def __init__(self, model_path: str, *, digest: str, device: str = "auto",
                  options: Optional[Mapping[str, Any]] = None, tokens: Optional[int] = None,
                  lengths_from: str = "attention_mask",
-                 sequence_inputs: Optional[Sequence[str]] = None):
+                 sequence_inputs: Optional[Sequence[str]] = None,
+                 source: Optional[ModelSource] = None):
         options = dict(options or {})
         if self.backend:
             options = backends.check_options(self.backend, options)
         super().__init__(min_batch_size=1, max_batch_size=1)
         self.model_path = model_path
+        self.source = source
         self.digest = digest
         self.device = device
         self.options = options
@@ -279,13 +293,22 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
 
     # -- Beam's ModelHandler -----------------------------------------------------------------
     def load_model(self) -> Any:
-        self._held = shared_model(self.model_key(), self.open_model)
+        self._held = shared_model(self.model_key(), self._fetch_and_open)
         model = self._held.model
         return ServedModel(self, model) if self.share_model_across_processes() else model
 
+    def _fetch_and_open(self) -> ModelT:
+        # A model in a store: fetched into this machine's model cache and checked against the
+        # run's digest before it loads (a model this process holds already was checked then).
+        if self.source is not None:
+            self.model_path = self.source.local_path()
+        return self.open_model()
+
     def __getstate__(self) -> dict[str, Any]:
         # Beam pickles the handler to its workers; each loads (or finds) the model itself.
-        return {**self.__dict__, "_held": None}
+        # A model in a store travels as its URL, not as this machine's cache path.
+        where = self.source.url if self.source is not None else self.model_path
+        return {**self.__dict__, "_held": None, "model_path": where}
 
     def share_model_across_processes(self) -> bool:
         # model.options.share_across_processes: one copy per machine (or `model_copies`), served

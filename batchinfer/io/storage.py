@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import posixpath
+import re
 
 import fsspec
 from fsspec import AbstractFileSystem
@@ -21,6 +22,16 @@ def full_url(fs: AbstractFileSystem, path: str) -> str:
     if is_local(fs):
         return path
     return fs.unstrip_protocol(path)
+
+
+def local_path(url: str) -> str | None:
+    """The local path a URL names (a plain path, or ``file://…``); None for any other scheme
+    (``s3://``, ``gs://``, ``http://``, a chained ``simplecache::…``)."""
+    if url.startswith("file://"):
+        return url[len("file://"):]
+    if "::" in url or (re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", url) and not re.match(r"^[A-Za-z]:[\\/]", url)):
+        return None
+    return url
 
 
 def join(*parts: str) -> str:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from ..errors import ContractError, ModelFileError, one_line
+from ..errors import ContractError, ModelFileError, StorageError, one_line
+from ..io.storage import local_path, url_to_fs
 
 PREPROCESS_PREFIX = "batchinfer-preprocess/1\n"
 SIDECAR_SUFFIX = ".batchinfer.json"
@@ -96,23 +98,11 @@ def model_files(model_path: str | Path) -> list[Path]:
 
 def onnx_external_files(path: Path) -> list[Path]:
     """External-data files an ONNX model refers to, sorted by name, all inside its folder."""
-    import onnx  # only needed for ONNX models
-
-    try:
-        proto = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:
-        raise ModelFileError(f"{path} is not a readable ONNX model: {one_line(exc)}") from None
     folder = path.parent.resolve()
-    locations: set[str] = set()
-    for tensor in _all_tensors(proto.graph):
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            for entry in tensor.external_data:
-                if entry.key == "location":
-                    locations.add(entry.value)
     files = []
-    for location in sorted(locations):
-        target = (folder / location).resolve()  # resolves symlinks and ../
-        if os.path.isabs(location) or not target.is_relative_to(folder):
+    for location in onnx_external_locations(path):
+        target = (folder / location).resolve()  # resolves symlinks
+        if not target.is_relative_to(folder):
             raise ContractError(
                 f"{path}: external data {location!r} leaves the model's folder; refusing to load "
                 f"it (keep external-data files beside the model)")
@@ -120,6 +110,35 @@ def onnx_external_files(path: Path) -> list[Path]:
             raise ModelFileError(f"{path}: external data file {location!r} not found")
         files.append(folder / location)
     return files
+
+
+def onnx_external_locations(path: Path) -> list[str]:
+    """The ``location`` of each external-data file an ONNX model refers to, sorted, as written
+    in the model (relative to its folder): what a fetch from a store brings along beside it.
+
+    Raises:
+        ModelFileError: not an ONNX model.
+        ContractError: a location that is absolute or climbs out of the model's folder.
+    """
+    import onnx  # only needed for ONNX models
+
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:
+        raise ModelFileError(f"{path} is not a readable ONNX model: {one_line(exc)}") from None
+    locations: set[str] = set()
+    for tensor in _all_tensors(proto.graph):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    locations.add(entry.value)
+    for location in locations:
+        plain = posixpath.normpath(location.replace("\\", "/"))
+        if os.path.isabs(location) or plain.startswith(("/", "../")) or plain == "..":
+            raise ContractError(
+                f"{path}: external data {location!r} leaves the model's folder; refusing to load "
+                f"it (keep external-data files beside the model)")
+    return sorted(locations)
 
 
 def _all_tensors(graph) -> Iterable:
@@ -165,23 +184,49 @@ def sidecar_path(model_path: str | Path) -> Path:
 
 def read_sidecar(model_path: str | Path) -> dict[str, str] | None:
     """The declaration in the model's sidecar: the triple's parts and whatever else the backend
-    declares (``precision``, ``tensorrt_version``, …), all as strings."""
+    declares (``precision``, ``tensorrt_version``, …), all as strings. ``model_path`` may be a
+    store URL: the sidecar is read beside the model in the store."""
+    if isinstance(model_path, str) and local_path(model_path) is None:
+        url = f"{model_path}{SIDECAR_SUFFIX}"
+        try:
+            fs, in_store = url_to_fs(url)
+            text = fs.cat_file(in_store).decode("utf-8", errors="replace")
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise StorageError(f"cannot read the declaration {url}: {one_line(exc)}") from None
+        return _declaration(text, url)
     path = sidecar_path(model_path)
     if not path.is_file():
         return None
+    return _declaration(path.read_text(), str(path))
+
+
+def _declaration(text: str, where: str) -> dict[str, str]:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(text)
     except ValueError:
-        raise ContractError(f"{path} is not valid JSON: re-run batchinfer stamp") from None
+        raise ContractError(f"{where} is not valid JSON: re-run batchinfer stamp") from None
     if not isinstance(data, dict):
-        raise ContractError(f"{path} is not a declaration (a JSON object): re-run batchinfer stamp")
+        raise ContractError(f"{where} is not a declaration (a JSON object): re-run batchinfer stamp")
     return {str(k): str(v) for k, v in data.items() if isinstance(v, (str, int, float))}
 
 
-def write_sidecar(model_path: str | Path, triple: Triple, extra: Mapping[str, str] | None = None) -> Path:
-    path = sidecar_path(model_path)
+def write_sidecar(model_path: str | Path, triple: Triple,
+                  extra: Mapping[str, str] | None = None) -> Path | str:
+    """Write the declaration beside the model (in its store, for a store URL); where it went."""
+    text = json.dumps({**triple.as_dict(), **(extra or {})}, indent=2) + "\n"
+    if isinstance(model_path, str) and local_path(model_path) is None:
+        url = f"{model_path}{SIDECAR_SUFFIX}"
+        try:
+            fs, in_store = url_to_fs(url)
+            fs.pipe_file(in_store, text.encode())   # one PUT: a reader never sees half of it
+        except (OSError, ValueError) as exc:
+            raise StorageError(f"cannot write the declaration {url}: {one_line(exc)}") from None
+        return url
+    path = sidecar_path(local_path(str(model_path)) or model_path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({**triple.as_dict(), **(extra or {})}, indent=2) + "\n")
+    tmp.write_text(text)
     os.replace(tmp, path)  # a reader never sees half a declaration
     return path
 

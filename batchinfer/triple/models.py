@@ -1,17 +1,26 @@
-"""Where a model comes from: a file (with its sidecar declaration) or the MLflow registry
-(``models:/name/version``, declaration in the model version's tags)."""
+"""Where a model comes from: a file — local, or in any store fsspec reads (``s3://``, ``gs://``,
+``file://``) — with its sidecar declaration beside it, or the MLflow registry
+(``models:/name/version``, declaration in the model version's tags, files at the version's
+artifact location).
+
+A local file is hashed and loaded where it is. A file in a store is fetched into this machine's
+model cache (triple/model_cache.py) and hashed there; workers get its URL and digest
+(:class:`~batchinfer.triple.model_cache.ModelSource`) and fetch it into their own cache.
+"""
 from __future__ import annotations
 
 import contextlib
+import posixpath
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from .. import backends
-from ..errors import ModelFileError, SpecError, StorageError, one_line
+from ..errors import BatchInferError, ModelFileError, SpecError, StorageError, one_line
+from ..io.storage import local_path, url_to_fs
 from .contract import Triple, declaration_from_tags, declaration_tags, read_sidecar, write_sidecar
+from .model_cache import ModelSource, fetch
 
 _REGISTRY_URI = re.compile(r"models:/(?P<name>[^/]+)/(?P<version>[0-9]+)")  # fullmatch
 # MLflow draws a progress bar on stderr when tqdm is installed (sentence-transformers brings it
@@ -21,19 +30,33 @@ QUIET_DOWNLOADS = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
 
 @dataclass(frozen=True)
 class ResolvedModel:
-    """A model file on local disk and what it declares.
+    """A model file and what it declares.
 
     Attributes:
         uri: as the job spec gives it.
-        path: the local file to load (downloaded for registry models).
+        path: the local file to hash and load here: the file itself, or its entry in the model
+            cache for a model in a store.
         declaration: the declared triple parts (and the backend's declared values), or None.
         registry: ``(name, version)`` for ``models:/`` URIs.
+        url: the store URL of the model file, which workers fetch; None for a local file.
+        digest: the model digest of ``path``, when the fetch computed it (None: not yet hashed).
     """
 
     uri: str
     path: Path
     declaration: dict | None
     registry: tuple[str, str] | None = None
+    url: str | None = None
+    digest: str | None = None
+
+    @property
+    def where(self) -> str:
+        """The model file's own location: its store URL, or its local path."""
+        return self.url or str(self.path)
+
+    def source(self, digest: str) -> ModelSource | None:
+        """What a worker fetches (the store URL and the digest checked), None for a local file."""
+        return None if self.url is None else ModelSource(self.url, digest)
 
 
 def registry_ref(uri: str) -> tuple[str, str] | None:
@@ -42,26 +65,20 @@ def registry_ref(uri: str) -> tuple[str, str] | None:
 
 
 def resolve_model(uri: str, backend: str, tracking_uri: str) -> ResolvedModel:
-    """Find the model file and read its declaration.
+    """Find the model file and read its declaration; a model in a store is fetched into the
+    model cache (no download when the entry for its declared digest is there).
 
     Raises:
         ModelFileError: the file or registry version does not exist, or holds no model file
             (exit 2: a retry finds the same nothing).
         SpecError: a ``models:`` URI that is not ``models:/<name>/<version>``.
-        StorageError: the registry cannot be reached.
+        StorageError: the registry or the store cannot be reached.
     """
     ref = registry_ref(uri)
     if ref is None:
         if uri.startswith("models:"):
             raise SpecError(f"model.uri {uri!r}: use models:/<name>/<version>")
-        path = Path(uri)
-        if path.is_dir():
-            raise ModelFileError(f"model.uri {uri} is a folder, not a model file: point it at the "
-                             f"{'/'.join(backends.get(backend).suffixes)} file inside")
-        if not path.is_file():
-            what = "is not a regular file" if path.exists() else "not found"
-            raise ModelFileError(f"model file {uri} {what}: fix model.uri")
-        return ResolvedModel(uri, path, read_sidecar(path))
+        return _file_model(uri, uri, backend, None)
     name, version = ref
     with _registry(tracking_uri, QUIET_DOWNLOADS) as client:
         try:
@@ -69,17 +86,79 @@ def resolve_model(uri: str, backend: str, tracking_uri: str) -> ResolvedModel:
         except Exception as exc:
             raise _registry_error(exc, f"model version {uri}", tracking_uri) from None
         try:
-            import mlflow.artifacts
-
             # Not artifact_uri="models:/…": MLflow resolves that against the default registry (a
             # mlflow.db in the working folder), not this job's; ask our registry where the files are.
-            folder = mlflow.artifacts.download_artifacts(
-                artifact_uri=client.get_model_version_download_uri(name, version),
-                tracking_uri=tracking_uri, dst_path=tempfile.mkdtemp(prefix="batchinfer-model-"))
+            location = client.get_model_version_download_uri(name, version)
+            url = _registry_model_file(location, backend, uri, tracking_uri)
+        except BatchInferError:
+            raise
         except Exception as exc:
             raise _registry_error(exc, f"artifacts of {uri}", tracking_uri) from None
-    path = _model_file(Path(folder), backend, uri)
-    return ResolvedModel(uri, path, declaration_from_tags(model_version.tags or {}), ref)
+    return _file_model(url, uri, backend, declaration_from_tags(model_version.tags or {}), ref)
+
+
+def _file_model(url: str, uri: str, backend: str, declaration: dict | None,
+                registry: tuple[str, str] | None = None) -> ResolvedModel:
+    """The model file at ``url`` (local, or fetched into the cache); its sidecar's declaration
+    unless ``registry`` gives one."""
+    suffixes = "/".join(backends.get(backend).suffixes)
+    local = local_path(url)
+    if local is not None:
+        path = Path(local)
+        if path.is_dir():
+            raise ModelFileError(f"model.uri {uri} is a folder, not a model file: point it at the "
+                                 f"{suffixes} file inside")
+        if not path.is_file():
+            what = "is not a regular file" if path.exists() else "not found"
+            raise ModelFileError(f"model file {uri} {what}: fix model.uri")
+        return ResolvedModel(uri, path, read_sidecar(path) if registry is None else declaration,
+                             registry)
+    if registry is None:
+        try:
+            fs, path_in_store = url_to_fs(url)
+            is_dir = fs.isdir(path_in_store)
+        except (OSError, ValueError) as exc:
+            raise StorageError(f"cannot read model.uri {uri}: {one_line(exc)}") from None
+        if is_dir:
+            raise ModelFileError(f"model.uri {uri} is a folder, not a model file: point it at the "
+                                 f"{suffixes} file inside")
+        declaration = read_sidecar(url)
+    # The launcher revalidates a warm entry against the store: a model changed there since it
+    # was stamped is this run's contract mismatch (exit 3), not its workers' failure.
+    fetched = fetch(url, (declaration or {}).get("model_digest"), revalidate=True)
+    return ResolvedModel(uri, fetched.path, declaration, registry, url, fetched.digest)
+
+
+def _registry_model_file(location: str, backend: str, uri: str, tracking_uri: str) -> str:
+    """The URL of the one model file at a model version's artifact location, in a form fsspec
+    reads on any machine that reaches the registry: a local path as it is, a store URL as it
+    is, ``mlflow-artifacts:`` as the tracking server's artifact endpoint (``http(s)://…``)."""
+    suffixes = tuple(backends.get(backend).suffixes)
+    local = local_path(location)
+    if local is not None:
+        return str(_model_file(Path(local), backend, uri)) if Path(local).is_dir() else local
+    readable = location
+    if location.startswith("mlflow-artifacts:"):
+        from mlflow.store.artifact.mlflow_artifacts_repo import MlflowArtifactsRepository
+
+        readable = MlflowArtifactsRepository.resolve_uri(location, tracking_uri)
+    if location.lower().endswith(suffixes):
+        return readable
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    repo = get_artifact_repository(location, tracking_uri=tracking_uri)
+    found: list[str] = []
+    folders: list[str | None] = [None]
+    while folders:   # the whole tree, as _model_file's rglob walks a local folder
+        for info in repo.list_artifacts(folders.pop()):
+            if info.is_dir:
+                folders.append(info.path)
+            elif info.path.lower().endswith(suffixes):
+                found.append(info.path)
+    if len(found) != 1:
+        what = "no" if not found else f"{len(found)}"
+        raise ModelFileError(f"{uri} holds {what} {'/'.join(suffixes)} files; it must hold exactly one")
+    return posixpath.join(readable.rstrip("/"), found[0])
 
 
 def declare(model: ResolvedModel, triple: Triple, tracking_uri: str,
@@ -87,7 +166,7 @@ def declare(model: ResolvedModel, triple: Triple, tracking_uri: str,
     """Write the declaration — the triple and the backend's ``extra`` declared values —
     (sidecar, or registry tags); return where it went."""
     if model.registry is None:
-        return str(write_sidecar(model.path, triple, extra))
+        return str(write_sidecar(model.where, triple, extra))
     name, version = model.registry
     with _registry(tracking_uri) as client:
         try:

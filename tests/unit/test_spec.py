@@ -55,6 +55,21 @@ def test_load_minimal_job_fills_defaults(tmp_path):
     assert spec.preprocess is None
 
 
+def test_model_urls_are_kept_and_plain_paths_resolved_against_the_job_folder(tmp_path):
+    """model.uri, a challenger's uri and monitor.baseline: a URL with a scheme is left as it
+    is (the model cache fetches it); a plain relative path is the job folder's."""
+    path = _job_file(tmp_path, extra={"model": {
+        "uri": "s3://models/credit/model.onnx", "backend": "onnxruntime",
+        "challengers": [{"name": "local", "uri": "models/v2.onnx", "backend": "onnxruntime"},
+                        {"name": "file", "uri": "file:///srv/m.onnx", "backend": "onnxruntime"}]}},
+        monitor={"baseline": "gs://profiles/base.json"})
+    spec = load_job(path, ds=DS).spec
+    assert spec.model.uri == "s3://models/credit/model.onnx"
+    assert [c.uri for c in spec.model.challengers] == [str(tmp_path.resolve() / "models" / "v2.onnx"),
+                                                       "file:///srv/m.onnx"]
+    assert spec.monitor is not None and spec.monitor.baseline == "gs://profiles/base.json"
+
+
 def test_default_tracking_experiment_is_job_name(tmp_path):
     path = _job_file(tmp_path, name="nightly_scores")
     data = _raw(path)

@@ -330,6 +330,8 @@ def test_the_registry_is_read_and_written_without_leaving_mlflow_settings_behind
     process environment is as it was."""
     import os
 
+    import polars  # noqa: F401  (its first import sets _RJEM_MALLOC_CONF: not ours to compare)
+
     from batchinfer.io.tracking import MLFLOW_DEFAULTS
     from batchinfer.triple.contract import Triple
     from batchinfer.triple.models import QUIET_DOWNLOADS, declare, register_model, resolve_model
