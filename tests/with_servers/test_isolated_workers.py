@@ -34,16 +34,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from factories import (DS, REPO, make_mlp_onnx, make_shards, mlp_reference, read_partition,
-                       run_cli, write_job, write_schema)
-from servers import (BeamJobService, DaskCluster, FaultProxy, MountNamespace, env_for,
-                     processes_of, start_cli)
+from factories import (
+    DS,
+    REPO,
+    make_mlp_onnx,
+    make_shards,
+    mlp_reference,
+    read_partition,
+    run_cli,
+    write_job,
+    write_schema,
+)
+from servers import BeamJobService, DaskCluster, FaultProxy, MountNamespace, env_for, processes_of, start_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]
-
-# The model and its declaration: in the store (True), or on a folder the workers share (False:
-# /dev/shm, before models by URL).
-MODEL_IN_STORE = False
 
 SHARDS, ROWS, BATCH = 4, 2000, 1000
 BAD = {1: [7, 1999], 3: [0]}   # shard → rows given an out-of-range f0 (quarantined)
@@ -76,8 +80,7 @@ def transform(batch):
 
 @pytest.fixture(scope="module")
 def shared() -> Iterator[Path]:
-    """A folder the launcher and the workers both see (the gate; the model where it is not in
-    the store)."""
+    """A folder the launcher and the workers both see: the tests' gate."""
     if not Path("/dev/shm").is_dir():
         pytest.skip("no /dev/shm to share a gate with the workers")
     folder = Path("/dev/shm") / f"batchinfer-iso-{uuid.uuid4().hex[:8]}"
@@ -112,14 +115,15 @@ def marker(tmp_path_factory) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def store(s3_server):
-    """(s3fs, bucket, the jobs' environment: AWS_* and the secret)."""
+    """(s3fs, bucket, the launcher's environment: AWS_* and the secret)."""
     return s3_server.s3fs(), s3_server.make_bucket(), {**s3_server.env, "BI_TOKEN": TOKEN}
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, store, shared) -> Path:
-    """The job's folder (the launcher's only): a schema, the gated preprocessing and job.yaml;
-    4 shards × 2,000 rows (3 bad), the stamped MLP and a baseline of these data in the store."""
+    """The job's folder (the launcher's only): a schema, the gated preprocessing and job.yaml.
+    In the store: 4 shards × 2,000 rows (3 bad), the MLP with the sidecar ``stamp`` writes
+    beside it, and a baseline of these data."""
     fs, bucket, env = store
     folder = tmp_path_factory.mktemp("launcher-only")
     write_schema(folder / "schemas")
@@ -134,12 +138,8 @@ def project(tmp_path_factory, store, shared) -> Path:
         table = table.set_column(table.column_names.index("f0"), "f0", pa.array(f0))
         pq.write_table(table, path)
         fs.pipe_file(f"{bucket}/data/dt={DS}/{path.name}", path.read_bytes())
-    model = make_mlp_onnx(staging / "model.onnx")
-    if MODEL_IN_STORE:
-        model_uri = f"s3://{bucket}/models/model.onnx"
-        fs.pipe_file(model_uri, model.read_bytes())
-    else:
-        model_uri = str(shutil.copy(model, shared / "model.onnx"))
+    model_uri = f"s3://{bucket}/models/model.onnx"
+    fs.pipe_file(model_uri, make_mlp_onnx(staging / "model.onnx").read_bytes())
     fs.pipe_file(f"{bucket}/baseline.json", json.dumps(baseline(np.concatenate(features))).encode())
     write_job(folder, model=model_uri, preprocess="gated:transform", batch={"rows": BATCH},
               input={"path": f"s3://{bucket}/data/dt={{ds}}/*.parquet"},
@@ -196,39 +196,45 @@ def beam_elsewhere(tmp_path_factory, namespace, store, workers_proxy) -> Iterato
 
 # -- runs and what they commit -------------------------------------------------------------------
 
-def run_args(label: str, runner: str, **options: str) -> list[str]:
-    sets = ["--set", f"output.path={out_url(label, secret=False)}", "--set", f"runner.name={runner}"]
+def out_url(bucket: str, label: str, *, secret: bool = True) -> str:
+    """Where the run ``label`` commits: its URL (the secret's value in it), or as the job says
+    it (``${BI_TOKEN}``)."""
+    return f"s3://{bucket}/out-{TOKEN if secret else '${BI_TOKEN}'}/{label}/dt={DS}"
+
+
+def run_args(bucket: str, label: str, runner: str, options: dict[str, str]) -> list[str]:
+    sets = ["--set", f"output.path={out_url(bucket, label, secret=False)}",
+            "--set", f"runner.name={runner}"]
     for key, value in options.items():
         sets += ["--set", f"runner.options.{key}={value}"]
     return ["run", "job.yaml", "--ds", DS, *sets]
 
 
-def out_url(label: str, *, secret: bool = True, bucket: str = "{bucket}") -> str:
-    token = TOKEN if secret else "${BI_TOKEN}"
-    return f"s3://{bucket}/out-{token}/{label}/dt={DS}"
-
-
-def run(project: Path, store, label: str, runner: str, **options: str) -> str:
+def run(project: Path, store, label: str, runner: str, options: dict[str, str]) -> str:
     """``batchinfer run`` on ``runner`` into the store; the committed partition's URL."""
     _, bucket, env = store
-    args = [a.replace("{bucket}", bucket) for a in run_args(label, runner, **options)]
     t0 = time.perf_counter()
-    result = run_cli(*args, cwd=project, env=env, timeout=600)
+    result = run_cli(*run_args(bucket, label, runner, options), cwd=project, env=env, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     print(f"\n[{label}] {runner}: {time.perf_counter() - t0:.1f} s wall")
-    return out_url(label, bucket=bucket)
+    return out_url(bucket, label)
 
 
 @pytest.fixture(scope="module")
 def direct(project, store) -> str:
     """The launcher's own direct run of the job (the reference)."""
-    return run(project, store, "direct", "direct")
+    return run(project, store, "direct", "direct", {})
 
 
-def assert_same_partition(fs, out: str, reference: str, project: Path, store, runner: str) -> None:
+def dask_options(cluster: DaskCluster) -> dict[str, str]:
+    return {"dask_client_address": cluster.address}
+
+
+def assert_same_partition(out: str, reference: str, project: Path, store, runner: str) -> None:
     """``out`` is a complete partition in the store holding what ``reference`` holds: every file
     the manifest lists with its sha256 and rows, nothing else, no scratch; the same rows and
     quarantine, predictions and ``_input_hash`` bit-identical (only the execution differs)."""
+    fs = store[0]
     fs.invalidate_cache()
     preds, quar, manifest = read_partition(out, fs=fs)
     ref_preds, ref_quar, ref_manifest = read_partition(reference, fs=fs)
@@ -287,6 +293,18 @@ def assert_elsewhere(roots: list[int], project: Path, marker: Path, shared: Path
     return seen
 
 
+def cached_models(pid: int) -> list[str]:
+    """The model cache entries (digests) in the namespace of process ``pid``."""
+    root = Path(f"/proc/{pid}/root{WORKER_TMP}/models")
+    return sorted(p.name for p in root.iterdir() if len(p.name) == 64) if root.is_dir() else []
+
+
+def model_gets(proxy: FaultProxy) -> int:
+    """GETs of the model file (not its sidecar) that the workers' proxy passed on."""
+    return sum(1 for _, target, status in proxy.requests("GET")
+               if target.split("?")[0].endswith("/models/model.onnx") and status == 200)
+
+
 def worker_views(cluster: DaskCluster, project: Path, marker: Path) -> dict[str, dict]:
     """What each Dask worker process sees, from inside (``Client.run``)."""
     from distributed import Client
@@ -323,17 +341,18 @@ def test_the_cluster_processes_see_nothing_of_the_launchers_disk(
 
 
 def test_dask_workers_elsewhere_commit_what_the_launcher_commits_even_with_one_killed_mid_shard(
-        project, store, direct, dask_elsewhere, shared, marker):
+        project, store, direct, dask_elsewhere, workers_proxy, shared, marker):
     """A worker process is killed (SIGKILL) inside the preprocessing of a shard; the nanny
     starts another, the scheduler runs the lost tasks again, and the one run commits the
-    partition the launcher's direct run commits."""
-    fs, bucket, env = store
+    partition the launcher's direct run commits. The workers' machine fetched the model from
+    the store once, into its own cache."""
+    _, bucket, env = store
     gate = shared / "gate"
     pids = {view["pid"] for view in worker_views(dask_elsewhere, project, marker).values()}
+    workers_proxy.reset()
     (gate / "armed").touch()
-    args = [a.replace("{bucket}", bucket)
-            for a in run_args("dask", "dask", dask_client_address=dask_elsewhere.address)]
-    launcher = start_cli(*args, cwd=project, env=env)
+    launcher = start_cli(*run_args(bucket, "dask", "dask", dask_options(dask_elsewhere)),
+                         cwd=project, env=env)
     try:
         deadline = time.monotonic() + 300
         while not (ready := sorted(gate.glob("ready-*"))):
@@ -356,52 +375,51 @@ def test_dask_workers_elsewhere_commit_what_the_launcher_commits_even_with_one_k
     dask_elsewhere.wait_for_workers(60)
     now = {view["pid"] for view in worker_views(dask_elsewhere, project, marker).values()}
     assert killed not in now and len(now) == 2, (killed, now)
-    assert_same_partition(fs, out_url("dask", bucket=bucket), direct, project, store, "dask")
+    assert_same_partition(out_url(bucket, "dask"), direct, project, store, "dask")
     print(f"\nkilled worker process {killed}; workers now {sorted(now)}")
     assert_elsewhere([dask_elsewhere.proc.pid, dask_elsewhere.nanny.pid], project, marker, shared)
+    digest = json.loads(store[0].cat_file(f"{bucket}/models/model.onnx.batchinfer.json"))["model_digest"]
+    assert cached_models(dask_elsewhere.nanny.pid) == [digest]
+    assert model_gets(workers_proxy) == 1
 
 
 def test_beam_job_service_and_worker_pool_elsewhere_commit_what_the_launcher_commits(
-        project, store, direct, beam_elsewhere, shared, marker):
-    fs, bucket, _ = store
-    out = run(project, store, "portable", "portable", **beam_elsewhere.options)
-    assert_same_partition(fs, out, direct, project, store, "portable")
+        project, store, direct, beam_elsewhere, workers_proxy, shared, marker):
+    workers_proxy.reset()
+    out = run(project, store, "portable", "portable", beam_elsewhere.options)
+    assert_same_partition(out, direct, project, store, "portable")
     assert_elsewhere([beam_elsewhere.proc.pid, beam_elsewhere.pool.pid], project, marker, shared)
+    assert len(cached_models(beam_elsewhere.pool.pid)) == 1
+    assert model_gets(workers_proxy) == 1
 
 
 @pytest.mark.parametrize("runner", ["dask", "portable"])
 def test_a_worker_that_cannot_write_fails_the_job_without_showing_the_secret(
         project, store, dask_elsewhere, beam_elsewhere, workers_proxy, runner):
-    """Every write of a prediction file by a worker is refused (HTTP 403 from its store): the job
-    fails (exit 5) and nothing is committed; the launcher's line, and what the cluster logs of
-    the worker's failure, show the output's path with ``${BI_TOKEN}``, not its value."""
+    """Every write of a prediction file by a worker is refused (HTTP 403 from its store): the
+    job fails (exit 5) and nothing is committed; the launcher's line, and what the cluster logs
+    of the worker's failure, show the output's path with ``${BI_TOKEN}``, not its value."""
     fs, bucket, env = store
-    options = (dask_elsewhere_options(dask_elsewhere) if runner == "dask"
-               else beam_elsewhere.options)
-    args = [a.replace("{bucket}", bucket) for a in run_args(f"faulted-{runner}", runner, **options)]
+    options = dask_options(dask_elsewhere) if runner == "dask" else beam_elsewhere.options
     workers_proxy.add(method="PUT", contains="/predictions/", status=403, times=None)
     try:
-        result = run_cli(*args, cwd=project, env=env, timeout=600)
+        result = run_cli(*run_args(bucket, f"faulted-{runner}", runner, options), cwd=project,
+                         env=env, timeout=600)
     finally:
         workers_proxy.reset()
     assert result.returncode == 5, result.stdout + result.stderr
     assert TOKEN not in result.stdout + result.stderr
-    print(f"\n[faulted {runner}] {result.stderr.strip()}")
+    assert f"/out-${{BI_TOKEN}}/faulted-{runner}/" in result.stderr.strip().splitlines()[-1]
     fs.invalidate_cache()
-    assert not fs.exists(f"{out_url(f'faulted-{runner}', bucket=bucket)}/_manifest.json")
+    assert not fs.exists(f"{out_url(bucket, f'faulted-{runner}')}/_manifest.json")
 
 
-def dask_elsewhere_options(cluster: DaskCluster) -> dict[str, str]:
-    return {"dask_client_address": cluster.address}
-
-
-def test_no_log_of_the_cluster_holds_the_secret(dask_elsewhere, beam_elsewhere, store):
+def test_no_log_of_the_cluster_holds_the_secret(dask_elsewhere, beam_elsewhere):
     """After the runs (a worker killed, writes refused): the scheduler's, the workers', the job
-    service's and the worker pool's logs name the job's outputs only as ``${BI_TOKEN}`` would."""
+    service's and the worker pool's logs name the job's outputs only as ``${BI_TOKEN}``."""
     logs = dask_elsewhere.logs + beam_elsewhere.logs
     found = [str(log) for log in logs if TOKEN.encode() in log.read_bytes()]
     assert found == [], found
     # They do name the outputs: the failed writes, as the workers' errors show them.
     for cluster in (dask_elsewhere, beam_elsewhere):
         assert any(b"/out-${BI_TOKEN}/faulted-" in log.read_bytes() for log in cluster.logs)
-    print("\n" + "\n".join(f"{log.name}: {log.stat().st_size} bytes" for log in logs))
