@@ -3,7 +3,7 @@
 runner, on this machine (issue 20 point 6; see bench/README.md "Dask workers against the direct
 runner").
 
-  python bench/cluster.py [--rows 2000000] [--shard-rows 125000] [--rounds 1]
+  python bench/cluster.py [--rows 4000000] [--shard-rows 125000] [--rounds 2]
                           [--workdir bench/out/cluster] [--workers 1 2]
 
 The data and the stamped job are bench/run.py's (``make_data.py``: id + 32 float32 features,
@@ -109,9 +109,9 @@ def verdict(python: str, folder: Path, reference: str, ds: str) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=2_000_000)
+    parser.add_argument("--rows", type=int, default=4_000_000)
     parser.add_argument("--shard-rows", type=int, default=125_000)
-    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--workdir", type=Path, default=HERE / "out" / "cluster")
     parser.add_argument("--python", default=sys.executable)

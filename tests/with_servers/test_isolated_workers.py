@@ -13,7 +13,9 @@ holds a ``${BI_TOKEN}`` secret, which the workers fill in from their environment
 
 Each partition equals the launcher's direct run bit for bit, including on Dask with a worker
 process killed (SIGKILL) while it scores a shard: the scheduler gives the shard to a worker
-again and the one run commits. No log of the cluster's processes holds the secret's value.
+again and the one run commits. Each namespace fetches the model from the store once. Two more
+runs, whose workers' store refuses every prediction file, fail (exit 5) naming the output with
+``${BI_TOKEN}``; no log of the clusters' processes holds the secret's value.
 """
 from __future__ import annotations
 
