@@ -12,6 +12,7 @@ they use by name.
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import http.server
 import os
@@ -569,6 +570,9 @@ class MountNamespace:
     repository, ``/dev/shm``) is the launcher's, and so is the network (moto on 127.0.0.1).
     A process the server starts (Dask's worker processes, Beam's SDK workers) inherits it.
 
+    As root the namespace is a mount namespace only; otherwise it is made inside a user namespace
+    of the caller's (``unshare -U --map-root-user``), where the kernel allows that.
+
     Attributes:
         hide: the folders covered, outermost only (a folder inside another is covered with it).
     """
@@ -580,22 +584,36 @@ class MountNamespace:
         for folder in folders:
             if not any(folder.is_relative_to(outer) for outer in self.hide):
                 self.hide.append(folder)
+        flags = self.flags()
+        if isinstance(flags, str):
+            raise RuntimeError(flags)
+        self.unshare = flags
 
     @staticmethod
-    def unavailable() -> str | None:
-        """Why no mount namespace can be made here (not root, no ``unshare``, a refused
-        ``mount``), or None."""
+    @functools.cache
+    def flags() -> "list[str] | str":
+        """The ``unshare`` command that makes a mount namespace where tmpfs can be mounted here,
+        or why there is none (no ``unshare``, the kernel refuses both ways)."""
         import shutil
 
-        if os.geteuid() != 0:
-            return "mount namespaces need root (unshare -m)"
         if shutil.which("unshare") is None:
             return "no unshare(1) on PATH (util-linux)"
-        probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
-                                "mount -t tmpfs tmpfs /tmp"], capture_output=True, text=True)
-        if probe.returncode != 0:
-            return f"unshare -m refused: {(probe.stderr or probe.stdout).strip()[:200]}"
-        return None
+        tries = ([["unshare", "-m"]] if os.geteuid() == 0 else []) + [["unshare", "-U", "--map-root-user", "-m"]]
+        refused = []
+        for unshare in tries:
+            command = [*unshare, "--propagation", "private"]
+            probe = subprocess.run([*command, "sh", "-c", "mount -t tmpfs tmpfs /tmp"],
+                                   capture_output=True, text=True)
+            if probe.returncode == 0:
+                return command
+            refused.append(f"{' '.join(unshare)}: {(probe.stderr or probe.stdout).strip()[:200]}")
+        return f"no mount namespace can be made here ({'; '.join(refused)})"
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        """Why no mount namespace can be made here, or None."""
+        flags = cls.flags()
+        return flags if isinstance(flags, str) else None
 
     def covers(self, path: Path | str) -> bool:
         """Whether ``path`` is hidden in the namespace."""
@@ -608,8 +626,7 @@ class MountNamespace:
 
         mounts = " && ".join(f"mount -t tmpfs -o mode=1777 tmpfs {shlex.quote(str(folder))}"
                              for folder in self.hide)
-        return ["unshare", "-m", "--propagation", "private", "sh", "-c",
-                f'{mounts} && exec "$@"', "sh", *cmd]
+        return [*self.unshare, "sh", "-c", f'{mounts} && exec "$@"', "sh", *cmd]
 
 
 def processes_of(root: int) -> list[int]:
