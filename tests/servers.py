@@ -423,8 +423,12 @@ class BeamJobService(_Served):
     (``worker_pool_main``) on 127.0.0.1: ``runner.name: portable`` with ``environment_type
     EXTERNAL``, as a user runs against a job server whose workers they started.
 
+    With ``namespace`` both run in a :class:`MountNamespace` of their own (the SDK workers the
+    pool starts with them); ``env`` is added to their environment.
+
     Attributes:
         options: the ``runner.options`` that point a job at them.
+        logs: the pool's and the job service's output (stdout and stderr).
     """
 
     def __init__(self, workdir: Path, *, namespace: "MountNamespace | None" = None,
@@ -474,8 +478,12 @@ class DaskCluster(_Served):
     """A ``dask.distributed`` scheduler and ``workers`` single-threaded worker processes (``dask
     worker --nworkers``) on 127.0.0.1.
 
+    With ``namespace`` the scheduler and the workers run in a :class:`MountNamespace` each (the
+    workers, their nanny's restarts included, in one); ``env`` is added to their environment.
+
     Attributes:
         address: ``tcp://127.0.0.1:PORT``, for ``runner.options.dask_client_address``.
+        logs: the scheduler's and the workers' output (stdout and stderr).
     """
 
     def __init__(self, workdir: Path, workers: int = 2, *,
