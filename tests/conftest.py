@@ -13,7 +13,8 @@ pytest_plugins = ["servers", "factories", "outcomes"]
 # module collected last would leave one worker alone at the end. Only the modules' order changes;
 # each module's own order is kept (test_backends.py's last test reads what the ones before ran).
 LONGEST_FIRST = [
-    "with_servers/test_distributed_runners.py", "faults/test_crash.py", "with_servers/test_tracking.py",
+    "with_servers/test_distributed_runners.py", "with_servers/test_isolated_workers.py",
+    "faults/test_crash.py", "with_servers/test_tracking.py",
     "e2e/test_airflow.py", "with_servers/test_s3.py", "conformance/test_gpu_check.py",
     "faults/test_concurrency.py", "e2e/test_text_embeddings.py", "conformance/test_backends.py",
     "with_servers/test_secrets.py", "with_servers/test_model_store.py", "e2e/test_hardening.py",
