@@ -194,10 +194,19 @@ class _RedactingFormatter(logging.Formatter):
         return redact(super().format(record))
 
 
+def _not_beams_root_record(record: logging.LogRecord) -> bool:
+    """False for a record that Beam made on the root logger: its portable runner relays the job
+    service's messages through ``logging.log`` — a failed job's traceback at ERROR — and
+    batchinfer reports that failure itself in one line (contract §2)."""
+    return record.name != "root" or f"{os.sep}apache_beam{os.sep}" not in record.pathname
+
+
 def _configure_logging(debug: bool) -> None:
     # Libraries (Beam especially) log warnings that say nothing to a user of a job; --debug shows all.
     handler = logging.StreamHandler()
     handler.setFormatter(_RedactingFormatter("%(levelname)s %(name)s: %(message)s"))
+    if not debug:
+        handler.addFilter(_not_beams_root_record)
     # force: a library imported earlier (Beam warns on import) may have configured the root logger.
     logging.basicConfig(level=logging.INFO if debug else logging.ERROR, handlers=[handler], force=True)
     logging.getLogger("batchinfer").setLevel(logging.DEBUG if debug else logging.WARNING)

@@ -12,6 +12,7 @@ they use by name.
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import http.server
 import os
@@ -26,7 +27,7 @@ import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 import pytest
 
@@ -37,7 +38,8 @@ __all__ = ["free_port", "closed_port", "MotoServer", "moto_server", "MlflowServe
            "FaultRule", "FaultProxy", "fault_proxy", "s3_server", "mlflow_live", "s3_proxy",
            "s3_env", "new_bucket", "env_for", "s3fs_for", "S3_CREDENTIALS",
            "stamped_template", "copy_project", "start_cli", "finish_all", "s3_proxy_session",
-           "BeamJobService", "beam_job_service", "DaskCluster", "dask_cluster"]
+           "BeamJobService", "beam_job_service", "DaskCluster", "dask_cluster",
+           "MountNamespace", "processes_of"]
 
 HOST = "127.0.0.1"
 S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
@@ -421,14 +423,25 @@ class BeamJobService(_Served):
     (``worker_pool_main``) on 127.0.0.1: ``runner.name: portable`` with ``environment_type
     EXTERNAL``, as a user runs against a job server whose workers they started.
 
+    With ``namespace`` both run in a :class:`MountNamespace` of their own (the SDK workers the
+    pool starts with them); ``env`` is added to their environment.
+
     Attributes:
         options: the ``runner.options`` that point a job at them.
+        logs: the pool's and the job service's output (stdout and stderr).
     """
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, *, namespace: "MountNamespace | None" = None,
+                 env: dict[str, str] | None = None):
         self.workdir = Path(workdir)
         self.job_port, self.pool_port = free_port(), free_port()
         self.pool: subprocess.Popen | None = None
+        self.namespace = namespace
+        self.env = {**_venv_env(), **(env or {})}
+        self.logs = [self.workdir / "worker_pool.log", self.workdir / "job_service.log"]
+
+    def _cmd(self, cmd: list[str]) -> list[str]:
+        return self.namespace.command(cmd) if self.namespace is not None else cmd
 
     @property
     def options(self) -> dict[str, str]:
@@ -438,14 +451,15 @@ class BeamJobService(_Served):
     def __enter__(self) -> "BeamJobService":
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
-            log = self.workdir / "worker_pool.log"
-            self.pool = _start([sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main",
-                                "--service_port", str(self.pool_port)], log, _venv_env())
+            log = self.logs[0]
+            self.pool = _start(self._cmd([sys.executable, "-m",
+                                          "apache_beam.runners.worker.worker_pool_main",
+                                          "--service_port", str(self.pool_port)]), log, self.env)
             _wait_port(self.pool_port, self.pool, 60, log)
-            log = self.workdir / "job_service.log"
-            self.proc = _start([sys.executable, "-m",
-                                "apache_beam.runners.portability.local_job_service_main",
-                                "--port", str(self.job_port)], log, _venv_env())
+            log = self.logs[1]
+            self.proc = _start(self._cmd([sys.executable, "-m",
+                                          "apache_beam.runners.portability.local_job_service_main",
+                                          "--port", str(self.job_port)]), log, self.env)
             _wait_port(self.job_port, self.proc, 60, log)
         except BaseException:
             self.__exit__()
@@ -464,27 +478,40 @@ class DaskCluster(_Served):
     """A ``dask.distributed`` scheduler and ``workers`` single-threaded worker processes (``dask
     worker --nworkers``) on 127.0.0.1.
 
+    With ``namespace`` the scheduler and the workers run in a :class:`MountNamespace` each (the
+    workers, their nanny's restarts included, in one); ``env`` is added to their environment.
+
     Attributes:
         address: ``tcp://127.0.0.1:PORT``, for ``runner.options.dask_client_address``.
+        logs: the scheduler's and the workers' output (stdout and stderr).
     """
 
-    def __init__(self, workdir: Path, workers: int = 2):
+    def __init__(self, workdir: Path, workers: int = 2, *,
+                 namespace: "MountNamespace | None" = None, env: dict[str, str] | None = None):
         self.workdir = Path(workdir)
         self.workers = workers
         self.port = free_port()
         self.address = f"tcp://{HOST}:{self.port}"
         self.nanny: subprocess.Popen | None = None
+        self.namespace = namespace
+        self.env = {**_venv_env(), **(env or {})}
+        self.logs = [self.workdir / "scheduler.log", self.workdir / "workers.log"]
+
+    def _cmd(self, cmd: list[str]) -> list[str]:
+        return self.namespace.command(cmd) if self.namespace is not None else cmd
 
     def __enter__(self) -> "DaskCluster":
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
-            log = self.workdir / "scheduler.log"
-            self.proc = _start([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", HOST,
-                                "--port", str(self.port), "--no-dashboard"], log, _venv_env())
+            log = self.logs[0]
+            self.proc = _start(self._cmd([sys.executable, "-m", "distributed.cli.dask_scheduler",
+                                          "--host", HOST, "--port", str(self.port), "--no-dashboard"]),
+                               log, self.env)
             _wait_port(self.port, self.proc, 60, log)
-            self.nanny = _start([sys.executable, "-m", "distributed.cli.dask_worker", self.address,
-                                 "--host", HOST, "--nworkers", str(self.workers), "--nthreads", "1",
-                                 "--no-dashboard"], self.workdir / "workers.log", _venv_env())
+            self.nanny = _start(self._cmd([sys.executable, "-m", "distributed.cli.dask_worker",
+                                           self.address, "--host", HOST, "--nworkers",
+                                           str(self.workers), "--nthreads", "1", "--no-dashboard"]),
+                                self.logs[1], self.env)
             self.wait_for_workers(60)
         except BaseException:
             self.__exit__()
@@ -540,6 +567,91 @@ class DaskCluster(_Served):
                 _stop(self.nanny)
         finally:
             super().__exit__()
+
+
+# -- servers elsewhere: a mount namespace of their own -----------------------------------------
+
+class MountNamespace:
+    """A private mount namespace (``unshare -m``) for a server's processes, in which each folder of
+    ``hide`` is an empty tmpfs of its own: what a launcher wrote there (its temp folders, the job's
+    folder) is not there, as on a cluster's machines. Everything else (the interpreter, the
+    repository, ``/dev/shm``) is the launcher's, and so is the network (moto on 127.0.0.1).
+    A process the server starts (Dask's worker processes, Beam's SDK workers) inherits it.
+
+    As root the namespace is a mount namespace only; otherwise it is made inside a user namespace
+    of the caller's (``unshare -U --map-root-user``), where the kernel allows that.
+
+    Attributes:
+        hide: the folders covered, outermost only (a folder inside another is covered with it).
+    """
+
+    def __init__(self, hide: Iterable[Path]):
+        folders = sorted({Path(os.path.realpath(f)) for f in hide if Path(f).is_dir()},
+                         key=lambda p: len(p.parts))
+        self.hide: list[Path] = []
+        for folder in folders:
+            if not any(folder.is_relative_to(outer) for outer in self.hide):
+                self.hide.append(folder)
+        flags = self.flags()
+        if isinstance(flags, str):
+            raise RuntimeError(flags)
+        self.unshare = flags
+
+    @staticmethod
+    @functools.cache
+    def flags() -> "list[str] | str":
+        """The ``unshare`` command that makes a mount namespace where tmpfs can be mounted here,
+        or why there is none (no ``unshare``, the kernel refuses both ways)."""
+        import shutil
+
+        if shutil.which("unshare") is None:
+            return "no unshare(1) on PATH (util-linux)"
+        tries = ([["unshare", "-m"]] if os.geteuid() == 0 else []) + [["unshare", "-U", "--map-root-user", "-m"]]
+        refused = []
+        for unshare in tries:
+            command = [*unshare, "--propagation", "private"]
+            probe = subprocess.run([*command, "sh", "-c", "mount -t tmpfs tmpfs /tmp"],
+                                   capture_output=True, text=True)
+            if probe.returncode == 0:
+                return command
+            refused.append(f"{' '.join(unshare)}: {(probe.stderr or probe.stdout).strip()[:200]}")
+        return f"no mount namespace can be made here ({'; '.join(refused)})"
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        """Why no mount namespace can be made here, or None."""
+        flags = cls.flags()
+        return flags if isinstance(flags, str) else None
+
+    def covers(self, path: Path | str) -> bool:
+        """Whether ``path`` is hidden in the namespace."""
+        real = Path(os.path.realpath(path))
+        return any(real.is_relative_to(folder) for folder in self.hide)
+
+    def command(self, cmd: Sequence[str]) -> list[str]:
+        """``cmd`` run in a new mount namespace, once every folder of ``hide`` is covered."""
+        import shlex
+
+        mounts = " && ".join(f"mount -t tmpfs -o mode=1777 tmpfs {shlex.quote(str(folder))}"
+                             for folder in self.hide)
+        return [*self.unshare, "sh", "-c", f'{mounts} && exec "$@"', "sh", *cmd]
+
+
+def processes_of(root: int) -> list[int]:
+    """``root`` and every process descended from it that is still running (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # The command (field 2) may hold spaces and parentheses: the parent comes after its ')'.
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        if Path(f"/proc/{pid}").exists():
+            found.append(pid)
+        todo += children.get(pid, [])
+    return found
 
 
 # -- context managers and pytest fixtures ------------------------------------------------------

@@ -2,6 +2,7 @@
 KILLED rather than left RUNNING, and a rerun commits the partition as if nothing happened."""
 from __future__ import annotations
 
+import os
 import signal
 import sqlite3
 import subprocess
@@ -17,6 +18,7 @@ pytestmark = pytest.mark.slow
 
 SLOW_PREP = "slow_prep"
 SLOW_PREP_SOURCE = '''\
+import os
 import time
 
 import numpy as np
@@ -25,7 +27,8 @@ COLUMNS = ("f0", "f1", "f2", "f3")
 
 
 def transform(batch):
-    time.sleep(0.4)  # keeps the job scoring long enough to be interrupted
+    if os.path.exists(os.environ.get("SLOW_WHILE", "")):
+        time.sleep(0.4)  # keeps the job scoring long enough to be interrupted
     return np.stack([batch.column(n).to_numpy(zero_copy_only=False) for n in COLUMNS],
                     axis=1).astype(np.float32)
 '''
@@ -40,8 +43,11 @@ def test_ctrl_c_commits_nothing_and_marks_the_run_killed(tmp_path):
     (tmp_path / f"{SLOW_PREP}.py").write_text(SLOW_PREP_SOURCE)
     numeric_project(tmp_path, shards=3, rows=1000, preprocess=f"{SLOW_PREP}:transform",
                     batch={"rows": 200})  # 15 batches × 0.4 s
+    slow = tmp_path / "slow"   # the first run is slow while this file exists; the rerun is not
+    slow.touch()
     child = subprocess.Popen([sys.executable, "-m", "batchinfer", "run", "job.yaml", "--ds", DS],
-                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "SLOW_WHILE": str(slow)})
     try:
         first = child.stdout.readline()
         assert first.startswith("scoring 3 shards"), first
@@ -65,6 +71,7 @@ def test_ctrl_c_commits_nothing_and_marks_the_run_killed(tmp_path):
     assert not (output / "_manifest.json").exists()
     assert run_statuses(tmp_path / "mlflow.db") == ["KILLED"]
 
+    slow.unlink()
     rerun = run_cli("run", "job.yaml", "--ds", DS, cwd=tmp_path, track=True)
     assert rerun.returncode == 0, rerun.stderr
     predictions, quarantine, manifest = read_partition(output)

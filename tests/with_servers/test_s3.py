@@ -176,7 +176,10 @@ def test_persistent_put_failure_exits_5_without_commit(tmp_path, s3_server, s3_p
     fs = s3_server.s3fs()
     job = s3_project(stamped_template, tmp_path, new_bucket, fs)
     s3_proxy.add(method="PUT", contains="", status=503, times=None)
-    result = run_cli("run", str(job), "--ds", DS, cwd=tmp_path, env=env_for(s3_proxy.url))
+    # Two attempts a request, not botocore's five with back-off (~15 s of waiting): a PUT that
+    # always fails is still retried, and the run still gives up.
+    result = run_cli("run", str(job), "--ds", DS, cwd=tmp_path,
+                     env={**env_for(s3_proxy.url), "AWS_MAX_ATTEMPTS": "2"})
     assert result.returncode == 5, (result.stdout, result.stderr)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
