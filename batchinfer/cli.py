@@ -424,6 +424,7 @@ def cmd_validate(args) -> int:
 
 def cmd_plan(args) -> int:
     from .commands.resolve import resolve
+    from .commands.run import planned
 
     job = _load(args)
     resolved = resolve(job)
@@ -452,6 +453,7 @@ def cmd_plan(args) -> int:
     print("contract:   ok (declaration matches)" if not resolved.challengers
           else "contract:   ok (declarations match)")
     print(f"output:     {job.display(spec.output.path)}")
+    print(f"  {'a run would':<16} {planned(job, resolved)}")
     print(f"runner:     {spec.runner.name}")
     return 0
 
@@ -478,6 +480,15 @@ def cmd_inspect(args) -> int:
             print(f"  {shard.status:<12} {shard.path}: {shard.reason or ''}")
     files = [f for s in manifest.shards for f in s.files]
     print(f"files: {len(files)} ({sum(f.rows for f in files)} rows)")
+    reused = manifest.reused()
+    if reused:   # a resumed run (contract §5.3 "Resume"): who scored what
+        by: dict[str, int] = {}
+        for shard in reused:
+            by[manifest.scored_by(shard)] = by.get(manifest.scored_by(shard), 0) + 1
+        print(f"resumed: {len(reused)} of {len(manifest.shards)} shards "
+              f"({sum(s.rows_in or 0 for s in reused)} rows) scored by crashed attempt(s) "
+              + ", ".join(f"{a} ({n})" for a, n in sorted(by.items()))
+              + f"; {len(manifest.shards) - len(reused)} by {manifest.attempt}")
     for c in manifest.challengers:
         print(f"challenger {c.name}: {c.triple.get('model_version')} ({c.backend}, {c.device}): "
               f"{c.rows_scored} rows scored, {c.rows_rejected} rejected, "

@@ -275,7 +275,8 @@ def partition_files(out: Path) -> set[str]:
 
 def check_partition(out: Path, shard_paths: Sequence[Path]) -> tuple[pa.Table, pa.Table, dict]:
     """A committed local partition holds what contract §4–§5 promise: every shard listed, every file's
-    sha256 and row count right and under the manifest's attempt, per-shard and total accounting
+    sha256 and row count right and under the attempt that scored its shard (the manifest's, or
+    for a shard adopted on resume the crashed attempt's: ``scored_by``), per-shard and total accounting
     (§5.1), each input row exactly once, no file outside the manifest, no scratch left.
     Returns (predictions, quarantine, manifest)."""
     preds, quar, manifest = read_partition(out)
@@ -288,7 +289,7 @@ def check_partition(out: Path, shard_paths: Sequence[Path]) -> tuple[pa.Table, p
             assert hashlib.sha256(data).hexdigest() == f["sha256"], f["path"]
             assert pq.read_metadata(out / f["path"]).num_rows == f["rows"]
             by_kind[f["path"].split("/")[0]] += f["rows"]
-            assert f["path"].split("/")[1] == manifest["attempt"]
+            assert f["path"].split("/")[1] == (shard.get("scored_by") or manifest["attempt"])
             listed.add(f["path"])
         if shard["status"] == "unreadable":
             assert shard["rows_in"] is None and shard["files"] == [] and shard["reason"]

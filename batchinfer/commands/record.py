@@ -65,9 +65,16 @@ def run_tags(job: Job, attempt: str, device: str) -> dict[str, str]:
 
 
 def run_metrics(totals: Totals, pipeline_s: float, wall_s: float, results: Sequence[ShardResult],
-                load_s: float | None, verdict: DriftVerdict) -> dict[str, Any]:
-    """Every metric of a run: its totals, time per stage, model health, challengers, drift."""
+                load_s: float | None, verdict: DriftVerdict, *,
+                attempt: str | None = None) -> dict[str, Any]:
+    """Every metric of a run: its totals, the shards and rows it reused (adopted from crashed
+    attempts, not scored by ``attempt``), time per stage, model health, challengers, drift.
+    The partition's figures (stages, model health) cover every shard, reused ones with the time
+    their attempt spent; ``rows_per_second`` counts only the rows this run scored."""
     metrics: dict[str, Any] = {k: float(v) for k, v in totals.to_dict().items()}
+    reused = [r.record for r in results if attempt and r.record.scored_by not in (None, attempt)]
+    metrics["shards_reused"] = float(len(reused))
+    metrics["rows_reused"] = float(sum(s.rows_in or 0 for s in reused))
     metrics["pipeline_seconds"] = pipeline_s
     # Where the time went, per stage, summed over batches (stages overlap across workers).
     for result in results:
@@ -80,7 +87,7 @@ def run_metrics(totals: Totals, pipeline_s: float, wall_s: float, results: Seque
         metrics["model_chunk_rows"] = float(model.chunk_rows)
     if wall_s:
         metrics["wall_seconds"] = wall_s
-        metrics["rows_per_second"] = totals.rows_in / wall_s
+        metrics["rows_per_second"] = (totals.rows_in - metrics["rows_reused"]) / wall_s
     metrics.update(health_metrics(results, load_s))
     metrics.update(challenger_metrics(results))
     metrics.update(drift_metrics(verdict))

@@ -172,12 +172,21 @@ def render_report(manifest: Manifest | None, record: Mapping[str, Any], profile:
             ["part", "value"],
             # in the contract's order, whichever order the manifest's JSON came in
             [(k, Raw(f"<code>{_e(manifest.triple.get(k, ''))}</code>")) for k in PARTS]) + "</section>")
-        shard_rows = [(s.path.rsplit("/", 1)[-1], _pill(s.status) if s.status != "scored" else "scored",
-                       s.rows_in, s.rows_scored, s.rows_quarantined, s.reason or "")
-                      for s in manifest.shards]
-        out.append("<section><h2>Accounting per shard</h2>" + _table(
-            ["shard", "status", "rows in", "scored", "quarantined", "reason"], shard_rows, (2, 3, 4))
-            + "</section>")
+        shard_rows: list[tuple[Any, ...]] = [
+            (s.path.rsplit("/", 1)[-1], _pill(s.status) if s.status != "scored" else "scored",
+             s.rows_in, s.rows_scored, s.rows_quarantined, s.reason or "") for s in manifest.shards]
+        headers = ["shard", "status", "rows in", "scored", "quarantined", "reason"]
+        reused = manifest.reused()
+        note = ""
+        if reused:  # a resumed run: who scored each shard (contract §5.3 "Resume")
+            headers.append("scored by")
+            shard_rows = [(*row, "this attempt" if manifest.scored_by(s) == manifest.attempt
+                           else manifest.scored_by(s)) for row, s in zip(shard_rows, manifest.shards)]
+            note = (f'<p class="muted">resumed: {len(reused)} of {len(manifest.shards)} shards '
+                    f'({sum(s.rows_in or 0 for s in reused):,} rows) reused from crashed '
+                    f'attempt(s), scored by them and not again</p>')
+        out.append("<section><h2>Accounting per shard</h2>" + _table(headers, shard_rows, (2, 3, 4))
+                   + note + "</section>")
         out.append(_challengers_section(manifest))
     out.append(_drift_section(profile, level))
     out.append(_histograms(profile))

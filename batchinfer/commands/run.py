@@ -44,7 +44,9 @@ from ..errors import (
     PreprocessError,
 )
 from ..io.commit import Attempt, CommitOutcome, Decision, Identity, PartitionCommit, not_committed, triple_conflict
-from ..io.records import Manifest, PreprocessStats, ShardResult, Totals
+from ..io.records import AttemptKey, Challenger, Manifest, PreprocessStats, ShardResult, Totals
+from ..io.resume import Resume
+from ..io.resume import find as resume_shards
 from ..pipeline.runners import check as check_runner
 from ..redaction import mask
 from ..rows.drift import Baseline, DriftVerdict, observe
@@ -107,10 +109,11 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
         decision = decide(run, overwrite)
         if decision.action == "reuse":
             return reuse(run, decision, dry_run)
+        resumed = resume(run, decision)
         if dry_run:
-            return rehearse(run, decision)
+            return rehearse(run, decision, resumed)
         assert tracking is not None
-        launched = launch(run, decision, tracking, progress)
+        launched = launch(run, decision, resumed, tracking, progress)
         scored = score(run, launched, tracking, watch)
         if isinstance(scored, Outcome):  # another run committed first, while this one scored
             return scored
@@ -153,6 +156,7 @@ class Launch:
         load_s: the models' load time.
         baseline: the baseline restricted to the run's columns (None without one).
         header: the manifest as known before any work (it names the MLflow run).
+        resume: the shards it adopts from crashed attempts instead of scoring them.
     """
 
     champion: "ModelRun"
@@ -161,6 +165,7 @@ class Launch:
     baseline: Baseline | None
     attempt: Attempt
     header: Manifest
+    resume: Resume = field(default_factory=Resume)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -222,6 +227,43 @@ def decide(run: Resolution, overwrite: bool) -> Decision:
     return decision
 
 
+def resume_key(job: Job, resolved: Resolved) -> AttemptKey:
+    """What an attempt of this run scores, as its scratch records it (io/resume.py)."""
+    wanted = _identity(job, resolved)
+    return AttemptKey(job=wanted.job, ds=wanted.ds, job_spec_sha256=job.spec_sha256,
+                      triple=wanted.triple, model_options=wanted.model_options,
+                      challengers=tuple(Challenger(name=n, triple=t, model_options=o)
+                                        for n, t, o in wanted.challengers))
+
+
+def resume(run: Resolution, decision: Decision) -> Resume:
+    """The shards this run adopts from crashed attempts of the partition (contract §5.3
+    "Resume"): only when nothing is committed there (a committed partition is reused, or
+    replaced whole by ``--overwrite``)."""
+    if decision.manifest is not None:
+        return Resume()
+    return _find_resume(run.job, run.resolved)
+
+
+def _find_resume(job: Job, resolved: Resolved) -> Resume:
+    shards = [(name, shard.url) for name, shard in zip(resolved.shard_names(), resolved.shards)]
+    return resume_shards(job.spec.output.path, resume_key(job, resolved), shards)
+
+
+def planned(job: Job, resolved: Resolved) -> str:
+    """What a run would do with the partition as it is now, for ``batchinfer plan``: reuse the
+    commit, or score, adopting what crashed attempts finished (shards and files hashed again,
+    as the run does)."""
+    committed = PartitionCommit(job.spec.output.path).committed()
+    if committed is not None:
+        return (f"committed by attempt {committed.attempt}: a run reuses it if it is this "
+                f"run's partition (else exit 3 without --overwrite)")
+    found = _find_resume(job, resolved)
+    if found.adopted or found.changed or found.damaged:
+        return found.summary(len(resolved.shards))
+    return f"nothing to reuse: would score all {len(resolved.shards)} shards"
+
+
 def reuse(run: Resolution, decision: Decision, dry_run: bool) -> Outcome:
     """The no-op of a partition committed already as this run would commit it."""
     existing = decision.manifest
@@ -232,26 +274,31 @@ def reuse(run: Resolution, decision: Decision, dry_run: bool) -> Outcome:
                            f"{existing.attempt}); nothing to do", existing, run.shown)
 
 
-def rehearse(run: Resolution, decision: Decision) -> Outcome:
+def rehearse(run: Resolution, decision: Decision, resumed: Resume | None = None) -> Outcome:
     """``--dry-run``: what would be scored, and for a runner that can, its job built."""
     job, resolved, started = run.job, run.resolved, run.started
     spec = job.spec
-    message = f"dry run: would score {len(resolved.shards)} shards into {run.shown}"
+    resumed = resumed or Resume()
+    message = (f"dry run: would score {len(resolved.shards) - len(resumed.adopted)} shards into "
+               f"{run.shown}")
+    if resumed.adopted:
+        message += f" ({resumed.summary(len(resolved.shards))})"
     if runners.get(spec.runner.name).builds_job:  # build the runner's job too, submit nothing
         champion = models.load_champion(resolved)
         challengers = models.load_challengers(resolved, champion)
         attempt = run.partition.begin(new_attempt(started), replacing=decision.manifest,
                                       clock=run.clock)
         header = scoring.manifest_header(job, attempt, champion, started, None, challengers)
-        message += f"\n{scoring.build_job(resolved, champion, attempt, header, challengers)}"
+        message += f"\n{scoring.build_job(resolved, champion, attempt, header, challengers, resumed)}"
     return Outcome("dry_run", message, None, run.shown)
 
 
-def launch(run: Resolution, decision: Decision, tracking: "TrackingRun",
+def launch(run: Resolution, decision: Decision, resumed: Resume, tracking: "TrackingRun",
            progress: Callable[[str], None]) -> Launch:
     """Phase 3, before the pipeline: load the models (exit 5, or 2 for their outputs, before any
     work), match the baseline with the run's columns (exit 2 if none), then touch the store:
-    begin the attempt and open the MLflow run."""
+    begin the attempt (its key in scratch, before any shard: a rerun after a crash adopts what
+    it finished) and open the MLflow run."""
     job, resolved = run.job, run.resolved
     spec = job.spec
     t_load = time.perf_counter()
@@ -264,19 +311,22 @@ def launch(run: Resolution, decision: Decision, tracking: "TrackingRun",
     tracking.prepare()  # the checks passed: the store may be touched
     attempt = run.partition.begin(new_attempt(run.started), replacing=decision.manifest,
                                   clock=run.clock)
+    attempt.start(resume_key(job, resolved))
     tracking.open(f"{spec.name}-{job.ds or attempt.attempt}",
                   {"batchinfer.job": spec.name, "batchinfer.attempt": attempt.attempt,
                    "batchinfer.ds": job.ds or ""}, started=run.started)
     if resolved.ignored:
         progress(f"ignoring {len(resolved.ignored)} metadata file(s) that input.path matched "
                  f"(names starting with _ or .; `batchinfer plan` lists them)")
-    progress(f"scoring {len(resolved.shards)} shards into {run.shown} (attempt "
-             f"{attempt.attempt}, {spec.runner.name} runner, {champion.device})")
+    if resumed.adopted or resumed.changed or resumed.damaged:
+        progress(resumed.summary(len(resolved.shards)))
+    progress(f"scoring {len(resolved.shards) - len(resumed.adopted)} shards into {run.shown} "
+             f"(attempt {attempt.attempt}, {spec.runner.name} runner, {champion.device})")
     # The manifest names the MLflow run, so its id is needed before the pipeline starts (the
     # helper opened it meanwhile).
     header = scoring.manifest_header(job, attempt, champion, run.started, tracking.wait(), challengers)
     return Launch(champion=champion, challengers=challengers, load_s=load_s,
-                  baseline=baseline, attempt=attempt, header=header)
+                  baseline=baseline, attempt=attempt, header=header, resume=resumed)
 
 
 def score(run: Resolution, launched: Launch, tracking: "TrackingRun",
@@ -294,7 +344,7 @@ def score(run: Resolution, launched: Launch, tracking: "TrackingRun",
     t_pipeline = time.perf_counter()
     try:
         scoring.run_pipeline(resolved, launched.champion, attempt, launched.header,
-                             launched.baseline, watch, launched.challengers)
+                             launched.baseline, watch, launched.challengers, launched.resume)
     except KeyboardInterrupt:  # Ctrl-C: leave nothing, and say so in MLflow
         winner = attempt.committed_meanwhile()
         if winner is None or winner.attempt != attempt.attempt:  # never undo a commit
@@ -358,7 +408,7 @@ def publish(run: Resolution, launched: Launch, scored: Scored, read: ReadBack,
     kept = record.RunRecord(
         params=record.run_params(job, run.resolved, attempt.attempt, device),
         metrics=record.run_metrics(totals, scored.pipeline_s, wall_s, read.results,
-                                   launched.load_s, verdict),
+                                   launched.load_s, verdict, attempt=attempt.attempt),
         tags=tags)
     line = record.publish(job, tracking, attempt.layout, manifest, kept,
                           record.profile_record(job, verdict, launched.baseline, read.results))
@@ -387,7 +437,7 @@ def _refused(run: Resolution, launched: Launch, scored: Scored, read: ReadBack,
         tags["batchinfer.drift"] = "fail"
     tracking.finish(record.run_params(job, run.resolved, attempt.attempt, device),
                     record.run_metrics(read.totals, scored.pipeline_s, 0.0, read.results,
-                                       launched.load_s, read.verdict),
+                                       launched.load_s, read.verdict, attempt=attempt.attempt),
                     kept, "FAILED", tags=tags)
     raise error
 

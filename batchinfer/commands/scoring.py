@@ -11,6 +11,7 @@ from ..clock import rfc3339
 from ..errors import BatchInferError, RuntimeFailure, SpecError
 from ..io.commit import Attempt
 from ..io.records import Challenger, Manifest, Totals
+from ..io.resume import Resume
 from ..redaction import Deferred
 from ..rows.drift import Baseline, DriftGate
 from ..spec import Job
@@ -39,7 +40,8 @@ def manifest_header(job: Job, attempt: Attempt, champion: "ModelRun", started: d
 
 
 def build_job(resolved: Resolved, champion: "ModelRun", attempt: Attempt,
-              header: Manifest, challengers: "Sequence[ModelRun]" = ()) -> str:
+              header: Manifest, challengers: "Sequence[ModelRun]" = (),
+              resume: Resume | None = None) -> str:
     """Build the runner's job without submitting it; return a summary of its graph."""
     from ..beam_compat import beam
     from ..pipeline.runners import job_summary, pipeline_options
@@ -50,7 +52,7 @@ def build_job(resolved: Resolved, champion: "ModelRun", attempt: Attempt,
     try:
         pipeline = beam.Pipeline(options=options)
         baseline = load_baseline(resolved.job, resolved.model.declaration)
-        build(pipeline, *pipeline_plans(resolved, attempt, header, baseline),
+        build(pipeline, *pipeline_plans(resolved, attempt, header, baseline, resume),
               models=(champion, *challengers))
         result = pipeline.run()
     except (ImportError, ValueError) as exc:  # a missing extra, options Beam refuses
@@ -61,8 +63,9 @@ def build_job(resolved: Resolved, champion: "ModelRun", attempt: Attempt,
 def run_pipeline(resolved: Resolved, champion: "ModelRun", attempt: Attempt, header: Manifest,
                  baseline: Baseline | None = None,
                  watch: "Callable[[int, str], Any] | None" = None,
-                 challengers: "Sequence[ModelRun]" = ()) -> None:
-    """Run the Beam pipeline into ``attempt``, up to and including its commit step.
+                 challengers: "Sequence[ModelRun]" = (), resume: Resume | None = None) -> None:
+    """Run the Beam pipeline into ``attempt``, up to and including its commit step; it scores
+    the shards ``resume`` does not adopt (all without one).
 
     ``watch(shards, live)`` gives a context manager that shows progress while the pipeline runs
     (``commands/progress.py``): ``live`` says where figures come from on this runner
@@ -83,10 +86,11 @@ def run_pipeline(resolved: Resolved, champion: "ModelRun", attempt: Attempt, hea
     options = pipeline_options(spec.runner.name, spec.runner.options)
     live = live_metrics(spec.runner.name, spec.runner.options)
     try:
-        with watch(len(resolved.shards), live) if watch else contextlib.nullcontext() as watching:
+        to_score = len(resolved.shards) - (len(resume.adopted) if resume else 0)
+        with watch(to_score, live) if watch else contextlib.nullcontext() as watching:
             # What ``with beam.Pipeline(...)`` does (run, then wait), with the result in between.
             with beam.Pipeline(options=options) as pipeline:
-                build(pipeline, *pipeline_plans(resolved, attempt, header, baseline),
+                build(pipeline, *pipeline_plans(resolved, attempt, header, baseline, resume),
                       models=(champion, *challengers))
                 pipeline.run = _handing_over(pipeline.run, watching)  # type: ignore[method-assign]
             if watching is not None:
@@ -113,10 +117,12 @@ def _handing_over(run: Callable[..., Any], watching: Any) -> Callable[..., Any]:
 
 
 def pipeline_plans(resolved: Resolved, attempt: Attempt, header: Manifest,
-                   baseline: Baseline | None = None) -> tuple[Any, Any]:
+                   baseline: Baseline | None = None, resume: Resume | None = None) -> tuple[Any, Any]:
     """The pipeline's :class:`ScoringPlan` and :class:`CommitPlan` for ``attempt``; with a
-    baseline, the writer stage counts columns into its cuts and the commit step refuses a
-    partition that drifted above the ``fail`` limits (:class:`~batchinfer.rows.drift.DriftGate`)."""
+    ``resume``, the pipeline reads and scores only the shards it does not adopt, and the commit
+    step takes the adopted ones' results as they are; with a baseline, the writer stage counts
+    columns into its cuts and the commit step refuses a partition that drifted above the
+    ``fail`` limits (:class:`~batchinfer.rows.drift.DriftGate`)."""
     from ..pipeline.commit import CommitPlan
     from ..pipeline.transforms import ScoringPlan
 
@@ -125,18 +131,20 @@ def pipeline_plans(resolved: Resolved, attempt: Attempt, header: Manifest,
     # The graph holds no secret's value: the workers fill them in (docs/runners.md "What
     # travels to the workers").
     output = Deferred.of(spec.output.path, job.secrets)
+    adopted = dict(resume.adopted) if resume else {}
     plan = ScoringPlan(
         shard_urls=tuple(Deferred.of(s.url, job.secrets) for s in resolved.shards),
         shard_names=resolved.shard_names(),
         output_url=output, attempt=attempt.attempt, batch_rows=spec.batch.rows,
         schema=resolved.schema, preprocessor=resolved.preprocessor,
         id_columns=tuple(spec.output.id_columns), hash_columns=resolved.schema.columns,
-        profile_features=tuple(resolved.features), profile_cuts=baseline.cuts() if baseline else {})
+        profile_features=tuple(resolved.features), profile_cuts=baseline.cuts() if baseline else {},
+        scored=tuple(i for i in range(len(resolved.shards)) if i not in adopted) if adopted else None)
     gate = DriftGate.of(resolved.features, baseline) if baseline is not None else None
     commit = CommitPlan(output_url=output, attempt=attempt.attempt,
                         replacing=attempt.replacing, shard_count=len(resolved.shards),
                         header=header, breach=spec.quarantine.breach, drift=gate,
-                        preprocess=spec.preprocess, clock=attempt.clock)
+                        preprocess=spec.preprocess, clock=attempt.clock, adopted=adopted)
     return plan, commit
 
 

@@ -4,9 +4,11 @@
     partition.committed()                       # what is committed there now, or None
     decision = partition.decide(identity, overwrite=False, shown=url)   # reuse | replace | conflict
     attempt = partition.begin(attempt_id, replacing=decision.manifest)
+    attempt.start(key)                          # its key in scratch (what a resume must match)
     ...                                         # writers put files under attempt.layout and
                                                 # each finished shard's result in scratch
-    results = attempt.results(shard_count)      # the per-shard results, in shard order
+    results = attempt.results(shard_count, adopted)   # per-shard results, in shard order
+                                                # (adopted: io/resume.py, a crashed attempt's)
     outcome = attempt.commit(manifest)          # committed | lost_race | conflict
     attempt.record(outcome)                     # what the commit did, for the launcher to read
     attempt.outcome(triple)                     # ... read back (or learned from the manifest)
@@ -21,18 +23,26 @@ and the launching process only reads its outcome back (docs/runners.md says why)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Mapping
 
 from fsspec import AbstractFileSystem
 
 from .. import faults
 from ..clock import Clock, utc_now
 from ..errors import RuntimeFailure, SpecError, StorageError
-from .manifest import clean_after_commit, create_manifest, read_manifest, remove_attempt
-from .outputs import Layout, write_json
+from .manifest import (
+    clean_after_commit,
+    create_manifest,
+    holds,
+    read_manifest,
+    remove_attempt,
+    remove_unlisted,
+)
+from .outputs import TMP, Layout, write_json
 from .readback import M, OutcomeModel, ShardResultModel, check
-from .records import Manifest, ShardResult
-from .storage import url_to_fs
+from .records import AttemptKey, Manifest, ShardResult
+from .resume import KEY
+from .storage import join, url_to_fs
 
 
 @dataclass(frozen=True)
@@ -230,8 +240,16 @@ class Attempt:
     def layout(self) -> Layout:
         return self.partition.layout(self.attempt)
 
-    def results(self, shard_count: int) -> list[ShardResult]:
-        """Every shard's result from scratch, by shard index.
+    def start(self, key: AttemptKey) -> None:
+        """Leave the attempt's key in its scratch, before any shard is scored: what a later run
+        must be to adopt the shards this attempt finishes, should it crash (io/resume.py)."""
+        layout = self.layout
+        write_json(layout.fs, join(layout.root, TMP, self.attempt, KEY), key.to_dict())
+
+    def results(self, shard_count: int,
+                adopted: Mapping[int, ShardResult] | None = None) -> list[ShardResult]:
+        """Every shard's result, by shard index: those in ``adopted`` (finished by an earlier
+        attempt, io/resume.py) as they are, the others from this attempt's scratch.
 
         Raises:
             RuntimeFailure: a shard has no result (the pipeline ended without finishing it, or
@@ -240,6 +258,9 @@ class Attempt:
         layout = self.layout
         results = []
         for index in range(shard_count):
+            if adopted and index in adopted:
+                results.append(adopted[index])
+                continue
             try:
                 checked = _read_scratch(layout, layout.shard_result(index), ShardResultModel)
                 results.append(ShardResult.from_dict(checked.model_dump()))
@@ -248,6 +269,22 @@ class Attempt:
                                      f"finishing it (or another run removed this attempt's "
                                      f"files)") from None
         return results
+
+    def missing(self, paths: "set[str]") -> list[str]:
+        """Which of ``paths`` (relative data files) are not on the store now, by one listing
+        per folder: the files of shards this attempt adopted, checked before it commits (another
+        attempt's cleanup, or a failing attempt's abort, may have removed them since)."""
+        layout = self.layout
+        present: set[str] = set()
+        for folder in sorted({p.rsplit("/", 1)[0] for p in paths}):
+            try:
+                found = layout.fs.find(join(layout.root, folder))
+            except FileNotFoundError:
+                found = []
+            except OSError as exc:
+                raise StorageError(f"cannot list {join(layout.root, folder)}: {exc}") from None
+            present |= {f[len(layout.root):].lstrip("/") for f in found}
+        return sorted(paths - present)
 
     def committed_meanwhile(self) -> Manifest | None:
         """A manifest that another run committed since this attempt began, if any (its cleanup
@@ -287,7 +324,8 @@ class Attempt:
 
     def _clean(self, manifest: Manifest) -> None:
         layout = self.layout
-        if self.replacing is not None and self.replacing.attempt != manifest.attempt:
+        if (self.replacing is not None and self.replacing.attempt != manifest.attempt
+                and not holds(manifest, self.replacing.attempt)):
             remove_attempt(layout, self.replacing.attempt)
         clean_after_commit(layout, manifest)
 
@@ -323,8 +361,17 @@ class Attempt:
                              "manifest: the runner did not run the commit step; nothing committed")
 
     def abort(self) -> None:
-        """Remove this attempt's files (best effort: debris is never part of a partition)."""
-        remove_attempt(self.layout, self.attempt)
+        """Remove this attempt's files (best effort: debris is never part of a partition) —
+        except those a committed manifest lists: another run may have adopted shards this
+        attempt finished (io/resume.py) and committed them while this one was still going."""
+        try:
+            current = self.partition.committed()
+        except Exception:  # an unreadable manifest lists nothing this attempt can know of
+            current = None
+        if current is not None and holds(current, self.attempt):
+            remove_unlisted(self.layout, current, self.attempt)
+        else:
+            remove_attempt(self.layout, self.attempt)
 
 
 def _read_scratch(layout: Layout, path: str, schema: type[M]) -> M:

@@ -109,6 +109,34 @@ def remove_attempt(layout: Layout, attempt: str) -> None:
     _remove_if_empty(fs, join(layout.root, TMP))
 
 
+def remove_unlisted(layout: Layout, manifest: Manifest, attempt: str) -> None:
+    """Delete ``attempt``'s files that ``manifest`` does not list, and its scratch: what an
+    attempt that lost to a run that adopted some of its shards removes (the rest is the
+    partition now)."""
+    fs, listed = layout.fs, manifest.files()
+    for kind in data_folders(layout):
+        base = join(layout.root, kind, attempt)
+        try:
+            present = fs.find(base) if fs.exists(base) else []
+        except OSError:
+            continue
+        for path in present:
+            if path[len(layout.root):].lstrip("/") not in listed:
+                try:
+                    fs.rm(path)
+                except OSError:
+                    pass
+        _remove_if_empty(fs, base)
+    try:
+        scratch = join(layout.root, TMP, attempt)
+        if fs.exists(scratch):
+            fs.rm(scratch, recursive=True)
+    except OSError:
+        pass
+    _remove_empty_challengers(layout)
+    _remove_if_empty(fs, join(layout.root, TMP))
+
+
 def _remove_if_empty(fs: AbstractFileSystem, path: str) -> None:
     """Remove a folder that holds nothing (on object stores folders are not kept anyway). The
     last run out leaves no empty `_tmp/`; a run still writing there keeps it (not empty)."""
@@ -127,9 +155,22 @@ def _remove_empty_challengers(layout: Layout) -> None:
     _remove_if_empty(layout.fs, join(layout.root, CHALLENGERS))
 
 
+def holds(manifest: Manifest, attempt: str) -> bool:
+    """Whether ``manifest`` lists a file under ``attempt``'s folders (a shard it adopted)."""
+    return any(_attempt_of(path) == attempt for path in manifest.files())
+
+
+def _attempt_of(relative: str) -> str:
+    """The attempt folder of a data file's relative path (``<kind>/<attempt>/part-….parquet``)."""
+    return relative.rsplit("/", 2)[-2]
+
+
 def clean_after_commit(layout: Layout, manifest: Manifest) -> None:
-    """Remove every attempt but the committed one, scratch, and unlisted files of this attempt."""
-    fs, committed = layout.fs, manifest.attempt
+    """Remove every attempt but those holding the committed files (the committed one, and the
+    earlier ones whose shards it adopted), scratch, and every file the manifest does not list."""
+    fs = layout.fs
+    listed = manifest.files()
+    keep = {manifest.attempt} | {_attempt_of(path) for path in listed}
     folders = data_folders(layout)
     for kind in (*folders, TMP):
         base = join(layout.root, kind)
@@ -141,24 +182,33 @@ def clean_after_commit(layout: Layout, manifest: Manifest) -> None:
             name = entry.rstrip("/").rsplit("/", 1)[-1]
             # _tmp/ is ours alone (contract §4); in predictions/, quarantine/ and challengers/<name>/
             # only attempts are.
-            if kind == TMP or (ATTEMPT.fullmatch(name) and name != committed):
+            if kind == TMP or (ATTEMPT.fullmatch(name) and name not in keep):
                 try:
                     fs.rm(entry, recursive=True)
                 except OSError:
                     pass
-    listed = manifest.files()
     for kind in folders:
-        base = join(layout.root, kind, committed)
-        try:
-            present = fs.find(base) if fs.exists(base) else []
-        except OSError:
-            continue
-        for path in present:
-            relative = path[len(layout.root):].lstrip("/")
-            if relative not in listed:
-                try:
-                    fs.rm(path)
-                except OSError:
-                    pass
+        for attempt in sorted(keep):
+            base = join(layout.root, kind, attempt)
+            try:
+                present = fs.find(base) if fs.exists(base) else []
+            except OSError:
+                continue
+            for path in present:
+                relative = path[len(layout.root):].lstrip("/")
+                if relative not in listed:
+                    try:
+                        fs.rm(path)
+                    except OSError:
+                        pass
+    _remove_empty_attempts(layout, folders, keep - {manifest.attempt})
     _remove_empty_challengers(layout)
     _remove_if_empty(fs, join(layout.root, TMP))
+
+
+def _remove_empty_attempts(layout: Layout, folders: list[str], attempts: set[str]) -> None:
+    """An attempt folder emptied by the cleanup (a crashed attempt none of whose files are in a
+    kind, e.g. its quarantine) goes too."""
+    for kind in folders:
+        for attempt in attempts:
+            _remove_if_empty(layout.fs, join(layout.root, kind, attempt))

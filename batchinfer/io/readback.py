@@ -72,6 +72,7 @@ class ShardModel(_Checked):
     status: Literal["scored", "empty", "quarantined", "unreadable"]
     reason: str | None = None
     files: list[FileModel] = Field(default_factory=list)
+    scored_by: Name | None = None
 
     @model_validator(mode="after")
     def _accounted(self) -> "ShardModel":
@@ -123,6 +124,15 @@ class ManifestModel(_Checked):
     mlflow_run_id: str | None = None
     totals: TotalsModel | None = None
     shards: list[ShardModel]
+    challengers: list[ChallengerModel] = Field(default_factory=list)
+
+
+class AttemptKeyModel(_Checked):
+    job: Name
+    ds: str | None
+    job_spec_sha256: str
+    triple: dict[str, str]
+    model_options: dict[str, str] = Field(default_factory=dict)
     challengers: list[ChallengerModel] = Field(default_factory=list)
 
 

@@ -28,7 +28,9 @@ class FileRecord(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class ShardRecord(Record):
-    """One input shard in the manifest (contract §4)."""
+    """One input shard in the manifest (contract §4). ``scored_by``: the attempt that scored it
+    and wrote its files (an earlier, crashed attempt's for a shard a resumed run adopted; None
+    in manifests written before it was recorded: the manifest's own attempt)."""
 
     path: str
     sha256: str | None
@@ -38,6 +40,7 @@ class ShardRecord(Record):
     status: ShardStatus
     reason: str | None
     files: tuple[FileRecord, ...] = ()
+    scored_by: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,6 +113,28 @@ class Challenger(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class AttemptKey(Record):
+    """What an attempt scores, left in its scratch when it begins (``_tmp/<attempt>/attempt.json``):
+    a later run of the partition adopts the shards that attempt finished only if it has the same
+    key (contract §5.3 "Resume"). Challengers are held without shards."""
+
+    job: str
+    ds: str | None
+    job_spec_sha256: str
+    triple: dict[str, str]
+    model_options: dict[str, str] = field(default_factory=dict)
+    challengers: tuple[Challenger, ...] = ()
+
+    def same(self, other: "AttemptKey") -> bool:
+        """The same job, date, spec, triple, declared options and challengers (in any order)."""
+        def runs(key: "AttemptKey") -> list:
+            return sorted((c.as_run() for c in key.challengers), key=repr)
+        return (self.job, self.ds, self.job_spec_sha256, self.triple, self.model_options) == (
+            other.job, other.ds, other.job_spec_sha256, other.triple, other.model_options) and (
+            runs(self) == runs(other))
+
+
+@dataclass(frozen=True, kw_only=True)
 class Manifest(Record):
     """``_manifest.json``: the commit of a partition (contract §4)."""
 
@@ -134,6 +159,14 @@ class Manifest(Record):
         """Every data file the partition consists of (relative paths), challengers' included."""
         return ({f.path for shard in self.shards for f in shard.files}
                 | {f.path for c in self.challengers for s in c.shards for f in s.files})
+
+    def scored_by(self, shard: ShardRecord) -> str:
+        """The attempt that scored ``shard`` (this manifest's own when not recorded)."""
+        return shard.scored_by or self.attempt
+
+    def reused(self) -> tuple[ShardRecord, ...]:
+        """The shards an earlier attempt scored (adopted by this one on resume)."""
+        return tuple(s for s in self.shards if self.scored_by(s) != self.attempt)
 
     def challenger(self, name: str) -> Challenger | None:
         return next((c for c in self.challengers if c.name == name), None)

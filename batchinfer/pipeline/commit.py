@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Tuple
 
 from ..beam_compat import beam
 from ..clock import Clock, rfc3339, utc_now
-from ..errors import BatchInferError, DataQualityError, ModelError, PreprocessError
+from ..errors import BatchInferError, DataQualityError, ModelError, PreprocessError, RuntimeFailure
 from ..io.commit import Attempt, CommitOutcome, PartitionCommit
 from ..io.records import Manifest, ModelStats, PreprocessStats, ShardResult, Totals, with_challenger_shards
 from ..redaction import Deferred
@@ -40,7 +40,10 @@ class CommitPlan:
         output_url: ``output.path`` (secret values as ``${NAME}``: the worker fills them in).
         attempt: this run's attempt id.
         replacing: the manifest an ``--overwrite`` run replaces, or None.
-        shard_count: how many shards the pipeline scores (each must have a result).
+        shard_count: how many shards the partition has (each must have a result).
+        adopted: by shard index, the results of shards an earlier, crashed attempt finished,
+            which this run adopts instead of scoring them (io/resume.py); the pipeline scores
+            the others.
         header: the manifest as the launcher knows it before any work (job, ds, triple, spec hash,
             runner, device, start time, MLflow run id); the commit step adds the end time, the
             shards and the totals.
@@ -61,6 +64,7 @@ class CommitPlan:
     drift: DriftGate | None = None
     preprocess: str | None = None
     clock: Clock = utc_now
+    adopted: dict[int, ShardResult] = dataclasses.field(default_factory=dict)
 
     def begin(self) -> Attempt:
         return PartitionCommit(self.output_url.value()).begin(self.attempt, replacing=self.replacing,
@@ -68,8 +72,12 @@ class CommitPlan:
 
 
 def add_commit(finished, plan: CommitPlan):
-    """Append the commit step to ``finished`` (the shard indices FinishShard yields)."""
-    return (finished
+    """Append the commit step to ``finished`` (the shard indices FinishShard yields). One more
+    element, ``-1``, always joins them, so the commit step runs on the runner even when a
+    resumed run has no shard left to score (every one adopted)."""
+    seed = finished.pipeline | "Seed" >> beam.Create([-1]).with_output_types(int)
+    return ((finished, seed)
+            | "WithSeed" >> beam.Flatten().with_output_types(int)
             | "OnePartition" >> beam.Map(_one_key).with_output_types(Tuple[int, int])
             | "AllShards" >> beam.GroupByKey().with_output_types(Tuple[int, Iterable[int]])
             | "Commit" >> beam.ParDo(CommitPartition(plan)).with_output_types(str))
@@ -88,7 +96,14 @@ class CommitPartition(beam.DoFn):
     def process(self, element):
         plan = self.plan
         attempt = plan.begin()
-        results = attempt.results(plan.shard_count)
+        results = attempt.results(plan.shard_count, plan.adopted)
+        adopted = {f.path for r in plan.adopted.values() for f in r.record.files} | {
+            f.path for r in plan.adopted.values() for c in r.challengers.values() for f in c.files}
+        gone = attempt.missing(adopted) if adopted else []
+        if gone:  # never commit a manifest that lists files that are not there
+            raise RuntimeFailure(f"{len(gone)} file(s) of shards this run adopted from another "
+                                 f"attempt were removed meanwhile (e.g. {gone[0]}): nothing "
+                                 f"committed; run the job again")
         refusal = refuse(results, plan.breach, plan.preprocess)
         if refusal is None and plan.drift is not None:
             drifted = plan.drift.refusal(r.profile for r in results)

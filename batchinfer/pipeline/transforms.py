@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Literal, Sequence, Tuple, cast
@@ -131,6 +132,8 @@ class ScoringPlan:
         preprocessor: the preprocessing step.
         id_columns: copied from input to predictions.
         hash_columns: the columns ``_input_hash`` covers.
+        scored: the indices of the shards to read and score (None: all); a resumed run adopts
+            the others (io/resume.py). Files and results keep the shard's index in the listing.
     """
 
     shard_urls: tuple[Deferred, ...]
@@ -147,6 +150,12 @@ class ScoringPlan:
     # moments only.
     profile_features: tuple[str, ...] = field(default=())
     profile_cuts: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    scored: tuple[int, ...] | None = None
+
+    def to_score(self) -> list[tuple[int, Deferred]]:
+        """(index, url) of every shard the pipeline reads."""
+        indices = range(len(self.shard_urls)) if self.scored is None else self.scored
+        return [(i, self.shard_urls[i]) for i in indices]
 
 
 @dataclass
@@ -186,7 +195,7 @@ def build(pipeline: beam.Pipeline, plan: ScoringPlan, commit: CommitPlan, *,
     if champion.rejects != "quarantine" or any(c.rejects != "count" for c in challengers):
         raise ValueError("build() takes the champion first, then its challengers")
     shards = (pipeline
-              | "Shards" >> beam.Create(list(enumerate(plan.shard_urls)))
+              | "Shards" >> beam.Create(plan.to_score())
               | "Spread" >> beam.Reshuffle())
     register_coders(Chunk, Prepared, PredictionResult)
     # One output split by two filters, not a multi-output ParDo: Beam's DaskRunner hands every
@@ -479,6 +488,8 @@ class FinishShard(beam.DoFn):
     def process(self, element) -> Iterator[int]:
         index, records = element
         result = fold_shard(self.plan.shard_names[index], list(records), self.challengers)
+        result = dataclasses.replace(result, record=dataclasses.replace(result.record,
+                                                                        scored_by=self.plan.attempt))
         write_json(self.layout.fs, self.layout.shard_result(index), result.to_dict())
         progress.shard_finished(index)
         faults.point("shard_done")

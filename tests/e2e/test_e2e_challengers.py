@@ -379,8 +379,12 @@ def test_a_crash_leaves_no_challenger_file_committed_and_the_rerun_commits_them(
     on_disk = {str(p.relative_to(out)) for p in (out / "challengers").rglob("*") if p.is_file()}
     assert on_disk == listed and listed
     assert {p.name for p in (out / "challengers").iterdir()} == {"other", "twin"}
-    assert all(p.relative_to(out).parts[2] == manifest["attempt"]
-               for p in (out / "challengers").rglob("*.parquet"))
+    # The run killed before its commit had finished every shard, challengers included: the
+    # rerun adopted them (contract §5.3 "Resume"), their files where that attempt wrote them.
+    scored_by = {s["path"]: s["scored_by"] for s in manifest["shards"]}
+    assert manifest["attempt"] not in scored_by.values()
+    assert all(f["path"].split("/")[2] == scored_by[s["path"]]
+               for c in manifest["challengers"] for s in c["shards"] for f in s["files"])
 
 
 def test_a_rerun_with_other_challengers_needs_overwrite(project):

@@ -49,7 +49,7 @@ MANIFEST_KEYS = {"manifest_version", "job", "ds", "attempt", "triple", "job_spec
 TRIPLE_KEYS = {"model_version", "model_digest", "schema_version", "preprocess_hash"}
 TOTALS_KEYS = {"shards", "rows_in", "rows_scored", "rows_quarantined", "shards_unreadable"}
 SHARD_KEYS = {"path", "sha256", "rows_in", "rows_scored", "rows_quarantined", "status",
-              "reason", "files"}
+              "reason", "files", "scored_by"}
 FILE_KEYS = {"path", "rows", "sha256"}
 RFC3339_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|\+00:00)$")
 

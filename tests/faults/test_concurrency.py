@@ -282,9 +282,13 @@ def test_loser_whose_files_the_winner_cleaned_still_exits_as_lost_race(tmp_path,
     assert outcome.status == "lost_race", outcome.message
     assert f"already committed by attempt {winner}" in outcome.message
     out = folder / "out" / f"dt={DS}"
-    assert {p.name for p in (out / "predictions").iterdir()} == {winner}
     assert no_scratch_files(out)
     manifest = json.loads((out / "_manifest.json").read_text())
+    # A found B's shards finished (same key, same bytes) and adopted them (contract §5.3
+    # "Resume"): B, losing, removed none of the files A's manifest lists.
+    scored_by = {s["scored_by"] for s in manifest["shards"]}
+    assert len(scored_by) == 1 and winner not in scored_by
+    assert {p.name for p in (out / "predictions").iterdir()} == {s["scored_by"] for s in manifest["shards"]}
     assert partition_files(out) == {f["path"] for s in manifest["shards"] for f in s["files"]}
 
 

@@ -12,12 +12,16 @@ stub (its helper process costs about 2 s of CPU a run, and tracking is not under
 
 Faults injected (``BATCHINFER_FAULT``): read, mid_write, write:2, shard_done, before_commit,
 during_commit, after_commit; during_commit and after_commit again on an ``--overwrite`` run;
-and an external ``kill -9`` at a moment chosen by polling (8 shards x 50k rows).
+and an external ``kill -9`` at a moment chosen by polling (8 shards x 50k rows). Every rerun
+resumes (contract §5.3 "Resume"): it scores exactly the shards the killed run had not finished
+(counted from the manifest's ``scored_by`` and ``_metrics.json``) and adopts the others; one
+killed run's input shard is rewritten before its rerun, which scores it again.
 
 Rerun them with ``.venv/bin/pytest tests/faults/test_crash.py -q``.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -139,8 +143,20 @@ FAULTS = ["read", "mid_write", "write:2", "shard_done", "before_commit", "during
 OVERWRITE_FAULTS = ["during_commit", "after_commit"]
 
 
+def _finished(out: Path) -> dict[str, str]:
+    """shard → attempt, of every shard result in scratch (one cut short by the kill is none)."""
+    found = {}
+    for path in (out / "_tmp").glob("*/shards/*.json"):
+        try:
+            found[json.loads(path.read_text())["record"]["path"]] = path.parent.parent.name
+        except ValueError:
+            pass
+    return found
+
+
 def _snapshot(run: forkserver.Run, out: Path) -> dict:
     return {
+        "finished": _finished(out),
         "rc": run.returncode, "stderr": run.stderr,
         "manifest": (out / "_manifest.json").read_bytes() if (out / "_manifest.json").exists() else None,
         "files": partition_files(out),
@@ -157,11 +173,20 @@ def crashed(project, server):
     set up or finish the scenario use the tracking stub.
 
     A. every fault; the partitions that ``--overwrite`` will replace are committed under the
-       old triple; a plain ``python -m batchinfer`` process with a fault beside them;
+       old triple; a plain ``python -m batchinfer`` process with a fault beside them; a run on a
+       copy of the input killed before its commit (all its shards finished), one of whose
+       shards is then rewritten;
     B. every rerun; the ``--overwrite`` runs, killed at a commit fault;
     C. their reruns.
     """
     folder, shards = project
+    copy = folder / "data_copy" / f"dt={DS}"
+    copy.mkdir(parents=True, exist_ok=True)
+    for shard in shards:
+        (copy / shard.name).write_bytes(shard.read_bytes())
+    copied = ("--set", f"input.path=data_copy/dt={DS}/*.parquet")
+    rewritten = server.start(*run_args("out_rewritten"), *copied, cwd=folder, track=False,
+                             fault="before_commit")
     cli = subprocess.Popen([sys.executable, "-m", "batchinfer", *run_args("out_cli")], cwd=folder,
                            env={**os.environ, "BATCHINFER_FAULT": "during_commit"},
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -169,12 +194,20 @@ def crashed(project, server):
     old = {f: server.start("run", "job_old.yaml", "--ds", DS, "--set", f"output.path={_ow(f)}",
                            cwd=folder, track=False) for f in OVERWRITE_FAULTS}
     killed = {f: _snapshot(run.wait(), folder / _out(f)) for f, run in runs.items()}
+    killed["rewritten"] = _snapshot(rewritten.wait(), folder / "out_rewritten")
+    table = pq.read_table(copy / shards[2].name)   # rewritten upstream: one value changed
+    f0 = table["f0"].to_numpy().copy()
+    f0[0] += 1.0
+    pq.write_table(table.set_column(1, "f0", pa.array(f0, pa.float32())), copy / shards[2].name)
     old_manifest = {}
     for f, run in old.items():
         assert run.wait().returncode == 0, run.stderr
         old_manifest[f] = (folder / _ow(f) / "_manifest.json").read_bytes()
 
+    plan = server.run("plan", "job.yaml", "--ds", DS, "--set", f"output.path={_out('shard_done')}",
+                      cwd=folder, track=False)
     reruns = {f: server.start(*run_args(_out(f)), cwd=folder, track=False) for f in FAULTS}
+    reruns["rewritten"] = server.start(*run_args("out_rewritten"), *copied, cwd=folder, track=False)
     ow = {f: server.start(*run_args(_ow(f)), "--overwrite", cwd=folder, fault=f)
           for f in OVERWRITE_FAULTS}
     ow_killed = {f: _snapshot(run.wait(), folder / _ow(f)) for f, run in ow.items()}
@@ -186,8 +219,10 @@ def crashed(project, server):
                  "after_commit": server.start(*run_args(_ow("after_commit")), cwd=folder, track=False)}
     for run in ow_reruns.values():
         run.wait()
+    inspect = server.run("inspect", _out("shard_done"), cwd=folder, track=False)
     _, err = cli.communicate(timeout=300)
-    return {"killed": killed, "reruns": reruns, "cli": (cli.returncode, err),
+    return {"killed": killed, "reruns": reruns, "cli": (cli.returncode, err), "plan": plan,
+            "inspect": inspect,
             "old_manifest": old_manifest, "ow_killed": ow_killed, "ow_reruns": ow_reruns}
 
 
@@ -221,11 +256,55 @@ def test_kill_at_fault_point_then_rerun_commits_reference(fault, project, crashe
         assert any(t.endswith(".json") and "/shards/" in t for t in k["tmp"])
     if point == "during_commit":
         assert any(t.endswith("_manifest.json") for t in k["tmp"]), k["tmp"]
+    if point in ("shard_done", "before_commit", "during_commit"):
+        assert k["finished"], f"{fault}: the killed run finished no shard (resume proves nothing)"
     rerun = reruns[fault]
     assert rerun.returncode == 0, rerun.stderr
     assert "committed" in rerun.stdout
     manifest = assert_same_result(folder / _out(fault), folder / "ref", shards)
     assert manifest["totals"]["rows_quarantined"] == sum(len(v) for v in BAD_ROWS.values())
+    assert_resumed(folder / _out(fault), manifest, k["finished"])
+
+
+def assert_resumed(out: Path, manifest: dict, finished: dict[str, str]) -> None:
+    """The rerun scored exactly the shards the killed run had not finished, and adopted the
+    others where the killed attempt wrote them (``finished``: shard → attempt)."""
+    scored_by = {s["path"]: s["scored_by"] for s in manifest["shards"]}
+    assert {p: a for p, a in scored_by.items() if a != manifest["attempt"]} == finished
+    metrics = json.loads((out / "_metrics.json").read_text())["metrics"]
+    assert metrics["shards_reused"] == len(finished)
+    assert metrics["rows_reused"] == len(finished) * ROWS
+
+
+def test_plan_inspect_and_report_say_what_a_resume_reuses(project, crashed):
+    folder, _ = project
+    finished = len(crashed["killed"]["shard_done"]["finished"])
+    plan, inspect = crashed["plan"], crashed["inspect"]
+    assert plan.returncode == 0, plan.stderr
+    assert (f"a run would      reusing {finished} of {SHARDS} shards ({finished * ROWS:,} rows)"
+            in plan.stdout), plan.stdout
+    assert f"; scoring {SHARDS - finished}" in plan.stdout
+    assert inspect.returncode == 0, inspect.stderr
+    assert f"resumed: {finished} of {SHARDS} shards ({finished * ROWS} rows)" in inspect.stdout
+    report = (folder / _out("shard_done") / "report.html").read_text()
+    assert "scored by" in report and f"resumed: {finished} of {SHARDS} shards" in report
+
+
+def test_shard_rewritten_after_the_crash_is_scored_again(project, crashed):
+    folder, _ = project
+    k, rerun = crashed["killed"]["rewritten"], crashed["reruns"]["rewritten"]
+    assert k["rc"] == -signal.SIGKILL, k["stderr"]
+    assert len(k["finished"]) == SHARDS, "killed before its commit, every shard finished"
+    assert rerun.returncode == 0, rerun.stderr
+    out = folder / "out_rewritten"
+    copy = sorted((folder / "data_copy" / f"dt={DS}").glob("*.parquet"))
+    _, _, manifest = check_partition(out, copy)
+    changed = str(copy[2])
+    by_path = {s["path"]: s for s in manifest["shards"]}
+    assert by_path[changed]["scored_by"] == manifest["attempt"], "a rewritten shard was adopted"
+    assert by_path[changed]["sha256"] == hashlib.sha256(copy[2].read_bytes()).hexdigest()
+    assert {p for p, s in by_path.items() if s["scored_by"] != manifest["attempt"]} == (
+        set(k["finished"]) - {changed})
 
 
 def test_kill_after_commit_keeps_commit_and_rerun_is_noop(project, crashed):
@@ -288,12 +367,15 @@ def test_external_kill_9_while_working_then_rerun(big_project, server):
     assert not (out / "_manifest.json").exists(), "killed too late: it had already committed"
     written = len(partition_files(out))
     assert 0 < written < 8 * 7, "killed while working, with batches left to write"
+    finished = _finished(out)
     ref.wait()
     assert ref.returncode == 0, ref.stderr
     rerun = server.run(*run_args("out"), cwd=folder, track=False)
     assert rerun.returncode == 0, rerun.stderr
     manifest = assert_same_result(out, folder / "ref", shards)
     assert manifest["totals"]["rows_scored"] == 8 * 50_000
+    reused = {s["path"] for s in manifest["shards"] if s["scored_by"] != manifest["attempt"]}
+    assert reused == set(finished)
 
 
 def test_overwrite_killed_during_commit_keeps_old_partition_then_rerun_replaces_it(project, crashed):

@@ -72,7 +72,7 @@ def test_the_manifest_keys_are_in_the_files_order():
                           "runner", "device", "backend", "model_options", "started_at",
                           "finished_at", "mlflow_run_id", "totals", "shards", "challengers"]
     assert list(data["shards"][0]) == ["path", "sha256", "rows_in", "rows_scored",
-                                       "rows_quarantined", "status", "reason", "files"]
+                                       "rows_quarantined", "status", "reason", "files", "scored_by"]
     assert list(data["shards"][0]["files"][0]) == ["path", "rows", "sha256"]
     assert list(data["challengers"][0]) == ["name", "triple", "backend", "device", "model_options",
                                             "rows_scored", "rows_rejected", "compute_ms", "shards"]

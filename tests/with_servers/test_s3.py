@@ -96,6 +96,31 @@ def test_run_commits_to_s3_and_rerun_is_a_noop(tmp_path, s3_server, new_bucket, 
     assert after == before  # the no-op changed nothing, byte for byte
 
 
+def test_killed_run_resumes_from_what_it_finished_on_s3(tmp_path, s3_server, new_bucket,
+                                                       stamped_template):
+    """kill -9 right after a shard is finished, then rerun: the rerun adopts the finished
+    shards where they are in the bucket (their files hashed again there) and scores the rest
+    (contract §5.3 "Resume"); the cleanup keeps every listed file."""
+    fs = s3_server.s3fs()
+    job = s3_project(stamped_template, tmp_path, new_bucket, fs)
+    root = out_root(new_bucket)
+    killed = run_cli("run", str(job), "--ds", DS, cwd=tmp_path,
+                     env={**s3_server.env, "BATCHINFER_FAULT": "shard_done"})
+    assert killed.returncode == -9, killed.stderr
+    finished = {k.split("/")[1] for k in keys_under(fs, root) if "/shards/" in k}
+    assert len(finished) == 1, "one attempt, killed"
+    results = [k for k in keys_under(fs, root) if "/shards/" in k]
+    assert 1 <= len(results) < SHARDS
+    rerun = run_cli("run", str(job), "--ds", DS, cwd=tmp_path, env=s3_server.env)
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"reusing {len(results)} of {SHARDS} shards" in rerun.stdout + rerun.stderr
+    fs.invalidate_cache()   # listed before the commit
+    manifest = assert_committed_partition(fs, new_bucket, stamped_template)
+    by = [s["scored_by"] for s in manifest["shards"]]
+    assert sorted(set(by)) == sorted({manifest["attempt"], *finished})
+    assert by.count(manifest["attempt"]) == SHARDS - len(results)
+
+
 def test_two_concurrent_runs_commit_exactly_once(tmp_path, s3_server, s3_proxy, new_bucket,
                                                  stamped_template):
     """Both runs start at once through the (fault-free) proxy, which sees every manifest PUT."""

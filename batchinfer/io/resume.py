@@ -1,0 +1,170 @@
+"""Resume: the shards that earlier, crashed attempts finished, and which a run may adopt
+(contract §5.3 "Resume").
+
+An attempt leaves its key (:class:`~batchinfer.io.records.AttemptKey`: job, date, spec hash,
+triple, declared options, challengers) in its scratch when it begins, and each finished shard's
+result beside it (``_tmp/<attempt>/shards/SSSSS.json``, written after the shard's files). A run
+of a partition that is not committed adopts a shard another attempt finished when:
+
+* that attempt's key is this run's;
+* the shard, as ``input.path`` lists it now, has the sha256 the result was scored from (it is
+  hashed again: a shard rewritten since the crash is scored again, never adopted);
+* every file of its result (predictions, quarantine, each challenger's) is on the output store
+  with the sha256 the result records (read and hashed again).
+
+Everything it reads is on the output store, so it is the same on every runner. Pure reads:
+nothing is written or removed here.
+"""
+from __future__ import annotations
+
+import hashlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+from fsspec import AbstractFileSystem
+
+from ..errors import StorageError
+from .outputs import ATTEMPT, TMP
+from .readback import AttemptKeyModel, ShardResultModel, check
+from .records import AttemptKey, ShardResult
+from .storage import join, url_to_fs
+
+KEY = "attempt.json"   # _tmp/<attempt>/attempt.json: the attempt's key
+CHUNK = 8 << 20
+THREADS = 8            # shards and files hashed at once (object stores: latency-bound)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """What a run adopts.
+
+    Attributes:
+        adopted: by shard index (as listed now), the result an earlier attempt left, its files
+            where that attempt wrote them (``record.scored_by`` names it).
+        changed: shards an earlier attempt finished from other bytes than they have now
+            (rescored).
+        damaged: shards whose finished files are missing or do not match their sha256
+            (rescored).
+    """
+
+    adopted: dict[int, ShardResult] = field(default_factory=dict)
+    changed: tuple[str, ...] = ()
+    damaged: tuple[str, ...] = ()
+
+    @property
+    def attempts(self) -> list[str]:
+        return sorted({r.record.scored_by or "" for r in self.adopted.values()})
+
+    @property
+    def rows(self) -> int:
+        return sum(r.record.rows_in or 0 for r in self.adopted.values())
+
+    def summary(self, total: int) -> str:
+        """``reusing 3 of 8 shards (6,000 rows) finished by attempt(s) …; scoring 5``."""
+        line = (f"reusing {len(self.adopted)} of {total} shards ({self.rows:,} rows) finished by "
+                f"crashed attempt(s) {', '.join(self.attempts)}; scoring {total - len(self.adopted)}")
+        if self.changed:
+            line += f" ({len(self.changed)} rewritten since, e.g. {self.changed[0]})"
+        if self.damaged:
+            line += f" ({len(self.damaged)} with missing or damaged files, e.g. {self.damaged[0]})"
+        return line
+
+
+def find(url: str, key: AttemptKey, shards: Sequence[tuple[str, str]], *,
+         exclude: str | None = None) -> Resume:
+    """The shards of ``shards`` ((name, url) by index, as listed now) that an attempt with
+    ``key`` finished under ``url`` (``output.path``) and that may be adopted (the module says
+    when); ``exclude``: this run's own attempt."""
+    fs, root = url_to_fs(url)
+    candidates = finished(fs, root, key, exclude=exclude)
+    wanted = {i: candidates[name] for i, (name, _) in enumerate(shards) if name in candidates}
+    if not wanted:
+        return Resume()
+    with ThreadPoolExecutor(THREADS) as pool:
+        digests = dict(zip(wanted, pool.map(lambda i: _digest_url(shards[i][1]), wanted)))
+        adopted: dict[int, ShardResult] = {}
+        changed, damaged = [], []
+        for index, results in wanted.items():
+            same = [r for r in results if digests[index] is not None and r.record.sha256 == digests[index]]
+            if not same:
+                changed.append(shards[index][0])
+                continue
+            good = next((r for r in same if all(pool.map(lambda f: _digest(fs, join(root, f[0])) == f[1],
+                                                         _files(r)))), None)
+            if good is None:
+                damaged.append(shards[index][0])
+            else:
+                adopted[index] = good
+    return Resume(adopted, tuple(changed), tuple(damaged))
+
+
+def finished(fs: AbstractFileSystem, root: str, key: AttemptKey, *,
+             exclude: str | None = None) -> dict[str, list[ShardResult]]:
+    """By shard name, the results that attempts with ``key`` left in scratch, newest attempt
+    first; shards that were unreadable are not among them (they are read again). A key or a
+    result that cannot be read or is malformed is skipped (debris, never an error)."""
+    base = join(root, TMP)
+    try:
+        entries = sorted((e.rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(base, detail=False)),
+                         reverse=True) if fs.isdir(base) else []
+    except OSError:
+        return {}
+    found: dict[str, list[ShardResult]] = {}
+    for attempt in entries:
+        if not ATTEMPT.fullmatch(attempt) or attempt == exclude:
+            continue
+        theirs = _key(fs, join(base, attempt, KEY))
+        if theirs is None or not theirs.same(key):
+            continue
+        try:
+            paths = fs.find(join(base, attempt, "shards"))
+        except OSError:
+            continue
+        for path in sorted(paths):
+            result = _result(fs, path)
+            if result is None or result.record.status == "unreadable":
+                continue
+            if result.record.scored_by is None:
+                result = replace(result, record=replace(result.record, scored_by=attempt))
+            found.setdefault(result.record.path, []).append(result)
+    return found
+
+
+def _key(fs: AbstractFileSystem, path: str) -> AttemptKey | None:
+    try:
+        checked = check(AttemptKeyModel, fs.cat_file(path), path, StorageError)
+    except (OSError, StorageError):
+        return None
+    return AttemptKey.from_dict(checked.model_dump())
+
+
+def _result(fs: AbstractFileSystem, path: str) -> ShardResult | None:
+    try:
+        checked = check(ShardResultModel, fs.cat_file(path), path, StorageError)
+    except (OSError, StorageError):
+        return None
+    return ShardResult.from_dict(checked.model_dump())
+
+
+def _files(result: ShardResult) -> list[tuple[str, str]]:
+    """(relative path, sha256) of every file of a shard's result, challengers' included."""
+    return [(f.path, f.sha256) for f in result.record.files] + [
+        (f.path, f.sha256) for c in result.challengers.values() for f in c.files]
+
+
+def _digest_url(url: str) -> str | None:
+    fs, path = url_to_fs(url)
+    return _digest(fs, path)
+
+
+def _digest(fs: AbstractFileSystem, path: str) -> str | None:
+    """The sha256 of a file's bytes, or None if it cannot be read."""
+    sha = hashlib.sha256()
+    try:
+        with fs.open(path, "rb") as f:
+            while chunk := f.read(CHUNK):
+                sha.update(chunk)
+    except (OSError, ValueError):
+        return None
+    return sha.hexdigest()
