@@ -409,10 +409,11 @@ def cmd_export(args) -> int:
     print(f"  outputs  {', '.join(f'{n} {list(s)}' for n, s in report.outputs.items())}")
     if report.gate is not None:
         g = report.gate
+        cosine = (f", min cosine {g['parity_min_cosine']:.6g} (≥ {g['parity_min_cosine_bound']:g})"
+                  if "embedding" in g["parity_outputs"] else "")
         print(f"  parity   INT8 vs FP32 on {report.sample} ({g['parity_outputs']}): KL {g['parity_kl']:.3g} "
               f"(≤ {g['parity_kl_limit']:g}), flip rate {g['parity_flip_rate']:.3g} at "
-              f"{g['parity_threshold']:g} (bound: {g['parity_max_flip_rate']}), min cosine "
-              f"{g['parity_min_cosine']:.6g} (≥ {g['parity_min_cosine_bound']:g}), max |Δ| "
+              f"{g['parity_threshold']:g} (bound: {g['parity_max_flip_rate']}){cosine}, max |Δ| "
               f"{worst:.3g}")
         print(f"  declared {report.out}.quantization.json (stamp copies it into the declaration)")
         print(f"  next     batchinfer stamp {report.out} --job JOB.yaml --model-version NAME:V "
@@ -420,7 +421,8 @@ def cmd_export(args) -> int:
         return 0
     if report.kl is not None:
         kl = max(report.kl.values(), default=0.0)
-        print(f"  parity   KL(FP32 ‖ FP16) {kl:.3g} (≤ 0.01), max |FP32 - FP16| {worst:.3g} on "
+        pair = "QDQ ‖ INT8" if "QDQ" in report.reference else "FP32 ‖ FP16"
+        print(f"  parity   KL({pair}) {kl:.3g} (≤ 0.01), max |Δ| {worst:.3g} on "
               f"{report.sample} ({report.rows} rows)")
     else:
         print(f"  parity   max |{report.reference} - {args.to}| {worst:.3g} on {report.sample} "

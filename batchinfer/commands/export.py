@@ -14,7 +14,14 @@ on CPU: an FP32 engine (TF32 off) must agree within ``GPU_TOLERANCE``; an ``--fp
 passes when every output's KL divergence is ≤ ``parity.KL_LIMIT`` (batchinfer/parity.py), its
 max abs diff reported. The engine and ``<engine>.build.json`` (TensorRT version, GPU compute
 capability: what ``stamp`` declares) are written only when parity holds. It needs TensorRT and
-a CUDA device; where they are missing it exits 5 saying so.
+a CUDA device; where they are missing it exits 5 saying so. A static QDQ model (``--quantize
+int8 --method static``) builds an INT8 engine by TensorRT's explicit quantization (its Q/DQ
+scales, no calibration), judged by the KL rule against ONNX Runtime running the QDQ model.
+
+``--to onnx --quantize int8`` of an ``.onnx`` model quantizes it with ONNX Runtime and writes it,
+with ``<out>.quantization.json`` (precision, settings, sample digest, the gate's figures: what
+``stamp`` declares), only when its outputs on the job's rows stay within the gate
+(:func:`quantize_model`).
 """
 from __future__ import annotations
 
@@ -216,6 +223,7 @@ def _to_tensorrt(model: Path, out: Path, fp16: bool, sample_job) -> ExportReport
     if sample_job is None:
         raise SpecError("export --to tensorrt needs --sample JOB.yaml: its batch.rows sizes the "
                         "engine's profile and its rows check parity")
+    int8 = _quantized(model)   # a QDQ model: TensorRT's explicit quantization (checked first)
     trt = _require_tensorrt()
     import onnxruntime as ort
 
@@ -228,7 +236,7 @@ def _to_tensorrt(model: Path, out: Path, fp16: bool, sample_job) -> ExportReport
     feed = {n: np.asarray(a, dtype=np.float32) if np.asarray(a).dtype == np.float64 else a
             for n, a in zip(names, arrays)}
     rows = int(sample_job.spec.batch.rows)
-    engine = _build_engine(trt, model, feed, rows, fp16)
+    engine = _build_engine(trt, model, feed, rows, fp16, int8)
     out.parent.mkdir(parents=True, exist_ok=True)
     handle, scratch = tempfile.mkstemp(prefix=f".{out.name}.", suffix=out.suffix or ".engine", dir=out.parent)
     os.close(handle)
@@ -245,11 +253,14 @@ def _to_tensorrt(model: Path, out: Path, fp16: bool, sample_job) -> ExportReport
         diffs = {k: d for k, (_, d) in compared.items()}
         kls = {k: kl for k, (kl, _) in compared.items()}
         where = f"rows of {sample_job.spec.name}'s input"
-        if fp16:
+        if fp16 or int8:
+            # an INT8 engine is compared with ONNX Runtime running the same QDQ model (which
+            # `export --quantize` already held to FP32 by its gate)
             worst = max(kls, key=lambda k: kls[k])
             if not kls[worst] <= parity.KL_LIMIT:
-                raise ModelError(f"parity check failed: FP16 output {worst} has KL divergence "
-                                 f"{kls[worst]:.3g} from FP32 (> {parity.KL_LIMIT:g}; max abs diff "
+                raise ModelError(f"parity check failed: {'INT8' if int8 else 'FP16'} output {worst} "
+                                 f"has KL divergence {kls[worst]:.3g} from "
+                                 f"{'the QDQ model' if int8 else 'FP32'} (> {parity.KL_LIMIT:g}; max abs diff "
                                  f"{diffs[worst]:.3g}) on {where}; nothing written")
         else:
             worst = max(diffs, key=lambda k: diffs[k])
@@ -258,17 +269,40 @@ def _to_tensorrt(model: Path, out: Path, fp16: bool, sample_job) -> ExportReport
                                  f"{diffs[worst]:.3g} (> {GPU_TOLERANCE:g}) on {where}; nothing written")
         facts = _here()
         Path(str(out) + BUILD_SUFFIX).write_text(
-            json.dumps({**facts, "fp16": fp16, "max_batch": rows, "source": model.name}, indent=2) + "\n")
+            json.dumps({**facts, "fp16": fp16, "precision": "int8" if int8 else "fp16" if fp16 else "fp32",
+                        "max_batch": rows, "source": model.name}, indent=2) + "\n")
         os.replace(scratch, out)
         shapes = {n: tuple(v.shape) for n, v in feed.items()}
         return ExportReport(out, shapes, {k: tuple(v.shape) for k, v in got.outputs.items()}, where,
-                            n, diffs, kls if fp16 else None, reference="ONNX Runtime FP32")
+                            n, diffs, kls if fp16 or int8 else None,
+                            reference="ONNX Runtime (the QDQ model)" if int8 else "ONNX Runtime FP32")
     finally:
         if os.path.exists(scratch):
             os.unlink(scratch)
 
 
-def _build_engine(trt, model: Path, feed: Mapping[str, np.ndarray], max_rows: int, fp16: bool) -> bytes:
+def _quantized(model: Path) -> bool:
+    """Whether ``model`` is a static QDQ model (QuantizeLinear/DequantizeLinear nodes), which
+    TensorRT builds by explicit quantization: the scales are the model's, no calibration.
+
+    Raises:
+        SpecError: a dynamically quantized model (DynamicQuantizeLinear, MatMulInteger), which
+            TensorRT does not take.
+    """
+    import onnx
+
+    try:
+        ops = {node.op_type for node in onnx.load(str(model), load_external_data=False).graph.node}
+    except Exception as exc:
+        raise SpecError(f"{model} is not a readable ONNX model: {one_line(exc)}") from None
+    if ops & {"DynamicQuantizeLinear", "MatMulInteger", "ConvInteger"}:
+        raise SpecError(f"{model.name} is dynamically quantized, which TensorRT does not build: "
+                        f"export the FP32 model with --quantize int8 --method static (QDQ) for it")
+    return "QuantizeLinear" in ops and "DequantizeLinear" in ops
+
+
+def _build_engine(trt, model: Path, feed: Mapping[str, np.ndarray], max_rows: int, fp16: bool,
+                  int8: bool = False) -> bytes:
     """A serialized engine whose one profile takes 1..max_rows rows (optimised for max_rows)."""
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
@@ -289,6 +323,10 @@ def _build_engine(trt, model: Path, feed: Mapping[str, np.ndarray], max_rows: in
         config.clear_flag(trt.BuilderFlag.TF32)   # FP32 means FP32: TF32 would miss 1e-4 parity
     if fp16 and weakly_typed_fp16:
         config.set_flag(trt.BuilderFlag.FP16)
+    if int8 and hasattr(trt.BuilderFlag, "INT8"):
+        # TensorRT 10 builds a network with Q/DQ layers by explicit quantization once INT8 is
+        # allowed; TensorRT 11's strongly typed networks take the Q/DQ types as they are.
+        config.set_flag(trt.BuilderFlag.INT8)
     profile = builder.create_optimization_profile()
     for name, value in feed.items():
         rest = tuple(value.shape[1:])

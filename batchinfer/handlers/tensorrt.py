@@ -68,7 +68,7 @@ class TensorRTModelHandler(BatchModelHandler[TrtModel]):
             data = json.loads(built.read_text())
             return {"tensorrt_version": str(data["tensorrt_version"]),
                     "compute_capability": str(data["compute_capability"]),
-                    "precision": "fp16" if data.get("fp16") else "fp32"}
+                    "precision": str(data.get("precision") or ("fp16" if data.get("fp16") else "fp32"))}
         # an engine built elsewhere (trtexec, say): stamped where it was built, it runs there
         return _here()
 
