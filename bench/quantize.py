@@ -66,6 +66,36 @@ def prepare(python: str, work: Path, rows: int, shard_rows: int, tracking: str) 
     return fp32, job, {**gate, "export_s": export_s}
 
 
+def prepare_demo(python: str, work: Path, rows: int) -> tuple[Path, Path, dict]:
+    """The credit-risk demo (``batchinfer demo``'s job, data and model) at ``rows`` rows: its
+    FP32 job stamped, and ``job-int8.yaml`` running its INT8 export."""
+    import yaml
+
+    folder = work / "demo"
+    shutil.rmtree(folder, ignore_errors=True)
+    sh([python, "-c", f"import pathlib; from batchinfer.demo import write_demo; "
+                      f"write_demo(pathlib.Path({str(folder)!r}), rows={rows})"], work)
+    fp32 = folder / "job.yaml"
+    spec = yaml.safe_load(fp32.read_text())
+    spec["model"]["device"] = "cpu"
+    fp32.write_text(yaml.safe_dump(spec, sort_keys=False))
+    sh([python, "-m", "batchinfer", "stamp", "models/credit_risk.onnx", "--job", "job.yaml"], folder)
+    spec["model"].update(uri="models/credit_risk-int8.onnx", version="credit_risk:1-int8",
+                         options={"precision": "int8"})
+    int8 = folder / "job-int8.yaml"
+    int8.write_text(yaml.safe_dump(spec, sort_keys=False))
+    t0 = time.perf_counter()
+    printed = sh([python, "-m", "batchinfer", "export", "models/credit_risk.onnx", "--to", "onnx",
+                  "--quantize", "int8", "--out", "models/credit_risk-int8.onnx", "--sample",
+                  "job.yaml", "--ds", "2026-01-31", "--max-flip-rate", "0.01"], folder)
+    export_s = time.perf_counter() - t0
+    sh([python, "-m", "batchinfer", "stamp", "models/credit_risk-int8.onnx", "--job", "job-int8.yaml"],
+       folder)
+    print(printed.strip())
+    gate = json.loads((folder / "models" / "credit_risk-int8.onnx.quantization.json").read_text())
+    return fp32, int8, {**gate, "export_s": export_s}
+
+
 def one_run(python: str, job: Path, ds: str) -> dict:
     out = job.parent / "out" / f"dt={ds}"
     shutil.rmtree(job.parent / "out", ignore_errors=True)
@@ -90,20 +120,26 @@ def main(argv=None) -> int:
     ap.add_argument("--shard-rows", type=int, default=125_000)
     ap.add_argument("--workdir", default="bench/out-quantize")
     ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--demo-rows", type=int, default=0,
+                    help="also the credit-risk demo at this many rows (a multiple of 6)")
     args = ap.parse_args(argv)
     work = Path(args.workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     tracking = f"sqlite:///{work / 'mlflow.db'}"
     bench.create_tracking_store(args.python, tracking)
     results = []
-    for rows in args.rows:
-        print(f"== {rows:,} rows", flush=True)
-        fp32, int8, gate = prepare(args.python, work, rows, args.shard_rows, tracking)
+    sizes = [("mlp", rows) for rows in args.rows] + ([("demo", args.demo_rows)] if args.demo_rows else [])
+    for what, rows in sizes:
+        print(f"== {what}, {rows:,} rows", flush=True)
+        if what == "demo":
+            fp32, int8, gate = prepare_demo(args.python, work, rows)
+        else:
+            fp32, int8, gate = prepare(args.python, work, rows, args.shard_rows, tracking)
         runs: dict[str, list[dict]] = {"fp32": [], "int8": []}
         for rnd in range(args.rounds):
             order = [("fp32", fp32), ("int8", int8)]
             for name, job in (order if rnd % 2 == 0 else order[::-1]):
-                r = one_run(args.python, job, f"2026-02-{rnd + 1:02d}")
+                r = one_run(args.python, job, "2026-01-31" if what == "demo" else f"2026-02-{rnd + 1:02d}")
                 runs[name].append(r)
                 m = r["metrics"]
                 stages = {k[len("stage_seconds_"):]: round(v, 2) for k, v in m.items()
@@ -116,7 +152,8 @@ def main(argv=None) -> int:
         print(f"  INT8 / FP32 rows/s (best runs): {best['fp32'] / best['int8']:.2f}x; gate KL "
               f"{gate['parity_kl']:.3g}, flip rate {gate['parity_flip_rate']:.3g}, max |Δ| "
               f"{gate['parity_max_abs_diff']:.3g}", flush=True)
-        results.append({"rows": rows, "gate": gate, "runs": runs, "speedup": best["fp32"] / best["int8"]})
+        results.append({"model": what, "rows": rows, "gate": gate, "runs": runs,
+                        "speedup": best["fp32"] / best["int8"]})
         (work / "quantize.json").write_text(json.dumps(results, indent=2))
     return 0
 
