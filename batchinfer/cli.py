@@ -392,6 +392,12 @@ def cmd_export(args) -> int:
         from .spec import load_job
 
         sample = load_job(args.sample, ds=args.ds, overrides=args.overrides)
+    gate_flags = [flag for flag, given in (
+        ("--method", args.method != "auto"), ("--max-flip-rate", args.max_flip_rate is not None),
+        ("--threshold", args.threshold != 0.5), ("--min-cosine", args.min_cosine != 0.99),
+        ("--embedding", bool(args.embedding))) if given]
+    if gate_flags and not args.quantize:
+        raise UsageError(f"{', '.join(gate_flags)} go with --quantize int8")
     if args.quantize:
         from .commands.export import Gate, quantize_model
 

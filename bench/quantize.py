@@ -115,7 +115,7 @@ def one_run(python: str, job: Path, ds: str) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 8_000_000])
+    ap.add_argument("--rows", type=int, nargs="*", default=[1_000_000, 8_000_000])
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--shard-rows", type=int, default=125_000)
     ap.add_argument("--workdir", default="bench/out-quantize")

@@ -105,3 +105,16 @@ def test_a_failing_gate_writes_nothing(project, method):
     assert f"decisions at threshold {median:g} (> --max-flip-rate 0)" in lines[0]
     assert "nothing written" in lines[0]
     assert not list((project / "models").glob("*refused*")), "a refused model left files behind"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--to", "onnx", "--max-flip-rate", "0.1"], "--max-flip-rate go with --quantize int8"),
+    (["--to", "tensorrt", "--quantize", "int8"], "--quantize int8 goes with --to onnx"),
+    (["--to", "onnx", "--quantize", "int8"], "needs --sample JOB.yaml"),
+])
+def test_quantize_usage_errors(tmp_path, args, message):
+    (tmp_path / "model.onnx").write_bytes(b"not read")
+    result = run_cli("export", "model.onnx", "--out", "x.onnx", *args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
