@@ -41,6 +41,9 @@ class Backend:
         declared: options that change predictions, with their defaults: ``stamp`` records their
             values in the model's declaration and a run with other values is a contract
             mismatch (exit 3), as for the triple.
+        implied: declared options that declarations written before the backend declared them
+            leave out, with the value such a declaration means (``precision`` of an ONNX model
+            stamped before precision was declared: fp32).
     """
 
     name: str
@@ -49,6 +52,12 @@ class Backend:
     handler: str | None = None
     install: str = ""
     declared: Mapping[str, str] = field(default_factory=dict)
+    implied: Mapping[str, str] = field(default_factory=dict)
+
+
+# What a model computes in (contract §6 "Precision"): every backend declares it, fp32 unless the
+# job says otherwise; a run whose model was stamped for another precision exits 3.
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 
 
 def register(backend: Backend, *, clobber: bool = False) -> None:
@@ -108,6 +117,11 @@ def declared_options(name: str, options: Mapping[str, Any]) -> dict[str, str]:
     return {key: str(options.get(key, default)) for key, default in get(name).declared.items()}
 
 
+def implied_options(name: str) -> dict[str, str]:
+    """What a declaration that lacks one of backend ``name``'s declared options means by it."""
+    return dict(get(name).implied)
+
+
 def handler_class(name: str) -> Any:
     """The handler class of backend ``name`` (imports the backend's module and library).
 
@@ -141,10 +155,12 @@ BUILTIN: tuple[Backend, ...] = (
             "providers": list,                # explicit provider list, overrides `device`
             "tensorrt": bool,                 # on CUDA: TensorRT provider first (engine cache beside the model)
             "io_binding": bool,               # bind inputs/outputs (default: on CUDA only)
+            "precision": PRECISIONS,          # what the model file computes in; declared
         },
         handler="batchinfer.handlers.onnx:OnnxModelHandler",
         install="pip install onnxruntime (CPU) or onnxruntime-gpu (CUDA/TensorRT), e.g. "
-                "pip install 'batchinfer[cpu]'"),
+                "pip install 'batchinfer[cpu]'",
+        declared={"precision": "fp32"}, implied={"precision": "fp32"}),
     Backend(
         name="torch", suffixes=(".pt2",),
         options={
@@ -157,10 +173,12 @@ BUILTIN: tuple[Backend, ...] = (
         declared={"precision": "fp32"}),
     Backend(
         name="tensorrt", suffixes=(".engine", ".plan"),
-        options={"chunk_rows": int},          # default: the engine profile's max batch
+        options={"chunk_rows": int,           # default: the engine profile's max batch
+                 "precision": PRECISIONS},    # what the engine was built for; declared
         handler="batchinfer.handlers.tensorrt:TensorRTModelHandler",
         install="pip install 'batchinfer[gpu]' on a machine with an NVIDIA GPU (TensorRT >= 10 and a "
-                "CUDA build of torch)"),
+                "CUDA build of torch)",
+        declared={"precision": "fp32"}, implied={"precision": "fp32"}),
 )
 
 _REGISTRY: Registry[Backend] = Registry(kind="backend", entry_type=Backend, group="batchinfer.backends",

@@ -100,6 +100,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="the file to write")
     p.add_argument("--fp16", action="store_true", help="TensorRT: build an FP16 engine")
     p.add_argument("--sample", metavar="JOB.yaml", help="check parity on rows of this job's input")
+    p.add_argument("--quantize", choices=("int8",),
+                   help="--to onnx of an ONNX model: INT8 quantization calibrated on --sample's "
+                        "rows, written only when the parity gate passes")
+    p.add_argument("--method", choices=("auto", "static", "dynamic"), default="auto",
+                   help="--quantize: static QDQ (numeric inputs) or dynamic (token ids); default auto")
+    p.add_argument("--max-flip-rate", type=float, metavar="F",
+                   help="--quantize: refuse when more than F of a score's decisions flip "
+                        "(default: reported, not judged)")
+    p.add_argument("--threshold", type=float, default=0.5, metavar="T",
+                   help="--quantize: the decision threshold of a score (default 0.5)")
+    p.add_argument("--min-cosine", type=float, default=0.99, metavar="C",
+                   help="--quantize: an embedding's rows keep cosine >= C with FP32 (default 0.99)")
+    p.add_argument("--embedding", action="append", default=[], metavar="OUTPUT",
+                   help="--quantize: judge this [N, K] output by cosine (outputs named *embed* are)")
     _spec_options(p, "with --sample: the partition date",
                   "with --sample: override one spec key (repeatable)")
 
@@ -378,14 +392,43 @@ def cmd_export(args) -> int:
         from .spec import load_job
 
         sample = load_job(args.sample, ds=args.ds, overrides=args.overrides)
-    report = export_model(args.model, args.to, args.out, fp16=args.fp16, sample_job=sample)
+    gate_flags = [flag for flag, given in (
+        ("--method", args.method != "auto"), ("--max-flip-rate", args.max_flip_rate is not None),
+        ("--threshold", args.threshold != 0.5), ("--min-cosine", args.min_cosine != 0.99),
+        ("--embedding", bool(args.embedding))) if given]
+    if gate_flags and not args.quantize:
+        raise UsageError(f"{', '.join(gate_flags)} go with --quantize int8")
+    if args.quantize:
+        from .commands.export import Gate, quantize_model
+
+        if args.to != "onnx" or args.fp16:
+            raise UsageError("--quantize int8 goes with --to onnx (an ONNX model in, its INT8 "
+                            "version out), not with --to tensorrt or --fp16")
+        gate = Gate(max_flip_rate=args.max_flip_rate, min_cosine=args.min_cosine,
+                    threshold=args.threshold, embeddings=tuple(args.embedding))
+        report = quantize_model(args.model, args.out, sample, method=args.method, gate=gate)
+    else:
+        report = export_model(args.model, args.to, args.out, fp16=args.fp16, sample_job=sample)
     worst = max(report.max_abs_diff.values(), default=0.0)
     print(f"exported {args.model} → {report.out}")
     print(f"  inputs   {', '.join(f'{n} {list(s)}' for n, s in report.inputs.items())}")
     print(f"  outputs  {', '.join(f'{n} {list(s)}' for n, s in report.outputs.items())}")
+    if report.gate is not None:
+        g = report.gate
+        cosine = (f", min cosine {g['parity_min_cosine']:.6g} (≥ {g['parity_min_cosine_bound']:g})"
+                  if "embedding" in g["parity_outputs"] else "")
+        print(f"  parity   INT8 vs FP32 on {report.sample} ({g['parity_outputs']}): KL {g['parity_kl']:.3g} "
+              f"(≤ {g['parity_kl_limit']:g}), flip rate {g['parity_flip_rate']:.3g} at "
+              f"{g['parity_threshold']:g} (bound: {g['parity_max_flip_rate']}){cosine}, max |Δ| "
+              f"{worst:.3g}")
+        print(f"  declared {report.out}.quantization.json (stamp copies it into the declaration)")
+        print(f"  next     batchinfer stamp {report.out} --job JOB.yaml --model-version NAME:V "
+              f"--set model.options.precision=int8")
+        return 0
     if report.kl is not None:
         kl = max(report.kl.values(), default=0.0)
-        print(f"  parity   KL(FP32 ‖ FP16) {kl:.3g} (≤ 0.01), max |FP32 - FP16| {worst:.3g} on "
+        pair = "QDQ ‖ INT8" if "QDQ" in report.reference else "FP32 ‖ FP16"
+        print(f"  parity   KL({pair}) {kl:.3g} (≤ 0.01), max |Δ| {worst:.3g} on "
               f"{report.sample} ({report.rows} rows)")
     else:
         print(f"  parity   max |{report.reference} - {args.to}| {worst:.3g} on {report.sample} "

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
+from ..backends import declared_options
 from ..io.outputs import DRIFT, METRICS, PROFILE, REPORT, Layout, write_json
 from ..io.records import Manifest, ModelStats, ShardResult, Totals
 from ..rows.drift import Baseline, DriftVerdict
@@ -56,7 +57,19 @@ def run_params(job: Job, resolved: "Resolved", attempt: str, device: str) -> dic
     return {**{f"triple.{k}": v for k, v in resolved.triple.as_dict().items()},
             "job": spec.name, "ds": job.ds or "", "attempt": attempt,
             "job_spec_sha256": job.spec_sha256, "runner": spec.runner.name, "device": device,
-            "schema": resolved.schema.ref, "backend": spec.model.backend}
+            "schema": resolved.schema.ref, "backend": spec.model.backend,
+            **{f"model.options.{k}": v for k, v in declared_options(spec.model.backend,
+                                                                    spec.model.options).items()},
+            **model_facts(resolved.model.declaration)}
+
+
+# What a model's declaration says of how it was made faster (export --quantize): a run reports
+# it beside its precision, so the figures that signed the model off travel with its predictions.
+FACT_PREFIXES = ("quantization_", "calibration_", "parity_", "sample_sha256", "source_model_sha256")
+
+
+def model_facts(declaration: dict[str, str] | None) -> dict[str, str]:
+    return {f"model.{k}": v for k, v in (declaration or {}).items() if k.startswith(FACT_PREFIXES)}
 
 
 def run_tags(job: Job, attempt: str, device: str) -> dict[str, str]:

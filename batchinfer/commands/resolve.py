@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from ..backends import declared_options
+from ..backends import declared_options, implied_options
 from ..errors import ContractError, SpecError
 from ..io.shards import Shard, list_input
 from ..spec import ChallengerSpec, Job, ModelFields
@@ -100,7 +100,8 @@ def _resolve_model(job: Job, model_spec: ModelFields, schema: SchemaVersion,
     if check:
         shown = job.display(model_spec.uri)
         check_contract(shown, model.declaration, triple, model_spec.version,
-                       declared_options(model_spec.backend, model_spec.options))
+                       declared_options(model_spec.backend, model_spec.options),
+                       implied_options(model_spec.backend))
         following = next_version(job.spec.schemas.root, parse_ref(schema.ref)[0])
         for line in check_declared_code(shown, model.declaration or {}, schema.ref,
                                         schema.source.sha256, following,

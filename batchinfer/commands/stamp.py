@@ -59,7 +59,14 @@ def stamp(job: Job, model_uri: str | None, model_version: str | None,
     extra = declared_options(model.backend, model.options)
     if challenger is None:
         _refuse_challengers_file(whole, model.uri, version, extra)
-    extra.update(handler_class(model.backend).build_facts(str(resolved.model.path)))
+    facts = handler_class(model.backend).build_facts(str(resolved.model.path))
+    for key in sorted(extra.keys() & facts.keys()):   # the file's precision is the file's
+        if facts[key] != extra[key]:
+            raise SpecError(f"{job.display(model.uri)} computes in {key} {facts[key]} (how it was "
+                            f"built) but the job's model.options.{key} is {extra[key]}: set "
+                            f"model.options.{key}: {facts[key]} (or --set model.options.{key}="
+                            f"{facts[key]}) to stamp it")
+    extra.update(facts)
     extra[SCHEMA_SHA256] = resolved.schema.source.sha256
     extra[PACKAGES] = " ".join(resolved.preprocessor.packages)
     extra[PACKAGES_POLICY] = packages

@@ -6,7 +6,10 @@ declares (a typo is an error, not a silent default); their values are checked he
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
@@ -25,6 +28,36 @@ _ORT_TYPES = {
     "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8,
     "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_, "tensor(string)": np.object_,
 }
+
+
+# Beside a model that ``export --quantize int8`` wrote: how it was quantized, on what sample,
+# and the parity gate's figures (contract §2). ``stamp`` copies it into the declaration.
+QUANTIZATION_SUFFIX = ".quantization.json"
+
+
+def quantization_facts(model_path: str) -> dict[str, str]:
+    """The facts ``export --quantize`` recorded beside ``model_path`` ({} if none), as the
+    declaration's strings.
+
+    Raises:
+        SpecError: the record is unreadable, or was written for other model bytes.
+    """
+    record = Path(model_path + QUANTIZATION_SUFFIX)
+    if not record.is_file():
+        return {}
+    try:
+        data = json.loads(record.read_text())
+    except ValueError:
+        raise SpecError(f"{record} is not valid JSON: export the model again") from None
+    h = hashlib.sha256()
+    with open(model_path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    if data.get("model_sha256") != h.hexdigest():
+        raise SpecError(f"{record} was written for other bytes than {Path(model_path).name}'s "
+                        f"(the model changed since export --quantize): export it again")
+    return {str(k): str(v).lower() if isinstance(v, bool) else str(v)
+            for k, v in data.items() if isinstance(v, (str, int, float)) and k != "model_sha256"}
 
 
 def _dim(value: Any) -> int | str | None:
@@ -88,6 +121,11 @@ class OnnxModelHandler(BatchModelHandler[Any]):
     # TensorRT provider locks its own engine for it, onnxruntime#19301), and predict keeps nothing
     # between calls: the feed, and the IO binding, are made per call.
     thread_safe = True
+
+    @classmethod
+    def build_facts(cls, model_path: str) -> dict[str, str]:
+        # a quantized model declares its precision (int8), calibration sample and gate figures
+        return quantization_facts(model_path)
 
     def open_model(self) -> Any:
         import onnxruntime as ort

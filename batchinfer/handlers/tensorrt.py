@@ -67,7 +67,8 @@ class TensorRTModelHandler(BatchModelHandler[TrtModel]):
         if built.is_file():
             data = json.loads(built.read_text())
             return {"tensorrt_version": str(data["tensorrt_version"]),
-                    "compute_capability": str(data["compute_capability"])}
+                    "compute_capability": str(data["compute_capability"]),
+                    "precision": str(data.get("precision") or ("fp16" if data.get("fp16") else "fp32"))}
         # an engine built elsewhere (trtexec, say): stamped where it was built, it runs there
         return _here()
 

@@ -243,7 +243,8 @@ def declaration_tags(triple: Triple, extra: Mapping[str, str] | None = None) -> 
 # -- the check ---------------------------------------------------------------------------------
 
 def check_contract(model: str, declared: Mapping[str, str] | None, found: Triple,
-                   spec_version: str | None = None, options: Mapping[str, str] | None = None) -> None:
+                   spec_version: str | None = None, options: Mapping[str, str] | None = None,
+                   implied: Mapping[str, str] | None = None) -> None:
     """Raise ContractError unless ``declared`` matches what the job would run.
 
     Args:
@@ -254,6 +255,9 @@ def check_contract(model: str, declared: Mapping[str, str] | None, found: Triple
         spec_version: ``model.version`` from the job spec, if set.
         options: the job's values of the backend's declared options (``precision``), which must
             equal the declared ones.
+        implied: what a declaration that lacks one of those options means by it (a declaration
+            written before the backend declared ``precision``: fp32); an option neither
+            declared nor implied is a mismatch.
     """
     if declared is None:
         raise ContractError(
@@ -268,10 +272,11 @@ def check_contract(model: str, declared: Mapping[str, str] | None, found: Triple
         actual["model_version"] = spec_version
     bad = [k for k in PARTS if expected[k] != actual[k]]
     for key, value in (options or {}).items():
-        if declared.get(key) != value:
+        stamped = declared.get(key, (implied or {}).get(key))
+        if stamped != value:
             raise ContractError(
                 f"contract mismatch for {model}: model.options.{key} is {value} but the model was "
-                f"stamped for {declared.get(key, '(not declared)')} ({key} changes predictions: "
+                f"stamped for {stamped or '(not declared)'} ({key} changes predictions: "
                 f"run with the declared {key}, or re-stamp the model with `batchinfer stamp` "
                 f"for this one)")
     if not bad:

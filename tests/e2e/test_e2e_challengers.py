@@ -151,7 +151,8 @@ def test_the_manifest_lists_each_challenger_with_its_triple_and_files(scored):
             "model_digest": hashlib.sha256((root / model).read_bytes()).hexdigest(),
             "schema_version": champion["schema_version"],
             "preprocess_hash": champion["preprocess_hash"]}
-        assert (entry["backend"], entry["device"], entry["model_options"]) == ("onnxruntime", "cpu", {})
+        assert (entry["backend"], entry["device"], entry["model_options"]) == (
+            "onnxruntime", "cpu", {"precision": "fp32"})
         assert [s["path"] for s in entry["shards"]] == [s["path"] for s in manifest["shards"]]
         for shard, champ in zip(entry["shards"], manifest["shards"]):
             files = shard["files"]

@@ -292,7 +292,7 @@ def test_manifest_keys_and_times(part):
     assert manifest["manifest_version"] == 1
     assert manifest["job"] == "testjob" and manifest["ds"] == DS
     assert manifest["runner"] == "direct" and manifest["device"] == "cpu"
-    assert manifest["backend"] == "onnxruntime" and manifest["model_options"] == {}
+    assert manifest["backend"] == "onnxruntime" and manifest["model_options"] == {"precision": "fp32"}
     assert set(manifest["triple"]) == TRIPLE_KEYS
     assert set(manifest["totals"]) == TOTALS_KEYS
     for shard in manifest["shards"]:
