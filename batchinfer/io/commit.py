@@ -27,7 +27,7 @@ from typing import Literal, Mapping
 
 from fsspec import AbstractFileSystem
 
-from .. import faults
+from .. import backends, faults
 from ..clock import Clock, utc_now
 from ..errors import RuntimeFailure, SpecError, StorageError
 from .manifest import (
@@ -144,7 +144,8 @@ def decide(committed: Manifest | None, wanted: Identity, *, overwrite: bool, sho
             f"to score the partition as it is now"))
     if committed.triple != wanted.triple:
         return Decision("conflict", committed, triple_conflict(shown, committed.triple, wanted.triple))
-    if committed.model_options != wanted.model_options:
+    if with_implied(committed.model_options, committed.backend) != with_implied(
+            wanted.model_options, committed.backend):
         return Decision("conflict", committed, (
             f"{shown} was committed with model.options {committed.model_options or '{}'}, which "
             f"change predictions; this run has {wanted.model_options}: pass --overwrite to "
@@ -166,8 +167,19 @@ def decide(committed: Manifest | None, wanted: Identity, *, overwrite: bool, sho
 def not_committed(manifest: Manifest, challengers: tuple[ChallengerRun, ...]) -> list[str]:
     """The names of ``challengers`` that ``manifest`` does not hold as they are declared now
     (same name, triple and declared options); the manifest may hold others besides."""
-    held = [c.as_run() for c in manifest.challengers]
-    return [c[0] for c in challengers if c not in held]
+    held = {c.name: c for c in manifest.challengers}
+    return [name for name, triple, options in challengers
+            if name not in held or dict(held[name].triple) != triple
+            or with_implied(held[name].model_options, held[name].backend)
+            != with_implied(options, held[name].backend)]
+
+
+def with_implied(options: Mapping[str, str], backend: str) -> dict[str, str]:
+    """``options`` with the backend's implied values where they say nothing: a partition
+    committed before a backend declared an option (onnxruntime's ``precision``, recorded since
+    as ``fp32``) ran with the value now implied, and is the same partition."""
+    implied = backends.implied_options(backend) if backend in backends.names() else {}
+    return {**implied, **options}
 
 
 def triple_conflict(shown: str, committed: dict, wanted: dict) -> str:

@@ -86,6 +86,20 @@ def test_another_partition_is_a_conflict_naming_why(wanted, message):
     assert decide(committed, wanted, overwrite=True, shown=SHOWN).action == "replace"
 
 
+def test_a_partition_committed_before_onnxruntime_declared_precision_is_the_same_partition():
+    """Manifests written before onnxruntime declared ``precision`` record ``{}``: the partition
+    ran at fp32, the value a declaration without it implies, so a nightly rerun is a no-op; another
+    precision is another partition (champion and challenger alike)."""
+    committed = _manifest(backend="onnxruntime", challengers=(
+        Challenger(name=V2[0], triple=V2[1], backend="onnxruntime", device="cpu"),))
+    fp32, int8 = {"precision": "fp32"}, {"precision": "int8"}
+    same = _wanted(model_options=fp32, challengers=(("v2", V2[1], fp32),))
+    assert decide(committed, same, overwrite=False, shown=SHOWN).action == "reuse"
+    for other in (_wanted(model_options=int8, challengers=(("v2", V2[1], fp32),)),
+                  _wanted(model_options=fp32, challengers=(("v2", V2[1], int8),))):
+        assert decide(committed, other, overwrite=False, shown=SHOWN).action == "conflict"
+
+
 def test_decide_reads_the_partition_and_refuses_a_file(tmp_path):
     out = tmp_path / "out"
     partition = PartitionCommit(str(out))
