@@ -303,7 +303,7 @@ def test_a_torch_job_commits_what_the_onnx_job_commits(models, tmp_path):
     torch_rows, _, torch_manifest = outputs["torch"]
     assert torch_manifest["backend"] == "torch" and torch_manifest["device"] == "cpu"
     assert torch_manifest["model_options"] == {"precision": "fp32"}
-    assert onnx_manifest["model_options"] == {}
+    assert onnx_manifest["model_options"] == {"precision": "fp32"}   # every backend declares it
     key = ["_source_shard", "_source_row"]
     a, b = onnx_rows.sort_by([(k, "ascending") for k in key]), torch_rows.sort_by([(k, "ascending") for k in key])
     assert a.num_rows == b.num_rows == 9000

@@ -17,7 +17,7 @@ DATAFLOW = {"project": "my-project-123", "region": "europe-west4",
             "sdk_container_image": "europe-docker.pkg.dev/my-project-123/batchinfer/worker:1.0",
             "dataflow_service_options": "worker_accelerator=type:nvidia-l4;count:1;install-nvidia-driver"}
 STEPS = ("Shards → Spread → ReadShard → Batches → ShardInfo → Prepare → RunInference → WriteBatch → "
-         "Merge → ByShard → FinishShard → OnePartition → AllShards → Commit")
+         "Merge → ByShard → FinishShard → Seed → WithSeed → OnePartition → AllShards → Commit")
 
 
 def sets(options: dict) -> list[str]:

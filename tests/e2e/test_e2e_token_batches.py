@@ -131,8 +131,10 @@ def test_same_partition_bit_for_bit(by_rows, by_tokens):
     assert manifest_r["totals"]["rows_in"] == 700 and manifest_r["totals"]["rows_quarantined"] == 4
     for shard_r, shard_t in zip(manifest_r["shards"], manifest_t["shards"]):
         assert [f["rows"] for f in shard_t["files"]] == [f["rows"] for f in shard_r["files"]]
-        assert {k: v for k, v in shard_t.items() if k != "files"} == \
-               {k: v for k, v in shard_r.items() if k != "files"}
+        # scored_by names each run's own attempt, as _inference_id does
+        assert {k: v for k, v in shard_t.items() if k not in ("files", "scored_by")} == \
+               {k: v for k, v in shard_r.items() if k not in ("files", "scored_by")}
+        assert (shard_t["scored_by"], shard_r["scored_by"]) == (manifest_t["attempt"], manifest_r["attempt"])
     # Rows in the same order, file by file, and every column equal but the execution's own.
     columns = [c for c in preds_r.column_names if c not in EXECUTION]
     assert preds_t.select(columns).equals(preds_r.select(columns))
