@@ -8,6 +8,7 @@ Nothing is downloaded: the model comes from the installed ``all-minilm-l6-v2-mod
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -25,9 +26,11 @@ import pytest
 from factories import REPO, read_partition, run_cli
 
 pytest.importorskip("torch")
-pytest.importorskip("onnxscript")
-pytest.importorskip("sentence_transformers")
-pytest.importorskip("tokenizers")
+# Found, not imported: importing sentence-transformers costs ~2 s of CPU at collection, in every
+# test process, for a module whose tests may not even be selected.
+for _package in ("onnxscript", "sentence_transformers", "tokenizers"):
+    if importlib.util.find_spec(_package) is None:
+        pytest.skip(f"{_package} is not installed", allow_module_level=True)
 
 pytestmark = pytest.mark.slow
 
