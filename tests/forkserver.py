@@ -31,43 +31,6 @@ try:  # absent where bench/gpu_check.sh runs the conformance suite (MLflow is no
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 except ImportError:
     pass
-
-def warm_up(folder):
-    # One small job stamped and run here, before any child: what a process does the first time
-    # (lazy imports, first calls into pyarrow, ONNX Runtime, Beam and pandera) is then done once
-    # for every child, not once per run. Its output goes nowhere; its MLflow tracking is stubbed;
-    # it leaves no thread (checked below) and no state a run reads (its model is freed with its
-    # handler, progress counters are reset by every run, faults are read again by every child).
-    import contextlib, io
-    here, saved = os.getcwd(), (os.dup(1), os.dup(2))
-    null = os.open(os.devnull, os.O_WRONLY)
-    tracking = batchinfer.io.tracking.TrackingRun
-    class _Stub:
-        error, run_id = "warm-up", None
-        def __init__(self, *a, **k): pass
-        def wait(self, *a, **k): return None
-        def finish(self, *a, **k): return False
-        def __getattr__(self, name): return lambda *a, **k: None
-    try:
-        os.dup2(null, 1)
-        os.dup2(null, 2)
-        os.chdir(folder)
-        batchinfer.io.tracking.TrackingRun = _Stub
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            for argv in (["stamp", "models/model.onnx", "--job", "job.yaml", "--model-version", "model:1"],
-                         ["run", "job.yaml", "--ds", sys.argv[2]]):
-                assert batchinfer.cli.main(argv) == 0, f"fork server warm-up: {argv[0]} failed"
-    finally:
-        batchinfer.io.tracking.TrackingRun = tracking
-        os.chdir(here)
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in (*saved, null):
-            os.close(fd)
-
-
-if len(sys.argv) > 1:
-    warm_up(sys.argv[1])
 import threading
 assert threading.active_count() == 1, "the fork server must not run threads"
 out = os.fdopen(os.dup(1), "w")
@@ -167,16 +130,9 @@ class ForkServer:
     """Starts ``batchinfer`` runs as forked processes of a pre-imported interpreter."""
 
     def __init__(self, logs: Path):
-        from factories import DS, make_mlp_onnx, make_shards, write_job, write_schema
-
         self.logs = logs
         self.count = 0
-        warm = logs / "warm-up"   # a small job the server runs once before it serves (warm_up)
-        write_schema(warm / "schemas")
-        make_shards(warm / "data" / f"dt={DS}", shards=2, rows=200)
-        make_mlp_onnx(warm / "models" / "model.onnx")
-        write_job(warm)
-        self.proc = subprocess.Popen([sys.executable, "-c", _SERVER, str(warm), DS], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True,
                                      env={k: v for k, v in os.environ.items() if k != "BATCHINFER_FAULT"})
         line = self.proc.stdout.readline()
