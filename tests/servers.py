@@ -11,15 +11,18 @@ they use by name.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import http.client
 import http.server
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -583,15 +586,29 @@ class MountNamespace:
 
     Attributes:
         hide: the folders covered, outermost only (a folder inside another is covered with it).
+        keep: folders inside a covered one that stay as they are (the repository and its virtual
+            environment in a checkout under /tmp, as CI's may be): each is bind-mounted to a
+            holding folder in /dev/shm before its cover is mounted, and back onto itself after.
     """
 
-    def __init__(self, hide: Iterable[Path]):
+    def __init__(self, hide: Iterable[Path], keep: Iterable[Path] = ()):
         folders = sorted({Path(os.path.realpath(f)) for f in hide if Path(f).is_dir()},
                          key=lambda p: len(p.parts))
         self.hide: list[Path] = []
         for folder in folders:
             if not any(folder.is_relative_to(outer) for outer in self.hide):
                 self.hide.append(folder)
+        kept = sorted({Path(os.path.realpath(f)) for f in keep if Path(f).is_dir()},
+                      key=lambda p: len(p.parts))
+        self.keep: list[Path] = []
+        for folder in kept:
+            if any(folder.is_relative_to(h) for h in self.hide) and not any(
+                    folder.is_relative_to(outer) for outer in self.keep):
+                self.keep.append(folder)
+        # Empty folders of the launcher's, removed when the session ends; in the namespace each
+        # holds a kept folder while its cover is mounted.
+        self._holds = [Path(tempfile.mkdtemp(prefix="batchinfer-keep-", dir="/dev/shm")) for _ in self.keep]
+        atexit.register(lambda: [shutil.rmtree(h, ignore_errors=True) for h in self._holds])
         flags = self.flags()
         if isinstance(flags, str):
             raise RuntimeError(flags)
@@ -602,8 +619,6 @@ class MountNamespace:
     def flags() -> "list[str] | str":
         """The ``unshare`` command that makes a mount namespace where tmpfs can be mounted here,
         or why there is none (no ``unshare``, the kernel refuses both ways)."""
-        import shutil
-
         if shutil.which("unshare") is None:
             return "no unshare(1) on PATH (util-linux)"
         tries = ([["unshare", "-m"]] if os.geteuid() == 0 else []) + [["unshare", "-U", "--map-root-user", "-m"]]
@@ -626,15 +641,19 @@ class MountNamespace:
     def covers(self, path: Path | str) -> bool:
         """Whether ``path`` is hidden in the namespace."""
         real = Path(os.path.realpath(path))
-        return any(real.is_relative_to(folder) for folder in self.hide)
+        return (any(real.is_relative_to(folder) for folder in self.hide)
+                and not any(real.is_relative_to(folder) for folder in self.keep))
 
     def command(self, cmd: Sequence[str]) -> list[str]:
-        """``cmd`` run in a new mount namespace, once every folder of ``hide`` is covered."""
+        """``cmd`` run in a new mount namespace, once every folder of ``hide`` is covered (and
+        every folder of ``keep`` put back)."""
         import shlex
 
-        mounts = " && ".join(f"mount -t tmpfs -o mode=1777 tmpfs {shlex.quote(str(folder))}"
-                             for folder in self.hide)
-        return [*self.unshare, "sh", "-c", f'{mounts} && exec "$@"', "sh", *cmd]
+        q = lambda p: shlex.quote(str(p))   # noqa: E731
+        hold = [f"mount --rbind {q(k)} {q(h)}" for k, h in zip(self.keep, self._holds)]
+        cover = [f"mount -t tmpfs -o mode=1777 tmpfs {q(folder)}" for folder in self.hide]
+        back = [f"mkdir -p {q(k)} && mount --rbind {q(h)} {q(k)}" for k, h in zip(self.keep, self._holds)]
+        return [*self.unshare, "sh", "-c", f'{" && ".join(hold + cover + back)} && exec "$@"', "sh", *cmd]
 
 
 def processes_of(root: int) -> list[int]:
@@ -751,8 +770,6 @@ def copy_project(template: Path, dest: Path, *, store: bool = True, **job_sectio
     Args:
         store: keep the pre-created ``mlflow.db`` (False: the job meets a new store).
     """
-    import shutil
-
     from factories import write_job
 
     shutil.copytree(template, dest, dirs_exist_ok=True,

@@ -97,9 +97,13 @@ def namespace(tmp_path_factory, shared) -> MountNamespace:
     reason = MountNamespace.unavailable()
     if reason:
         cannot(reason)
-    ns = MountNamespace([Path("/tmp"), Path(tempfile.gettempdir()),
-                         tmp_path_factory.getbasetemp(), Path.home() / ".cache"])
     import batchinfer
+
+    # What the workers need of the launcher's disk (the interpreter, the repository and its
+    # virtual environment) stays, even in a checkout under /tmp.
+    ns = MountNamespace([Path("/tmp"), Path(tempfile.gettempdir()),
+                         tmp_path_factory.getbasetemp(), Path.home() / ".cache"],
+                        keep=[REPO, Path(sys.prefix), Path(batchinfer.__file__).parent])
 
     for needed in (sys.executable, REPO, Path(batchinfer.__file__), shared):
         if ns.covers(needed):
