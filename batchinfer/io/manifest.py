@@ -115,18 +115,8 @@ def remove_unlisted(layout: Layout, manifest: Manifest, attempt: str) -> None:
     partition now)."""
     fs, listed = layout.fs, manifest.files()
     for kind in data_folders(layout):
-        base = join(layout.root, kind, attempt)
-        try:
-            present = fs.find(base) if fs.exists(base) else []
-        except OSError:
-            continue
-        for path in present:
-            if path[len(layout.root):].lstrip("/") not in listed:
-                try:
-                    fs.rm(path)
-                except OSError:
-                    pass
-        _remove_if_empty(fs, base)
+        _remove_files_not_listed(layout, join(layout.root, kind, attempt), listed)
+        _remove_if_empty(fs, join(layout.root, kind, attempt))
     try:
         scratch = join(layout.root, TMP, attempt)
         if fs.exists(scratch):
@@ -160,6 +150,22 @@ def holds(manifest: Manifest, attempt: str) -> bool:
     return any(_attempt_of(path) == attempt for path in manifest.files())
 
 
+
+def _remove_files_not_listed(layout: Layout, base: str, listed: set[str]) -> None:
+    """Delete the files under ``base`` (an attempt's folder) whose path relative to the partition
+    is not in ``listed``; a file that cannot be removed is left (the next cleanup tries again)."""
+    fs = layout.fs
+    try:
+        present = fs.find(base) if fs.exists(base) else []
+    except OSError:
+        return
+    for path in present:
+        if path[len(layout.root):].lstrip("/") not in listed:
+            try:
+                fs.rm(path)
+            except OSError:
+                pass
+
 def _attempt_of(relative: str) -> str:
     """The attempt folder of a data file's relative path (``<kind>/<attempt>/part-….parquet``)."""
     return relative.rsplit("/", 2)[-2]
@@ -189,18 +195,7 @@ def clean_after_commit(layout: Layout, manifest: Manifest) -> None:
                     pass
     for kind in folders:
         for attempt in sorted(keep):
-            base = join(layout.root, kind, attempt)
-            try:
-                present = fs.find(base) if fs.exists(base) else []
-            except OSError:
-                continue
-            for path in present:
-                relative = path[len(layout.root):].lstrip("/")
-                if relative not in listed:
-                    try:
-                        fs.rm(path)
-                    except OSError:
-                        pass
+            _remove_files_not_listed(layout, join(layout.root, kind, attempt), listed)
     _remove_empty_attempts(layout, folders, keep - {manifest.attempt})
     _remove_empty_challengers(layout)
     _remove_if_empty(fs, join(layout.root, TMP))
