@@ -215,14 +215,19 @@ def _require_tensorrt() -> Any:
     return tensorrt
 
 
-def _to_tensorrt(model: Path, out: Path, fp16: bool, sample_job) -> ExportReport:
+
+def _check_onnx_input(model: Path, sample_job: Any, mode: str, why_sample: str) -> None:
+    """An ONNX model file and a sample job, as ``export MODE`` needs them (exit 2 otherwise)."""
     if model.suffix.lower() != ".onnx":
-        raise SpecError(f"export --to tensorrt takes an ONNX model (.onnx), not {model.name}")
+        raise SpecError(f"export {mode} takes an ONNX model (.onnx), not {model.name}")
     if not model.is_file():
         raise SpecError(f"no model file {model}")
     if sample_job is None:
-        raise SpecError("export --to tensorrt needs --sample JOB.yaml: its batch.rows sizes the "
-                        "engine's profile and its rows check parity")
+        raise SpecError(f"export {mode} needs --sample JOB.yaml: {why_sample}")
+
+def _to_tensorrt(model: Path, out: Path, fp16: bool, sample_job) -> ExportReport:
+    _check_onnx_input(model, sample_job, "--to tensorrt", "its batch.rows sizes the engine's "
+                      "profile and its rows check parity")
     int8 = _quantized(model)   # a QDQ model: TensorRT's explicit quantization (checked first)
     trt = _require_tensorrt()
     import onnxruntime as ort
@@ -389,13 +394,8 @@ def quantize_model(model: str | Path, out: str | Path, sample_job, *, method: st
         ModelError: quantization failed, or the gate refused the model (nothing written).
     """
     model, out = Path(model), Path(out)
-    if model.suffix.lower() != ".onnx":
-        raise SpecError(f"export --quantize takes an ONNX model (.onnx), not {model.name}")
-    if not model.is_file():
-        raise SpecError(f"no model file {model}")
-    if sample_job is None:
-        raise SpecError("export --quantize needs --sample JOB.yaml: the job's own rows calibrate "
-                        "the model and check its parity")
+    _check_onnx_input(model, sample_job, "--quantize", "the job's own rows calibrate the model "
+                      "and check its parity")
     if method not in ("auto", "static", "dynamic"):
         raise SpecError(f"--method {method!r}: choose auto, static or dynamic")
     import onnxruntime as ort

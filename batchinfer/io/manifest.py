@@ -99,12 +99,7 @@ def remove_attempt(layout: Layout, attempt: str) -> None:
     partition, and the next run cleans what this one could not)."""
     fs = layout.fs
     for kind in (*data_folders(layout), TMP):
-        path = join(layout.root, kind, attempt)
-        try:
-            if fs.exists(path):
-                fs.rm(path, recursive=True)
-        except OSError:
-            pass
+        _remove_tree(fs, join(layout.root, kind, attempt))
     _remove_empty_challengers(layout)
     _remove_if_empty(fs, join(layout.root, TMP))
 
@@ -117,15 +112,19 @@ def remove_unlisted(layout: Layout, manifest: Manifest, attempt: str) -> None:
     for kind in data_folders(layout):
         _remove_files_not_listed(layout, join(layout.root, kind, attempt), listed)
         _remove_if_empty(fs, join(layout.root, kind, attempt))
-    try:
-        scratch = join(layout.root, TMP, attempt)
-        if fs.exists(scratch):
-            fs.rm(scratch, recursive=True)
-    except OSError:
-        pass
+    _remove_tree(fs, join(layout.root, TMP, attempt))
     _remove_empty_challengers(layout)
     _remove_if_empty(fs, join(layout.root, TMP))
 
+
+
+def _remove_tree(fs: AbstractFileSystem, path: str) -> None:
+    """Delete ``path`` and all under it, if it is there (best effort, as all cleanup here)."""
+    try:
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
+    except OSError:
+        pass
 
 def _remove_if_empty(fs: AbstractFileSystem, path: str) -> None:
     """Remove a folder that holds nothing (on object stores folders are not kept anyway). The
