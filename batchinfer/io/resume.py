@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import Any, Sequence
 
 from fsspec import AbstractFileSystem
 
@@ -132,19 +132,21 @@ def finished(fs: AbstractFileSystem, root: str, key: AttemptKey, *,
 
 
 def _key(fs: AbstractFileSystem, path: str) -> AttemptKey | None:
-    try:
-        checked = check(AttemptKeyModel, fs.cat_file(path), path, StorageError)
-    except (OSError, StorageError):
-        return None
-    return AttemptKey.from_dict(checked.model_dump())
+    return _read(fs, path, AttemptKeyModel, AttemptKey)
 
 
 def _result(fs: AbstractFileSystem, path: str) -> ShardResult | None:
+    return _read(fs, path, ShardResultModel, ShardResult)
+
+
+def _read(fs: AbstractFileSystem, path: str, model: Any, record: Any) -> Any:
+    """The ``record`` in the file at ``path``, checked against ``model``; None if it cannot be
+    read or is malformed (a crashed attempt's scratch may be either: it is then not adopted)."""
     try:
-        checked = check(ShardResultModel, fs.cat_file(path), path, StorageError)
+        checked = check(model, fs.cat_file(path), path, StorageError)
     except (OSError, StorageError):
         return None
-    return ShardResult.from_dict(checked.model_dump())
+    return record.from_dict(checked.model_dump())
 
 
 def _files(result: ShardResult) -> list[tuple[str, str]]:
