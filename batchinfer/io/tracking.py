@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from datetime import datetime
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Protocol
 
 from ..errors import one_line
 from ..redaction import redact
@@ -76,6 +76,25 @@ def short_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {one_line(exc, 200)}"
 
 
+class Helper(Protocol):
+    """What :class:`TrackingRun` uses of its helper process."""
+    stdin: Any   # text, line-buffered: one JSON request per line
+    stdout: Any  # text: one JSON reply per line
+
+    def kill(self) -> None: ...
+
+
+def start_helper(env: Mapping[str, str]) -> Helper:
+    """Start the helper process: a new interpreter that runs :func:`_serve`.
+
+    Looked up at each start, so that the test suite's fork server, whose interpreter has
+    already imported MLflow, can fork it instead (tests/forkserver.py): the same protocol and
+    the same ``_serve``, without an MLflow import per tracked run."""
+    return subprocess.Popen([sys.executable, "-m", "batchinfer.io.tracking"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, bufsize=1, env=dict(env))
+
+
 class TrackingRun:
     """An MLflow run opened by a helper process; :meth:`finish` logs and closes it.
 
@@ -100,12 +119,9 @@ class TrackingRun:
         self.run_id: str | None = None
         self.error: str | None = None
         self._opened = False
-        self._child: subprocess.Popen[str] | None
+        self._child: Helper | None
         try:
-            self._child = subprocess.Popen(
-                [sys.executable, "-m", "batchinfer.io.tracking"], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1,
-                env={**MLFLOW_DEFAULTS, **os.environ})
+            self._child = start_helper({**MLFLOW_DEFAULTS, **os.environ})
         except OSError as exc:
             self._child = None
             self.error = short_error(exc)
