@@ -285,9 +285,9 @@ def test_plan_inspect_and_report_say_what_a_resume_reuses(project, crashed):
             in plan.stdout), plan.stdout
     assert f"; scoring {SHARDS - finished}" in plan.stdout
     assert inspect.returncode == 0, inspect.stderr
-    assert f"resumed: {finished} of {SHARDS} shards ({finished * ROWS} rows)" in inspect.stdout
+    assert f"reused: {finished} of {SHARDS} shards ({finished * ROWS} rows)" in inspect.stdout
     report = (folder / _out("shard_done") / "report.html").read_text()
-    assert "scored by" in report and f"resumed: {finished} of {SHARDS} shards" in report
+    assert "scored by" in report and f"reused: {finished} of {SHARDS} shards" in report
 
 
 def test_shard_rewritten_after_the_crash_is_scored_again(project, crashed):
