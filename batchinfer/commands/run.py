@@ -168,7 +168,6 @@ class Launch:
         header: the manifest as known before any work (it names the MLflow run).
         resume: the shards it adopts instead of scoring them: from crashed attempts, and with
             ``--update`` the committed shards it keeps.
-        update: what ``--update`` keeps, scores and drops (None without it).
     """
 
     champion: "ModelRun"
@@ -178,7 +177,6 @@ class Launch:
     attempt: Attempt
     header: Manifest
     resume: Resume = field(default_factory=Resume)
-    update: Update | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -400,7 +398,7 @@ def launch(run: Resolution, decision: Decision, resumed: Resume, tracking: "Trac
     # helper opened it meanwhile).
     header = scoring.manifest_header(job, attempt, champion, run.started, tracking.wait(), challengers)
     return Launch(champion=champion, challengers=challengers, load_s=load_s,
-                  baseline=baseline, attempt=attempt, header=header, resume=adopted, update=updated)
+                  baseline=baseline, attempt=attempt, header=header, resume=adopted)
 
 
 def score(run: Resolution, launched: Launch, tracking: "TrackingRun",
