@@ -10,7 +10,7 @@ late, shard 1 is rewritten and shard 3 is no longer listed: every update keeps s
 and scores three. Runs are forked from the session's fork server (``forkserver.py``), the killed
 ones with ``BATCHINFER_FAULT``, all at once.
 
-Rerun with ``.venv/bin/pytest tests/faults/test_update.py -q``.
+Rerun with ``.venv/bin/pytest tests/faults/test_update_faults.py -q``.
 """
 from __future__ import annotations
 
