@@ -257,10 +257,15 @@ def updating(run: Resolution, decision: Decision) -> Update | None:
 
 def _plan_update(job: Job, resolved: Resolved, committed: Manifest, shown: str) -> Update:
     names = resolved.shard_names()
-    digests = current_digests([s.url for s in resolved.shards])
+    as_then = [mask(s.url, job.templated) for s in resolved.shards]
+    held = {s.path for s in committed.shards}
+    # Only a shard the partition holds is hashed now: a new one is scored whatever its bytes
+    # (and hashed as it is read).
+    digests = current_digests([s.url if name in held or then in held else None
+                               for s, name, then in zip(resolved.shards, names, as_then)])
     return plan_update(committed, list(zip(names, digests)), job_spec_sha256=job.spec_sha256,
                        challengers=[c.name for c in resolved.challengers], shown=shown,
-                       as_then=[mask(s.url, job.templated) for s in resolved.shards])
+                       as_then=as_then)
 
 
 def resume_key(job: Job, resolved: Resolved) -> AttemptKey:

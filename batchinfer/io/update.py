@@ -123,8 +123,8 @@ def plan_update(committed: Manifest, listed: Sequence[tuple[str, str | None]], *
     return update
 
 
-def current_digests(urls: Sequence[str]) -> list[str | None]:
-    """The sha256 of each shard's bytes now (None where they cannot be read), hashed
-    ``THREADS`` at a time (object stores are latency-bound)."""
+def current_digests(urls: Sequence[str | None]) -> list[str | None]:
+    """The sha256 of each shard's bytes now (None where they cannot be read, or for a None
+    URL: not asked for), hashed ``THREADS`` at a time (object stores are latency-bound)."""
     with ThreadPoolExecutor(THREADS) as pool:
-        return list(pool.map(digest_url, urls))
+        return list(pool.map(lambda url: digest_url(url) if url is not None else None, urls))
