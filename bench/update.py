@@ -6,7 +6,7 @@ updated copy (a process's fixed cost: imports, MLflow's helper, hashing every sh
 each pair, the median ratio, and the median ratio of what each costs above that no-op.
 
     .venv/bin/python bench/update.py                       # 64 shards x 20,000 rows, 3 pairs
-    .venv/bin/python bench/update.py --shards 16 --rows 50000 --pairs 5
+    .venv/bin/python bench/update.py --rows 400000         # bench/README.md's figures (and 100000)
 
 Every run is a fresh ``python -m batchinfer`` process (its imports are part of both walls),
 tracking to a local sqlite store. ``output.path`` is ``${BENCH_OUT}``: the spec hash is taken
