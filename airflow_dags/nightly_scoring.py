@@ -6,7 +6,15 @@ variable, not an Airflow Variable: which DAGs exist is decided while the file is
 Airflow advises against metastore look-ups in top-level DAG code. An optional
 ``<job>/nightly.yaml`` tunes one job's DAG (see :class:`Nightly`): schedule, start date, retries,
 and ``marker`` — the file the upstream writes into the input partition when the partition is
-complete (e.g. ``_SUCCESS``); with it, a sensor waits for that file before scoring.
+complete (e.g. ``_SUCCESS``); with it, a sensor waits for that file before scoring — and
+``update``.
+
+Late data: the score task runs ``batchinfer run JOB --ds DS --update`` (``update: false`` in
+``nightly.yaml`` leaves ``--update`` out). A date whose partition is committed, run again
+(cleared, or caught up) after shards arrived late or were rewritten upstream, gets only those
+shards scored and the removed ones dropped (docs/contract.md §5.3 "Update"), where a plain run
+would fail its task (exit 3: another set of shards); with no shard changed it is the no-op it
+always was. ``update: false`` is for a job whose partitions must never change once committed.
 
 Why one DAG per job, not one DAG for all: each job keeps its own run history, catch-up and
 failure state. A job added to the folder later catches up from its own start date (in a shared
@@ -103,6 +111,8 @@ class Nightly(BaseModel):
     marker: str | None = None          # e.g. "_SUCCESS": the file the sensor waits for
     marker_poke_minutes: float = Field(default=5, gt=0, allow_inf_nan=False)
     marker_timeout_hours: float = Field(default=12, gt=0, allow_inf_nan=False)
+    # Shards that arrive after the commit are scored when the date runs again (run --update).
+    update: bool = True
 
     @field_validator("start_date", mode="before")
     @classmethod
@@ -210,10 +220,16 @@ def marker_present(job_file: str, ds: str, marker: str) -> bool:
     return bool(found)
 
 
-def score_partition(job_file: str, ds: str, *, marker_checked: bool) -> str:
-    """``batchinfer run JOB --ds DS`` in a child process; how it ended decides retry or not
-    (:func:`outcome`)."""
-    command = [sys.executable, "-m", "batchinfer", "run", job_file, "--ds", ds]
+def run_args(job_file: str, ds: str, *, update: bool) -> list[str]:
+    """The score task's ``batchinfer`` arguments: ``run JOB --ds DS``, with ``--update`` (late
+    data, see the module docstring) unless the job's ``nightly.yaml`` says ``update: false``."""
+    return ["run", job_file, "--ds", ds, *(["--update"] if update else [])]
+
+
+def score_partition(job_file: str, ds: str, *, marker_checked: bool, update: bool = True) -> str:
+    """``batchinfer run JOB --ds DS [--update]`` in a child process; how it ended decides retry
+    or not (:func:`outcome`)."""
+    command = [sys.executable, "-m", "batchinfer", *run_args(job_file, ds, update=update)]
     log.info("running %s", " ".join(command))
     with tempfile.TemporaryDirectory(prefix="batchinfer-task-") as scratch:
         error_file = Path(scratch) / "error.json"
@@ -300,7 +316,7 @@ def build_dag(job_folder: Path, dag_id: str) -> DAG:
     marker = config.marker
     with DAG(
         dag_id=dag_id,
-        description=f"batchinfer run {job_file} --ds {{{{ ds }}}}",
+        description=f"batchinfer {' '.join(run_args(job_file, '{{ ds }}', update=config.update))}",
         schedule=CronDataIntervalTimetable(config.schedule, timezone="UTC"),
         start_date=datetime(start.year, start.month, start.day, tzinfo=timezone.utc),
         catchup=config.catchup,
@@ -312,7 +328,8 @@ def build_dag(job_folder: Path, dag_id: str) -> DAG:
         @task(task_id="score")
         def score(ds: str | None = None) -> str:
             assert ds is not None  # Airflow passes the run's date by name
-            return score_partition(job_file, ds, marker_checked=marker is not None)
+            return score_partition(job_file, ds, marker_checked=marker is not None,
+                                   update=config.update)
 
         if marker is None:
             score()

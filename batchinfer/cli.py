@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="score one partition")
     _job_args(p)
     p.add_argument("--overwrite", action="store_true", help="replace a partition committed under another triple")
+    p.add_argument("--update", action="store_true",
+                   help="on a committed partition whose shards changed: score only the new and "
+                        "rewritten shards, keep the others, drop the removed ones")
     p.add_argument("--dry-run", action="store_true", help="check everything, score nothing")
     p.add_argument("--quiet", action="store_true", help="no progress display while scoring")
 
@@ -63,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--end", help="last date YYYY-MM-DD (included)")
     _spec_options(p, "one date: the same as --start DS --end DS")
     p.add_argument("--overwrite", action="store_true", help="replace partitions committed under another triple")
+    p.add_argument("--update", action="store_true",
+                   help="committed partitions whose shards changed (late data): score only the "
+                        "new and rewritten shards")
     p.add_argument("--dry-run", action="store_true", help="check every date, score nothing")
     p.add_argument("--keep-going", action="store_true", help="after a failing date, score the remaining ones")
     p.add_argument("--quiet", action="store_true", help="no progress display while scoring")
@@ -237,7 +243,14 @@ def _load(args, **kwargs):
     return load_job(args.job, ds=args.ds, overrides=args.overrides, **kwargs)
 
 
+def _update_or_overwrite(args) -> None:
+    if args.update and args.overwrite:
+        raise UsageError("give --update (score the new and rewritten shards of a committed "
+                         "partition) or --overwrite (score it all again), not both")
+
+
 def cmd_run(args) -> int:
+    _update_or_overwrite(args)
     job = _load(args)
     tracking = None
     if not args.dry_run:  # MLflow's helper starts first: it takes longer than our own imports
@@ -246,7 +259,8 @@ def cmd_run(args) -> int:
         tracking = TrackingRun(job.spec.tracking.uri, job.spec.tracking.experiment)
     from .commands.run import run_job
 
-    outcome = run_job(job, overwrite=args.overwrite, dry_run=args.dry_run, progress=print,
+    outcome = run_job(job, overwrite=args.overwrite, update=args.update, dry_run=args.dry_run,
+                      progress=print,
                       tracking=tracking, watch=_watcher(args.quiet))
     print(outcome.message)
     if outcome.status == "committed" and outcome.manifest is not None:
@@ -259,6 +273,7 @@ def cmd_run(args) -> int:
 def cmd_backfill(args) -> int:
     from .commands.backfill import backfill, partition_dates
 
+    _update_or_overwrite(args)
     if args.ds and (args.start or args.end):
         raise UsageError("give --ds or --start/--end, not both")
     start, end = (args.ds, args.ds) if args.ds else (args.start, args.end)
@@ -279,7 +294,7 @@ def cmd_backfill(args) -> int:
         print(f"{result.ds}  {line}", flush=True)
 
     results = backfill(args.job, dates, overrides=args.overrides, overwrite=args.overwrite,
-                       dry_run=args.dry_run, keep_going=args.keep_going,
+                       update=args.update, dry_run=args.dry_run, keep_going=args.keep_going,
                        progress=lambda line: print(f"            {line}", flush=True), done=done,
                        watch=_watcher(args.quiet))
     labels = {"committed": "committed", "noop": "already committed", "lost_race": "committed by another run",
@@ -524,14 +539,14 @@ def cmd_inspect(args) -> int:
     files = [f for s in manifest.shards for f in s.files]
     print(f"files: {len(files)} ({sum(f.rows for f in files)} rows)")
     reused = manifest.reused()
-    if reused:   # a resumed run (contract §5.3 "Resume"): who scored what
+    if reused:   # a resumed or updated run (contract §5.3 "Resume", "Update"): who scored what
         by: dict[str, int] = {}
         for shard in reused:
             by[manifest.scored_by(shard)] = by.get(manifest.scored_by(shard), 0) + 1
-        print(f"resumed: {len(reused)} of {len(manifest.shards)} shards "
-              f"({sum(s.rows_in or 0 for s in reused)} rows) scored by crashed attempt(s) "
+        print(f"reused: {len(reused)} of {len(manifest.shards)} shards "
+              f"({sum(s.rows_in or 0 for s in reused)} rows) scored by earlier attempt(s) "
               + ", ".join(f"{a} ({n})" for a, n in sorted(by.items()))
-              + f"; {len(manifest.shards) - len(reused)} by {manifest.attempt}")
+              + f"; {len(manifest.shards) - len(reused)} scored by {manifest.attempt}")
     for c in manifest.challengers:
         print(f"challenger {c.name}: {c.triple.get('model_version')} ({c.backend}, {c.device}): "
               f"{c.rows_scored} rows scored, {c.rows_rejected} rejected, "

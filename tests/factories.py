@@ -313,3 +313,48 @@ def check_partition(out: Path, shard_paths: Sequence[Path]) -> tuple[pa.Table, p
     assert partition_files(out) == listed, "files outside the manifest"
     assert not (out / "_tmp").exists(), "scratch left behind"
     return preds, quar, manifest
+
+
+# -- a partition against a clean run's (crash, resume and update tests) -------------------------
+
+EXEMPT = {"_inference_id", "_compute_ms"}
+
+
+def canonical(table: pa.Table) -> pa.Table:
+    """Sorted by (_source_shard, _source_row), execution-describing columns dropped,
+    dictionary columns decoded."""
+    if not table.num_columns:
+        return table
+    table = table.drop_columns([c for c in table.column_names if c in EXEMPT])
+    columns = {}
+    for name in table.column_names:
+        col = table[name].combine_chunks()
+        if pa.types.is_dictionary(col.type):
+            col = col.cast(col.type.value_type)
+        columns[name] = col
+    table = pa.table(columns)
+    return table.sort_by([("_source_shard", "ascending"), ("_source_row", "ascending")])
+
+
+def assert_same_result(out: Path, reference: Path, shard_paths: Sequence[Path]) -> dict:
+    """``out`` is a whole partition (:func:`check_partition`) with the rows, ``_input_hash``,
+    predictions (bit for bit), quarantine, triple, totals and shard entries of ``reference``:
+    what a clean run commits (contract §5.3), the ids that name attempts aside."""
+    preds, quar, manifest = check_partition(out, shard_paths)
+    ref_preds, ref_quar, ref_manifest = read_partition(reference)
+    a, b = canonical(preds), canonical(ref_preds)
+    assert a.column_names == b.column_names
+    assert a.num_rows == b.num_rows
+    for name in a.column_names:
+        if name == "y":  # bit for bit
+            assert np.array_equal(a[name].to_numpy().view(np.uint32), b[name].to_numpy().view(np.uint32))
+        else:
+            assert a[name].equals(b[name]), name
+    assert canonical(quar).equals(canonical(ref_quar))
+    assert manifest["triple"] == ref_manifest["triple"]
+    assert manifest["totals"] == ref_manifest["totals"]
+    def strip(m):
+        return sorted((s["path"], s["sha256"], s["rows_in"], s["rows_scored"],
+                                  s["rows_quarantined"], s["status"]) for s in m["shards"])
+    assert strip(manifest) == strip(ref_manifest)
+    return manifest

@@ -41,11 +41,14 @@ def partition_dates(start: str, end: str) -> list[str]:
 
 
 def backfill(job_path: str | Path, dates: Sequence[str], *, overrides: Sequence[str] = (),
-             overwrite: bool = False, dry_run: bool = False, keep_going: bool = False,
+             overwrite: bool = False, update: bool = False, dry_run: bool = False,
+             keep_going: bool = False,
              progress: Callable[[str], None] = lambda line: None,
              done: Callable[[PartitionResult], None] = lambda result: None,
              watch: Callable[[int, str], Any] | None = None) -> list[PartitionResult]:
-    """Run the job for each date in order; return one result per date attempted.
+    """Run the job for each date in order; return one result per date attempted. ``update``
+    (``--update``): a committed partition whose shards changed since (late data) gets its new
+    and rewritten shards scored (contract §5.3 "Update"), an unchanged one stays a no-op.
 
     The spec is loaded for the first date before anything runs, so an error in the spec itself
     is raised (exit 2) instead of being reported once per date. KeyboardInterrupt propagates.
@@ -57,7 +60,8 @@ def backfill(job_path: str | Path, dates: Sequence[str], *, overrides: Sequence[
     for ds in dates:
         try:
             job = load_job(job_path, ds=ds, overrides=overrides)
-            outcome = run_job(job, overwrite=overwrite, dry_run=dry_run, progress=progress, watch=watch)
+            outcome = run_job(job, overwrite=overwrite, update=update, dry_run=dry_run,
+                              progress=progress, watch=watch)
             result = PartitionResult(ds, outcome.status, outcome.message, 0, outcome.manifest)
         except BatchInferError as exc:
             # Messages are masked when made (batchinfer.redaction): no ${NAME} value in them.

@@ -178,13 +178,14 @@ def render_report(manifest: Manifest | None, record: Mapping[str, Any], profile:
         headers = ["shard", "status", "rows in", "scored", "quarantined", "reason"]
         reused = manifest.reused()
         note = ""
-        if reused:  # a resumed run: who scored each shard (contract §5.3 "Resume")
+        if reused:  # a resumed or updated run: who scored each shard (contract §5.3)
             headers.append("scored by")
             shard_rows = [(*row, "this attempt" if manifest.scored_by(s) == manifest.attempt
                            else manifest.scored_by(s)) for row, s in zip(shard_rows, manifest.shards)]
-            note = (f'<p class="muted">resumed: {len(reused)} of {len(manifest.shards)} shards '
-                    f'({sum(s.rows_in or 0 for s in reused):,} rows) reused from crashed '
-                    f'attempt(s), scored by them and not again</p>')
+            note = (f'<p class="muted">reused: {len(reused)} of {len(manifest.shards)} shards '
+                    f'({sum(s.rows_in or 0 for s in reused):,} rows) scored by earlier '
+                    f'attempt(s) (a crashed one, or the partition an update kept) and not '
+                    f'again; {len(manifest.shards) - len(reused)} scored by this attempt</p>')
         out.append("<section><h2>Accounting per shard</h2>" + _table(headers, shard_rows, (2, 3, 4))
                    + note + "</section>")
         out.append(_challengers_section(manifest))

@@ -7,8 +7,10 @@ from one typed record to the next, so a run reads top to bottom:
    model, baseline) and the triple checked against the model's declaration — before any work;
 2. :func:`decide` → :class:`~batchinfer.io.commit.Decision`: the partition as it is —
    committed already as this run would commit it (reuse: :func:`reuse`, a no-op), or exit 3
-   (another triple, job, date or set of shards) unless ``--overwrite`` (replace). ``--dry-run``
-   stops here (:func:`rehearse`);
+   (another triple, job, date or set of shards) unless ``--overwrite`` (replace) — or, with
+   ``--update``, :func:`updating` → :class:`~batchinfer.io.update.Update`: the committed shards
+   kept, the new and rewritten ones to score, the removed ones dropped. ``--dry-run`` stops here
+   (:func:`rehearse`);
 3. :func:`launch` → :class:`Launch`: the models loaded (:mod:`batchinfer.commands.models`:
    exit 5 before any work), the attempt begun, the MLflow run opened; then :func:`score` →
    :class:`Scored`: the Beam pipeline into the attempt (:mod:`batchinfer.commands.scoring`).
@@ -44,9 +46,11 @@ from ..errors import (
     PreprocessError,
 )
 from ..io.commit import Attempt, CommitOutcome, Decision, Identity, PartitionCommit, not_committed, triple_conflict
+from ..io.commit import decide as decide_partition
 from ..io.records import AttemptKey, Challenger, Manifest, PreprocessStats, ShardResult, Totals
 from ..io.resume import Resume
 from ..io.resume import find as resume_shards
+from ..io.update import Update, current_digests, plan_update
 from ..pipeline.runners import check as check_runner
 from ..redaction import mask
 from ..rows.drift import Baseline, DriftVerdict, observe
@@ -79,7 +83,7 @@ class Outcome:
     drift: str = "none"               # the drift level: none (no baseline) | ok | warn
 
 
-def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
+def run_job(job: Job, *, overwrite: bool = False, update: bool = False, dry_run: bool = False,
             clock: Clock = utc_now,
             progress: Callable[[str], None] = lambda line: None,
             tracking: "TrackingRun | None" = None,
@@ -87,6 +91,9 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
     """Score one partition and commit it (see the module docstring for the phases).
 
     Args:
+        update: ``--update``: a committed partition whose shards changed gets only its new and
+            rewritten shards scored, keeps the others' files and drops the removed ones'
+            (contract §5.3 "Update"; not with ``overwrite``).
         clock: the run's clock: the attempt id, ``started_at`` and the commit's ``finished_at``.
         tracking: a :class:`~batchinfer.io.tracking.TrackingRun` for the job's store that the
             caller started early (its helper needs seconds to be ready); by default one is
@@ -106,14 +113,17 @@ def run_job(job: Job, *, overwrite: bool = False, dry_run: bool = False,
         tracking = TrackingRun(spec.tracking.uri, spec.tracking.experiment or spec.name)
     try:
         run = resolve_run(job, started=started, t0=t0, clock=clock)
-        decision = decide(run, overwrite)
+        decision = decide(run, overwrite, update)
         if decision.action == "reuse":
             return reuse(run, decision, dry_run)
-        resumed = resume(run, decision)
+        updated = updating(run, decision)
+        if updated is not None and updated.unchanged:
+            return reuse(run, decision, dry_run, updated)
+        resumed = resume(run, decision, updated)
         if dry_run:
-            return rehearse(run, decision, resumed)
+            return rehearse(run, decision, resumed, updated)
         assert tracking is not None
-        launched = launch(run, decision, resumed, tracking, progress)
+        launched = launch(run, decision, resumed, tracking, progress, updated)
         scored = score(run, launched, tracking, watch)
         if isinstance(scored, Outcome):  # another run committed first, while this one scored
             return scored
@@ -156,7 +166,8 @@ class Launch:
         load_s: the models' load time.
         baseline: the baseline restricted to the run's columns (None without one).
         header: the manifest as known before any work (it names the MLflow run).
-        resume: the shards it adopts from crashed attempts instead of scoring them.
+        resume: the shards it adopts instead of scoring them: from crashed attempts, and with
+            ``--update`` the committed shards it keeps.
     """
 
     champion: "ModelRun"
@@ -212,19 +223,49 @@ def _identity(job: Job, resolved: Resolved) -> Identity:
                     challengers=tuple(models.challenger_identity(c) for c in resolved.challengers))
 
 
-def decide(run: Resolution, overwrite: bool) -> Decision:
-    """Phase 2: reuse the committed partition, or replace it (or nothing) with a new attempt.
+def decide(run: Resolution, overwrite: bool, update: bool = False) -> Decision:
+    """Phase 2: reuse the committed partition, or replace it (or nothing) with a new attempt;
+    with ``update``, update it (:func:`updating` says how).
 
     Raises:
         SpecError: ``output.path`` is a file.
         ContractError: committed as another partition (another triple, job, date, set of
-            shards, declared options, or without a challenger this run declares), without
-            ``--overwrite``.
+            shards — unless ``update`` —, declared options, or without a challenger this run
+            declares), without ``--overwrite``.
     """
-    decision = run.partition.decide(run.wanted, overwrite=overwrite, shown=run.shown)
+    decision = run.partition.decide(run.wanted, overwrite=overwrite, shown=run.shown, update=update)
     if decision.action == "conflict":
         raise ContractError(decision.reason)
     return decision
+
+
+def updating(run: Resolution, decision: Decision) -> Update | None:
+    """Phase 2 of ``--update``: which committed shards it keeps (hashed again: a shard rewritten
+    since is scored again), which it scores and which it drops (contract §5.3 "Update"); None
+    for any other decision.
+
+    Raises:
+        ContractError: the shards changed and the job spec did too (exit 3: ``--overwrite``).
+    """
+    if decision.action != "update" or decision.manifest is None:
+        return None
+    updated = _plan_update(run.job, run.resolved, decision.manifest, run.shown)
+    if updated.refusal:
+        raise ContractError(updated.refusal)
+    return updated
+
+
+def _plan_update(job: Job, resolved: Resolved, committed: Manifest, shown: str) -> Update:
+    names = resolved.shard_names()
+    as_then = [mask(s.url, job.templated) for s in resolved.shards]
+    held = {s.path for s in committed.shards}
+    # Only a shard the partition holds is hashed now: a new one is scored whatever its bytes
+    # (and hashed as it is read).
+    digests = current_digests([s.url if name in held or then in held else None
+                               for s, name, then in zip(resolved.shards, names, as_then)])
+    return plan_update(committed, list(zip(names, digests)), job_spec_sha256=job.spec_sha256,
+                       challengers=[c.name for c in resolved.challengers], shown=shown,
+                       as_then=as_then)
 
 
 def resume_key(job: Job, resolved: Resolved) -> AttemptKey:
@@ -236,13 +277,26 @@ def resume_key(job: Job, resolved: Resolved) -> AttemptKey:
                                         for n, t, o in wanted.challengers))
 
 
-def resume(run: Resolution, decision: Decision) -> Resume:
+def resume(run: Resolution, decision: Decision, updated: Update | None = None) -> Resume:
     """The shards this run adopts from crashed attempts of the partition (contract §5.3
-    "Resume"): only when nothing is committed there (a committed partition is reused, or
-    replaced whole by ``--overwrite``)."""
+    "Resume"): when nothing is committed there (a committed partition is reused, or replaced
+    whole by ``--overwrite``), or, for an ``--update``, among the shards it would score (a
+    killed update's finished shards)."""
+    if updated is not None:
+        found = _find_resume(run.job, run.resolved)
+        return Resume({i: r for i, r in found.adopted.items() if i not in updated.kept},
+                      found.changed, found.damaged)
     if decision.manifest is not None:
         return Resume()
     return _find_resume(run.job, run.resolved)
+
+
+def adopting(resumed: Resume, updated: Update | None) -> Resume:
+    """Every shard the pipeline does not score: the committed ones an update keeps, and those
+    crashed attempts finished."""
+    if updated is None:
+        return resumed
+    return Resume({**updated.kept, **resumed.adopted}, resumed.changed, resumed.damaged)
 
 
 def _find_resume(job: Job, resolved: Resolved) -> Resume:
@@ -252,37 +306,57 @@ def _find_resume(job: Job, resolved: Resolved) -> Resume:
 
 def planned(job: Job, resolved: Resolved) -> str:
     """What a run would do with the partition as it is now, for ``batchinfer plan``: reuse the
-    commit, or score, adopting what crashed attempts finished (shards and files hashed again,
-    as the run does)."""
+    commit (or refuse it), and what ``--update`` would keep, score and drop (the shards hashed
+    again, as the update does); or score, adopting what crashed attempts finished (shards and
+    files hashed again, as the run does)."""
     committed = PartitionCommit(job.spec.output.path).committed()
     if committed is not None:
-        return (f"committed by attempt {committed.attempt}: a run reuses it if it is this "
-                f"run's partition (else exit 3 without --overwrite)")
+        shown, wanted = job.display(job.spec.output.path), _identity(job, resolved)
+        plain = decide_partition(committed, wanted, overwrite=False, shown=shown)
+        line = f"committed by attempt {committed.attempt}: " + (
+            "a run reuses it (nothing to do)" if plain.action == "reuse"
+            else f"a run exits 3 ({plain.reason})")
+        if decide_partition(committed, wanted, overwrite=False, shown=shown,
+                            update=True).action != "update":
+            return line
+        updated = _plan_update(job, resolved, committed, shown)
+        if updated.refusal:
+            return f"{line}; --update exits 3 too"
+        if updated.unchanged:
+            return f"{line}; --update reuses it too (no shard new, rewritten or removed)"
+        return f"{line}; {updated.summary(len(resolved.shards), '--update would keep')}"
     found = _find_resume(job, resolved)
     if found.adopted or found.changed or found.damaged:
         return found.summary(len(resolved.shards))
     return f"nothing to reuse: would score all {len(resolved.shards)} shards"
 
 
-def reuse(run: Resolution, decision: Decision, dry_run: bool) -> Outcome:
-    """The no-op of a partition committed already as this run would commit it."""
+def reuse(run: Resolution, decision: Decision, dry_run: bool,
+          updated: Update | None = None) -> Outcome:
+    """The no-op of a partition committed already as this run would commit it (``updated``:
+    an ``--update`` that found no shard new, rewritten or removed)."""
     existing = decision.manifest
     assert existing is not None
     if not dry_run:  # a run that crashed after its commit left debris behind
         run.partition.tidy(existing)
+    same = " (--update: no shard new, rewritten or removed)" if updated is not None else ""
     return Outcome("noop", f"{run.shown} is already committed with this triple (attempt "
-                           f"{existing.attempt}); nothing to do", existing, run.shown)
+                           f"{existing.attempt}){same}; nothing to do", existing, run.shown)
 
 
-def rehearse(run: Resolution, decision: Decision, resumed: Resume | None = None) -> Outcome:
+def rehearse(run: Resolution, decision: Decision, resumed: Resume | None = None,
+             updated: Update | None = None) -> Outcome:
     """``--dry-run``: what would be scored, and for a runner that can, its job built."""
     job, resolved, started = run.job, run.resolved, run.started
     spec = job.spec
-    resumed = resumed or Resume()
-    message = (f"dry run: would score {len(resolved.shards) - len(resumed.adopted)} shards into "
-               f"{run.shown}")
-    if resumed.adopted:
-        message += f" ({resumed.summary(len(resolved.shards))})"
+    crashed = resumed or Resume()
+    resumed = adopting(crashed, updated)
+    total = len(resolved.shards)
+    message = f"dry run: would score {total - len(resumed.adopted)} shards into {run.shown}"
+    if updated is not None:
+        message += f" ({updated.summary(total)})"
+    if crashed.adopted:
+        message += f" ({crashed.summary(total, total - len(resumed.adopted))})"
     if runners.get(spec.runner.name).builds_job:  # build the runner's job too, submit nothing
         champion = models.load_champion(resolved)
         challengers = models.load_challengers(resolved, champion)
@@ -294,7 +368,7 @@ def rehearse(run: Resolution, decision: Decision, resumed: Resume | None = None)
 
 
 def launch(run: Resolution, decision: Decision, resumed: Resume, tracking: "TrackingRun",
-           progress: Callable[[str], None]) -> Launch:
+           progress: Callable[[str], None], updated: Update | None = None) -> Launch:
     """Phase 3, before the pipeline: load the models (exit 5, or 2 for their outputs, before any
     work), match the baseline with the run's columns (exit 2 if none), then touch the store:
     begin the attempt (its key in scratch, before any shard: a rerun after a crash adopts what
@@ -318,15 +392,18 @@ def launch(run: Resolution, decision: Decision, resumed: Resume, tracking: "Trac
     if resolved.ignored:
         progress(f"ignoring {len(resolved.ignored)} metadata file(s) that input.path matched "
                  f"(names starting with _ or .; `batchinfer plan` lists them)")
+    total, adopted = len(resolved.shards), adopting(resumed, updated)
+    if updated is not None:
+        progress(updated.summary(total))
     if resumed.adopted or resumed.changed or resumed.damaged:
-        progress(resumed.summary(len(resolved.shards)))
-    progress(f"scoring {len(resolved.shards) - len(resumed.adopted)} shards into {run.shown} "
+        progress(resumed.summary(total, total - len(adopted.adopted)))
+    progress(f"scoring {total - len(adopted.adopted)} shards into {run.shown} "
              f"(attempt {attempt.attempt}, {spec.runner.name} runner, {champion.device})")
     # The manifest names the MLflow run, so its id is needed before the pipeline starts (the
     # helper opened it meanwhile).
     header = scoring.manifest_header(job, attempt, champion, run.started, tracking.wait(), challengers)
     return Launch(champion=champion, challengers=challengers, load_s=load_s,
-                  baseline=baseline, attempt=attempt, header=header, resume=resumed)
+                  baseline=baseline, attempt=attempt, header=header, resume=adopted)
 
 
 def score(run: Resolution, launched: Launch, tracking: "TrackingRun",

@@ -111,21 +111,27 @@ class Decision:
     Attributes:
         action: ``reuse`` (committed already as this run would: nothing to do), ``replace``
             (score a new attempt that replaces ``manifest``, None when nothing is committed),
-            ``conflict`` (committed as another partition: exit 3, ``reason`` says why).
+            ``update`` (``--update`` of a partition this run's but maybe for its shards: which
+            to keep, score and drop is io/update.py's, from the shards' bytes), ``conflict``
+            (committed as another partition: exit 3, ``reason`` says why).
         manifest: the manifest committed now, or None.
     """
 
-    action: Literal["reuse", "replace", "conflict"]
+    action: Literal["reuse", "replace", "update", "conflict"]
     manifest: Manifest | None = None
     reason: str = ""
 
 
-def decide(committed: Manifest | None, wanted: Identity, *, overwrite: bool, shown: str) -> Decision:
+def decide(committed: Manifest | None, wanted: Identity, *, overwrite: bool, shown: str,
+           update: bool = False) -> Decision:
     """Reuse, replace or refuse the ``committed`` manifest (``shown`` names the partition).
 
     A committed manifest is "this partition" only if it is of this job, this date and these
     shards, with this triple; otherwise a run would call another partition's predictions its
-    own (exit 0, nothing scored). ``--overwrite`` replaces whatever is committed.
+    own (exit 0, nothing scored). ``--overwrite`` replaces whatever is committed. ``update``
+    (``--update``): a partition of this job, date, triple, declared options and challengers is
+    ``update``d whatever its shards (io/update.py compares them); anything else is refused as
+    without it.
     """
     if committed is None or overwrite:
         return Decision("replace", committed)
@@ -136,12 +142,12 @@ def decide(committed: Manifest | None, wanted: Identity, *, overwrite: bool, sho
             f"out/dt={{ds}}), or pass --overwrite to replace it"))
     held = {s.path for s in committed.shards}
     listed = set(wanted.shards)
-    if held != listed and held != wanted.shards_as_then:
+    if not update and held != listed and held != wanted.shards_as_then:
         added, gone = len(listed - held), len(held - listed)
         return Decision("conflict", committed, (
             f"{shown} was committed from other shards than input.path lists now ({added} new, "
-            f"{gone} no longer listed; e.g. {sorted(listed ^ held)[0]}): pass --overwrite "
-            f"to score the partition as it is now"))
+            f"{gone} no longer listed; e.g. {sorted(listed ^ held)[0]}): pass --update to score "
+            f"only the new and changed shards, or --overwrite to score the partition as it is now"))
     if committed.triple != wanted.triple:
         return Decision("conflict", committed, triple_conflict(shown, committed.triple, wanted.triple))
     if with_implied(committed.model_options, committed.backend) != with_implied(
@@ -161,7 +167,7 @@ def decide(committed: Manifest | None, wanted: Identity, *, overwrite: bool, sho
             f"it (committed: {names}; a challenger counts only with the same name, triple and "
             f"declared options): pass --overwrite to score the partition with this run's "
             f"challengers"))
-    return Decision("reuse", committed)
+    return Decision("update" if update else "reuse", committed)
 
 
 def not_committed(manifest: Manifest, challengers: tuple[ChallengerRun, ...]) -> list[str]:
@@ -208,7 +214,8 @@ class PartitionCommit:
         fs, root = self._fs_root()
         return read_manifest(fs, root)
 
-    def decide(self, wanted: Identity, *, overwrite: bool, shown: str) -> Decision:
+    def decide(self, wanted: Identity, *, overwrite: bool, shown: str,
+               update: bool = False) -> Decision:
         """What a run of ``wanted`` does with the partition as it is now (:func:`decide`).
 
         Raises:
@@ -216,7 +223,7 @@ class PartitionCommit:
         """
         if self.is_file():
             raise SpecError(f"output.path {shown} is a file; it must be a folder (or not exist)")
-        return decide(self.committed(), wanted, overwrite=overwrite, shown=shown)
+        return decide(self.committed(), wanted, overwrite=overwrite, shown=shown, update=update)
 
     def tidy(self, manifest: Manifest) -> None:
         """Remove what a run that crashed after committing ``manifest`` left behind."""
@@ -321,7 +328,8 @@ class Attempt:
         replacing = self.replacing
         current = self.partition.committed() if replacing is not None else None
         replace = current is not None and replacing is not None and current.attempt == replacing.attempt
-        if not create_manifest(layout, manifest, replace=replace):
+        if not create_manifest(layout, manifest, replace=replace,
+                               expected=replacing.attempt if replace and replacing else None):
             winner = self.partition.committed()
             if winner is not None and winner.attempt == self.attempt:
                 # An earlier try of this commit created it: finish its cleanup, never abort it.

@@ -8,8 +8,11 @@ sees it exists.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+from contextlib import contextmanager
+from typing import Iterator
 
 from fsspec import AbstractFileSystem
 
@@ -46,8 +49,15 @@ def manifest_bytes(manifest: Manifest) -> bytes:
     return (json.dumps(manifest.to_dict(), indent=2) + "\n").encode()
 
 
-def create_manifest(layout: Layout, manifest: Manifest, *, replace: bool = False) -> bool:
-    """Create the manifest. Return False if another run committed first (and not ``replace``)."""
+def create_manifest(layout: Layout, manifest: Manifest, *, replace: bool = False,
+                    expected: str | None = None) -> bool:
+    """Create the manifest. Return False if another run committed first (and not ``replace``).
+
+    ``replace`` with ``expected`` (the attempt of the manifest being replaced): on a local disk
+    the manifest is replaced only if it is still that attempt's, checked and replaced under an
+    exclusive lock of the partition's folder, so of two runs replacing one manifest at once
+    (``--update``, ``--overwrite``) exactly one does; the other returns False (it lost).
+    """
     fs, data = layout.fs, manifest_bytes(manifest)
     final = layout.manifest
     try:
@@ -56,7 +66,11 @@ def create_manifest(layout: Layout, manifest: Manifest, *, replace: bool = False
             write_file(fs, scratch, data)
             faults.point("during_commit")
             if replace:
-                os.replace(scratch, final)
+                with _locked(layout.root):
+                    if expected is not None and _attempt_now(fs, layout.root) != expected:
+                        os.unlink(scratch)
+                        return False
+                    os.replace(scratch, final)
             else:
                 try:
                     os.link(scratch, final)
@@ -76,6 +90,27 @@ def create_manifest(layout: Layout, manifest: Manifest, *, replace: bool = False
     except OSError as exc:
         raise StorageError(f"cannot write {final}: {exc}") from None
     return True
+
+
+@contextmanager
+def _locked(root: str) -> Iterator[None]:
+    """An exclusive lock of the partition's folder for the block (flock: the kernel releases it
+    when the process dies, so a killed run never leaves it held)."""
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _attempt_now(fs: AbstractFileSystem, root: str) -> str | None:
+    """The attempt of the manifest committed under ``root`` now (None: none, or unreadable)."""
+    try:
+        current = read_manifest(fs, root)
+    except (ContractError, StorageError):
+        return None
+    return current.attempt if current is not None else None
 
 
 def data_folders(layout: Layout) -> list[str]:

@@ -60,10 +60,12 @@ class Resume:
     def rows(self) -> int:
         return sum(r.record.rows_in or 0 for r in self.adopted.values())
 
-    def summary(self, total: int) -> str:
-        """``reusing 3 of 8 shards (6,000 rows) finished by attempt(s) …; scoring 5``."""
+    def summary(self, total: int, scoring: int | None = None) -> str:
+        """``reusing 3 of 8 shards (6,000 rows) finished by attempt(s) …; scoring 5``
+        (``scoring``: how many the run scores, if not the others: an update keeps some)."""
+        scoring = total - len(self.adopted) if scoring is None else scoring
         line = (f"reusing {len(self.adopted)} of {total} shards ({self.rows:,} rows) finished by "
-                f"crashed attempt(s) {', '.join(self.attempts)}; scoring {total - len(self.adopted)}")
+                f"crashed attempt(s) {', '.join(self.attempts)}; scoring {scoring}")
         if self.changed:
             line += f" ({len(self.changed)} rewritten since, e.g. {self.changed[0]})"
         if self.damaged:
@@ -82,7 +84,7 @@ def find(url: str, key: AttemptKey, shards: Sequence[tuple[str, str]], *,
     if not wanted:
         return Resume()
     with ThreadPoolExecutor(THREADS) as pool:
-        digests = dict(zip(wanted, pool.map(lambda i: _digest_url(shards[i][1]), wanted)))
+        digests = dict(zip(wanted, pool.map(lambda i: digest_url(shards[i][1]), wanted)))
         adopted: dict[int, ShardResult] = {}
         changed, damaged = [], []
         for index, results in wanted.items():
@@ -155,7 +157,7 @@ def _files(result: ShardResult) -> list[tuple[str, str]]:
         (f.path, f.sha256) for c in result.challengers.values() for f in c.files]
 
 
-def _digest_url(url: str) -> str | None:
+def digest_url(url: str) -> str | None:
     fs, path = url_to_fs(url)
     return _digest(fs, path)
 

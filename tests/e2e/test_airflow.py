@@ -8,7 +8,9 @@ the file builds (:func:`sense`, :func:`score`): the sensor's callable, and ``bat
 the score task runs it, whose exit code and error file ``nightly_scoring.outcome`` maps to the
 task's result or exception. What Airflow makes of those exceptions is seen in real ``dags test``
 runs (about 10 s of Airflow each): a success after the sensor waited and an AirflowFailException
-that fails its try at once (a late shard, exit 3) in one test, and README's commands."""
+that fails its try at once (a late shard, exit 3, for a job whose ``nightly.yaml`` says ``update:
+false``), then the same late shard scored by the task's ``run --update`` (the default) when the date
+runs again, in one test, and README's commands."""
 from __future__ import annotations
 
 import importlib.util
@@ -162,7 +164,8 @@ def sense(nightly, airflow: dict, ds: str, dag_id: str = DAG_ID):
 
 
 def score(nightly, airflow: dict, ds: str, dag_id: str = DAG_ID):
-    """The DAG's score task in this process: ``batchinfer run JOB --ds DS`` as the task runs it
+    """The DAG's score task in this process: ``batchinfer run JOB --ds DS [--update]`` as the
+    task builds it (``nightly_scoring.run_args`` with the job's ``nightly.yaml``) and runs it
     (in the job's folder, ``$BATCHINFER_ERROR_FILE`` set; a child of the fork server), then
     ``nightly_scoring.outcome`` on how it ended: the task's return value, or the exception it
     raises. Airflow retries an AirflowException and fails an AirflowFailException at once."""
@@ -171,8 +174,8 @@ def score(nightly, airflow: dict, ds: str, dag_id: str = DAG_ID):
     dag = dag_of(nightly, airflow, dag_id)
     folder = airflow["job"].parent / dag_id.removeprefix("nightly_")
     error_file = airflow["home"].parent / f"error-{dag_id}-{ds}-{time.monotonic_ns()}.json"
-    result = run_cli("run", str(folder / "job.yaml"), "--ds", ds, cwd=folder,
-                     env={nightly.ERROR_FILE_ENV: str(error_file)})
+    args = nightly.run_args(str(folder / "job.yaml"), ds, update=nightly.read_config(folder).update)
+    result = run_cli(*args, cwd=folder, env={nightly.ERROR_FILE_ENV: str(error_file)})
     try:
         return nightly.outcome(result.returncode, result.stdout, result.stderr, nightly.read_error(error_file),
                                marker_checked="wait_for_marker" in dag.task_ids)
@@ -381,7 +384,7 @@ def test_sigterm_to_the_task_reaches_batchinfer_as_ctrl_c(airflow):
 
 # -- runs -----------------------------------------------------------------------------------------
 
-def test_nightly_run_waits_for_the_marker_commits_reruns_as_a_no_op_and_refuses_a_late_shard(airflow, nightly):
+def test_nightly_run_waits_for_the_marker_commits_reruns_as_a_no_op_and_updates_for_a_late_shard(airflow, nightly):
     ds = "2026-01-15"
     data = partition(airflow, ds, marker=False)
     out = airflow["job"] / "out" / f"dt={ds}"
@@ -404,12 +407,44 @@ def test_nightly_run_waits_for_the_marker_commits_reruns_as_a_no_op_and_refuses_
     assert isinstance(again, str) and "is already committed with this triple" in again
     assert snapshot(out) == before
 
-    # A shard that arrives after the commit makes another set of shards: exit 3, not retried.
+    # A shard that arrives after the commit makes another set of shards: for a job whose
+    # nightly.yaml says update: false, exit 3, not retried.
     shutil.copy(data / "part-00000.parquet", data / "part-00006.parquet")
-    late = dags_test(airflow, ds)
-    assert tries(airflow, ds) == {"wait_for_marker": ("success", 1), "score": ("failed", 1)}, late
-    assert "contract failure (exit 3), not retried: batchinfer run: " in late
+    write_nightly(airflow["job"], {**NIGHTLY, "update": False})
+    try:
+        refused = dags_test(airflow, ds)
+    finally:
+        write_nightly(airflow["job"], NIGHTLY)
+    assert tries(airflow, ds) == {"wait_for_marker": ("success", 1), "score": ("failed", 1)}, refused
+    assert "contract failure (exit 3), not retried: batchinfer run: " in refused
     assert snapshot(out) == before
+    # By default the date run again scores that shard only (the task's run --update) and keeps
+    # the six committed ones where they are.
+    late = dags_test(airflow, ds)
+    assert tries(airflow, ds) == {"wait_for_marker": ("success", 1), "score": ("success", 1)}, late
+    assert "updating: keeping 6 of 7 shards" in late
+    _, _, updated = check_partition(out, shards_of(data))
+    assert {s["scored_by"] for s in updated["shards"][:SHARDS]} == {manifest["attempt"]}
+    assert updated["shards"][SHARDS]["scored_by"] == updated["attempt"] != manifest["attempt"]
+    kept = {p: v for p, v in before.items() if p.startswith(("predictions/", "quarantine/"))}
+    assert {p: v for p, v in snapshot(out).items() if p in kept} == kept  # not rewritten, not moved
+
+
+def test_the_score_task_runs_update_unless_the_job_says_not(airflow, nightly):
+    """The command the score task builds: ``--update`` by default (a late shard is scored when
+    the date runs again), left out with ``update: false`` (the late shard is then exit 3, the
+    job's own mistake: not retried)."""
+    ds = "2026-01-21"
+    job = str(airflow["job"] / "job.yaml")
+    assert nightly.run_args(job, ds, update=True) == ["run", job, "--ds", ds, "--update"]
+    assert nightly.run_args(job, ds, update=False) == ["run", job, "--ds", ds]
+    assert nightly.read_config(airflow["job"]).update is True  # NIGHTLY does not say
+    assert dag_of(nightly, airflow, DAG_ID).description == f"batchinfer run {job} --ds {{{{ ds }}}} --update"
+    write_nightly(airflow["job"], {**NIGHTLY, "update": False})
+    try:
+        assert dag_of(nightly, airflow, DAG_ID).description == f"batchinfer run {job} --ds {{{{ ds }}}}"
+    finally:
+        write_nightly(airflow["job"], NIGHTLY)
 
 
 def test_a_contract_violation_fails_once_without_retry_and_commits_nothing(airflow, nightly):

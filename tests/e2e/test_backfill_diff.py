@@ -73,6 +73,32 @@ def test_backfill_stops_at_the_first_failure_and_resumes(project):
     assert "3 partition(s): 2 committed, 1 already committed" in second.stdout
 
 
+def test_backfill_update_scores_a_late_shard_and_skips_what_did_not_change(project):
+    """Late data (contract §5.3 "Update"): after a backfill, a shard arrives late in one date;
+    a plain backfill stops there (exit 3, naming --update), ``backfill --update`` scores that
+    shard only and leaves the other date as it was."""
+    dates = ("--start", DAYS[0], "--end", DAYS[2])
+    make_shards(project / "data" / f"dt={DAYS[1]}", shards=2, rows=300, seed=3)
+    first = run_cli("backfill", "job.yaml", *dates, cwd=project)
+    assert first.returncode == 0, first.stderr
+    before = {ds: committed(project, ds) for ds in DAYS}
+    make_shards(project / "late", shards=1, rows=300, seed=9)
+    (project / "late" / "part-00000.parquet").rename(project / "data" / f"dt={DAYS[1]}" / "part-00002.parquet")
+    plain = run_cli("backfill", "job.yaml", *dates, cwd=project)
+    assert plain.returncode == 3 and "pass --update" in plain.stdout, plain.stdout
+    update = run_cli("backfill", "job.yaml", *dates, "--update", cwd=project)
+    assert update.returncode == 0, update.stderr
+    assert "updating: keeping 2 of 3 shards (600 rows)" in update.stdout
+    assert "3 partition(s): 1 committed, 2 already committed" in update.stdout
+    after = {ds: committed(project, ds) for ds in DAYS}
+    assert after[DAYS[0]] == before[DAYS[0]] and after[DAYS[2]] == before[DAYS[2]]
+    assert after[DAYS[1]]["totals"]["rows_in"] == ROWS + 300
+    assert [s["scored_by"] for s in after[DAYS[1]]["shards"]] == [before[DAYS[1]]["attempt"]] * 2 + [
+        after[DAYS[1]]["attempt"]]
+    both = run_cli("backfill", "job.yaml", *dates, "--update", "--overwrite", cwd=project)
+    assert both.returncode == 2 and "not both" in both.stderr
+
+
 def test_backfill_keep_going_scores_the_rest(project):
     result = run_cli("backfill", "job.yaml", "--start", DAYS[0], "--end", DAYS[2], "--keep-going",
                      cwd=project)

@@ -31,18 +31,17 @@ import time
 from pathlib import Path
 
 import forkserver
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from factories import (
     DS,
+    assert_same_result,
     check_partition,
     make_mlp_onnx,
     make_shards,
     partition_files,
-    read_partition,
     write_job,
     write_schema,
 )
@@ -56,46 +55,6 @@ def server():
 
 
 # -- checks shared by the crash tests ----------------------------------------------------------
-
-EXEMPT = {"_inference_id", "_compute_ms"}
-
-
-def canonical(table: pa.Table) -> pa.Table:
-    """Sorted by (_source_shard, _source_row), execution-describing columns dropped,
-    dictionary columns decoded."""
-    if not table.num_columns:
-        return table
-    table = table.drop_columns([c for c in table.column_names if c in EXEMPT])
-    columns = {}
-    for name in table.column_names:
-        col = table[name].combine_chunks()
-        if pa.types.is_dictionary(col.type):
-            col = col.cast(col.type.value_type)
-        columns[name] = col
-    table = pa.table(columns)
-    return table.sort_by([("_source_shard", "ascending"), ("_source_row", "ascending")])
-
-
-def assert_same_result(out: Path, reference: Path, shard_paths: list[Path]) -> dict:
-    preds, quar, manifest = check_partition(out, shard_paths)
-    ref_preds, ref_quar, ref_manifest = read_partition(reference)
-    a, b = canonical(preds), canonical(ref_preds)
-    assert a.column_names == b.column_names
-    assert a.num_rows == b.num_rows
-    for name in a.column_names:
-        if name == "y":  # bit for bit
-            assert np.array_equal(a[name].to_numpy().view(np.uint32), b[name].to_numpy().view(np.uint32))
-        else:
-            assert a[name].equals(b[name]), name
-    assert canonical(quar).equals(canonical(ref_quar))
-    assert manifest["triple"] == ref_manifest["triple"]
-    assert manifest["totals"] == ref_manifest["totals"]
-    def strip(m):
-        return sorted((s["path"], s["sha256"], s["rows_in"], s["rows_scored"],
-                                  s["rows_quarantined"], s["status"]) for s in m["shards"])
-    assert strip(manifest) == strip(ref_manifest)
-    return manifest
-
 
 # -- the project ---------------------------------------------------------------------------------
 
@@ -285,9 +244,9 @@ def test_plan_inspect_and_report_say_what_a_resume_reuses(project, crashed):
             in plan.stdout), plan.stdout
     assert f"; scoring {SHARDS - finished}" in plan.stdout
     assert inspect.returncode == 0, inspect.stderr
-    assert f"resumed: {finished} of {SHARDS} shards ({finished * ROWS} rows)" in inspect.stdout
+    assert f"reused: {finished} of {SHARDS} shards ({finished * ROWS} rows)" in inspect.stdout
     report = (folder / _out("shard_done") / "report.html").read_text()
-    assert "scored by" in report and f"resumed: {finished} of {SHARDS} shards" in report
+    assert "scored by" in report and f"reused: {finished} of {SHARDS} shards" in report
 
 
 def test_shard_rewritten_after_the_crash_is_scored_again(project, crashed):

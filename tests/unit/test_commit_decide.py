@@ -66,7 +66,8 @@ def test_shards_named_as_before_secrets_were_masked_are_the_same_shards():
     (_wanted(ds="2026-01-16"), "not of job 'j', ds '2026-01-16'"),
     (_wanted(shards=frozenset({"data/part-0.parquet", "data/part-2.parquet"}), shards_as_then=frozenset()),
      f"{SHOWN} was committed from other shards than input.path lists now (1 new, 1 no longer "
-     f"listed; e.g. data/part-1.parquet): pass --overwrite to score the partition as it is now"),
+     f"listed; e.g. data/part-1.parquet): pass --update to score only the new and changed "
+     f"shards, or --overwrite to score the partition as it is now"),
     (_wanted(triple={**TRIPLE, "model_digest": "d2"}),
      f"{SHOWN} is committed under another triple (model_digest committed d1 now d2): pass "
      f"--overwrite to replace it"),

@@ -121,6 +121,48 @@ def test_killed_run_resumes_from_what_it_finished_on_s3(tmp_path, s3_server, new
     assert by.count(manifest["attempt"]) == SHARDS - len(results)
 
 
+def test_update_on_s3_scores_the_late_shard_and_keeps_the_others_where_they_are(
+        tmp_path, s3_server, s3_proxy, new_bucket, stamped_template):
+    """A shard arrives late in the bucket and one goes: ``run --update`` (through the proxy,
+    which logs every request) scores the late one only, writes no object of the kept shards
+    (no PUT, no copy: the new manifest lists them where they are), drops the gone one's files,
+    and commits what a clean run of the bucket as it is now commits (contract §5.3 "Update")."""
+    fs = s3_server.s3fs()
+    job = s3_project(stamped_template, tmp_path, new_bucket, fs)
+    root, data = out_root(new_bucket), f"{new_bucket}/data/dt={DS}"
+    first = run_cli("run", str(job), "--ds", DS, cwd=tmp_path, env=s3_server.env)
+    assert first.returncode == 0, first.stderr
+    fs.invalidate_cache()
+    old = read_partition(root, fs=fs)[2]
+    kept = {f["path"]: fs.info(f"{root}/{f['path']}")["ETag"] for s in old["shards"][:2] for f in s["files"]}
+    gone = {f["path"] for f in old["shards"][2]["files"]}
+    fs.pipe_file(f"{data}/part-{SHARDS:05d}.parquet", fs.cat_file(f"{data}/part-00000.parquet"))
+    fs.rm(f"{data}/part-00002.parquet")
+    update = run_cli("run", str(job), "--ds", DS, "--update", cwd=tmp_path, env=env_for(s3_proxy.url))
+    assert update.returncode == 0, update.stderr
+    assert "updating: keeping 2 of 3 shards (2,000 rows)" in update.stdout
+    assert "scoring 1 (1 new, 0 rewritten); dropping 1 no longer listed" in update.stdout
+    fs.invalidate_cache()
+    preds, _, manifest = read_partition(root, fs=fs)
+    assert [s["scored_by"] for s in manifest["shards"]] == [old["attempt"]] * 2 + [manifest["attempt"]]
+    assert manifest["shards"][-1]["path"] == f"s3://{data}/part-{SHARDS:05d}.parquet"
+    assert {k: fs.info(f"{root}/{k}")["ETag"] for k in kept} == kept
+    written = [target for _, target, _ in s3_proxy.requests("PUT") + s3_proxy.requests("POST")]
+    assert not [t for t in written if old["attempt"] in t], written   # nothing rewritten or copied
+    present = keys_under(fs, root)
+    assert not gone & present and not any(k.startswith("_tmp/") for k in present)
+    assert {k for k in present if k.startswith(("predictions/", "quarantine/"))} == {
+        f["path"] for s in manifest["shards"] for f in s["files"]}
+    # The clean run's rows and predictions, bit for bit, for the shards as listed now.
+    ref = run_cli("run", str(job), "--ds", DS, "--set", f"output.path=s3://{new_bucket}/ref",
+                  cwd=tmp_path, env=s3_server.env)
+    assert ref.returncode == 0, ref.stderr
+    want = read_partition(f"{new_bucket}/ref", fs=fs)[0]
+    keep = ["_source_shard", "_source_row", "_input_hash", "id", "y"]
+    order = [("_source_shard", "ascending"), ("_source_row", "ascending")]
+    assert preds.select(keep).sort_by(order).equals(want.select(keep).sort_by(order))
+
+
 def test_two_concurrent_runs_commit_exactly_once(tmp_path, s3_server, s3_proxy, new_bucket,
                                                  stamped_template):
     """Both runs start at once through the (fault-free) proxy, which sees every manifest PUT."""
