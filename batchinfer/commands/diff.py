@@ -213,6 +213,8 @@ def _column_difference(col_a: pa.ChunkedArray, col_b: pa.ChunkedArray) -> tuple[
         return int((~same.all(axis=1)).sum()), float(np.nanmax(gap)) if gap.size else 0.0
     if values_a.type != values_b.type:
         return rows, None
+    if pa.types.is_list(values_a.type):   # _explanation: Arrow's kernels do not compare lists
+        return sum(x != y for x, y in zip(values_a.to_pylist(), values_b.to_pylist())), None
     equal = pc.fill_null(pc.equal(values_a, values_b), False)
     same = pc.or_(equal, pc.and_(pc.is_null(values_a), pc.is_null(values_b)))
     return int((~same.to_numpy(zero_copy_only=False).reshape(rows, width).all(axis=1)).sum()), None

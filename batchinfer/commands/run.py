@@ -208,8 +208,10 @@ def _identity(job: Job, resolved: Resolved) -> Identity:
                     # Partitions committed before only secrets were masked name their shards
                     # with every ${NAME} value put back: the same shards, named as then.
                     shards_as_then=frozenset(mask(s.url, job.templated) for s in resolved.shards),
-                    triple=resolved.triple.as_dict(), model_options=models.declared(job.spec.model),
-                    challengers=tuple(models.challenger_identity(c) for c in resolved.challengers))
+                    triple=resolved.triple.as_dict(),
+                    model_options=models.declared(job.spec.model, job.spec.explain),
+                    challengers=tuple(models.challenger_identity(c, job.spec.explain)
+                                      for c in resolved.challengers))
 
 
 def decide(run: Resolution, overwrite: bool) -> Decision:

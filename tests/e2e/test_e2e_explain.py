@@ -1,0 +1,259 @@
+"""End-to-end: `explain:` (contract §6 "Explanations"), driven through the CLI.
+
+Linear models, whose true attributions are known — ``w · (x − baseline)`` — are explained by every
+method (gradient × input and integrated gradients on the torch backend, permutation Shapley values
+on ONNX Runtime and torch) and held to them; reruns give the same bytes of attribution; the
+declaration carries the method and its parameters (another one: exit 3); completeness is counted
+and gates the run (exit 4); what cannot be explained is refused before any work (exit 2).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+import artefacts
+from factories import DS, make_shards, one_line_error, read_partition, run_cli, save_onnx, write_job, write_schema
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("captum")
+
+pytestmark = pytest.mark.slow
+
+W = np.array([0.5, -2.0, 1.25, 3.0], dtype=np.float32)
+B = 0.25
+FEATURES = ["f0", "f1", "f2", "f3"]
+BASELINE = [0.5, -0.5, 1.0, 0.0]
+ROWS = 300
+
+# torch.export programs: linear (x @ W + B) and logistic (sigmoid of it), out [N, 1] named "y".
+MAKE_PROGRAMS = textwrap.dedent(f'''\
+    import sys
+    import torch
+
+    class Linear(torch.nn.Module):
+        def __init__(self, squash):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.tensor({W.tolist()}).reshape(4, 1))
+            self.squash = squash
+
+        def forward(self, x):
+            y = x @ self.w + {B}
+            return torch.sigmoid(3.0 * y) if self.squash else y
+
+    for name, squash in (("linear", False), ("logistic", True)):
+        program = torch.export.export(Linear(squash).eval(), (torch.randn(8, 4),),
+                                      dynamic_shapes=({{0: torch.export.Dim("batch")}},))
+        torch.export.save(program, f"{{sys.argv[1]}}/{{name}}.pt2")
+    ''')
+
+
+def _programs(folder: Path) -> None:
+    made = subprocess.run([sys.executable, "-c", MAKE_PROGRAMS, str(folder)], capture_output=True,
+                          text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+
+
+@pytest.fixture(scope="module")
+def programs() -> Path:
+    return artefacts.cached("explain-linear", _programs, packages=artefacts.TORCH_EXPORT,
+                            sources=["tests/e2e/test_e2e_explain.py"])
+
+
+def linear_onnx(path: Path) -> Path:
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])],
+        "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])],
+        [numpy_helper.from_array(W.reshape(4, 1), "w"),
+         numpy_helper.from_array(np.array([B], np.float32), "b")])
+    return save_onnx(graph, path)
+
+
+def project(root: Path, model: Path, explain: dict, *, backend: str = "torch",
+            stamp: bool = True, **sections) -> Path:
+    write_schema(root / "schemas")
+    make_shards(root / "data" / f"dt={DS}", shards=2, rows=ROWS)
+    target = root / "models" / model.name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(model.read_bytes())
+    write_job(root, extra={"explain": explain, "model": {"uri": f"models/{model.name}",
+                                                         "backend": backend, "device": "cpu"}},
+              **sections)
+    if stamp:
+        stamped = run_cli("stamp", f"models/{model.name}", "--job", "job.yaml", "--model-version",
+                          "lin:1", cwd=root)
+        assert stamped.returncode == 0, stamped.stderr
+    return root
+
+
+def scored(root: Path, *args: str):
+    result = run_cli("run", "job.yaml", "--ds", DS, *args, cwd=root)
+    assert result.returncode == 0, result.stderr
+    predictions, _, manifest = read_partition(root / "out" / f"dt={DS}")
+    return predictions, manifest
+
+
+def inputs(predictions) -> np.ndarray:
+    """Each scored row's features, read back from its shard by (_source_shard, _source_row)."""
+    rows = []
+    cache: dict[str, object] = {}
+    for shard, row in zip(predictions.column("_source_shard").to_pylist(),
+                          predictions.column("_source_row").to_pylist()):
+        table = cache.setdefault(shard, pq.read_table(shard))
+        rows.append([table.column(f)[row].as_py() for f in FEATURES])   # type: ignore[attr-defined]
+    return np.array(rows, dtype=np.float64)
+
+
+def as_vectors(explanations: list) -> np.ndarray:
+    """``top_k: all`` lists in input order → [rows, features]; checks the names."""
+    for entry in explanations:
+        assert [e["feature"] for e in entry] == FEATURES
+    return np.array([[e["attribution"] for e in entry] for entry in explanations])
+
+
+@pytest.mark.parametrize("method, baseline, tolerance", [
+    ("gradient_x_input", "zeros", 1e-5),
+    ("integrated_gradients", BASELINE, 1e-4),
+    ("permutation", BASELINE, 1e-5),
+])
+def test_torch_methods_find_the_true_attributions_of_a_linear_model(programs, tmp_path, method,
+                                                                   baseline, tolerance):
+    root = project(tmp_path / "p", programs / "linear.pt2",
+                   {"method": method, "baseline": baseline, "top_k": "all"})
+    predictions, manifest = scored(root)
+    x = inputs(predictions)
+    base = np.zeros(4) if baseline == "zeros" else np.array(baseline)
+    got = as_vectors(predictions.column("_explanation").to_pylist())
+    np.testing.assert_allclose(got, W.astype(np.float64) * (x - base), atol=tolerance)
+    np.testing.assert_allclose(predictions.column("_explanation_baseline").to_numpy(),
+                               float(base @ W + B), atol=1e-5)
+    meta = json.loads(pq.read_schema(root / "out" / f"dt={DS}" / manifest["shards"][0]["files"][0]["path"])
+                      .metadata[b"batchinfer.explain"])
+    assert meta["features_from"] == "schema" and meta["features"] == FEATURES
+    assert meta["declared"]["method"] == method
+    # the column sits beside the predictions, before the audit columns
+    names = predictions.column_names
+    assert names[0] == "id" and names[2:4] == ["_explanation", "_explanation_baseline"]
+    assert names[4] == "_source_shard" and meta["output"] == names[1]   # torch names it "add"
+    metrics = json.loads((root / "out" / f"dt={DS}" / "_metrics.json").read_text())["metrics"]
+    assert metrics["explain_rows"] == 2 * ROWS and metrics["explain_incomplete_rows"] == 0
+    # f1 and f3 weigh most: the top features by mean |attribution|
+    assert metrics["explain_mean_abs.f3"] > metrics["explain_mean_abs.f0"]
+
+
+def test_permutation_on_onnx_keeps_the_top_features_and_reruns_bit_identical(tmp_path):
+    model = linear_onnx(tmp_path / "lin.onnx")
+    root = project(tmp_path / "p", model, {"method": "permutation", "top_k": 2, "samples": 4,
+                                           "seed": 7}, backend="onnxruntime")
+    first, _ = scored(root)
+    x = inputs(first)
+    truth = W.astype(np.float64) * x
+    explanations = first.column("_explanation").to_pylist()
+    for row, entry in zip(truth, explanations):
+        order = np.argsort(-np.abs(row), kind="stable")[:2]
+        assert [e["feature"] for e in entry] == [FEATURES[i] for i in order]
+        np.testing.assert_allclose([e["attribution"] for e in entry], row[order], atol=1e-5)
+    again, _ = scored(root, "--overwrite")
+    assert again.column("_explanation").to_pylist() == explanations   # bit for bit
+    assert again.column("_explanation_baseline").equals(first.column("_explanation_baseline"))
+
+
+def test_fraction_explains_the_rows_their_input_hash_picks(tmp_path):
+    model = linear_onnx(tmp_path / "lin.onnx")
+    root = project(tmp_path / "p", model, {"method": "permutation", "fraction": 0.3},
+                   backend="onnxruntime")
+    predictions, _ = scored(root)
+    hashes = predictions.column("_input_hash").to_pylist()
+    picked = [int(h[:16], 16) < int(0.3 * 2**64) for h in hashes]
+    explained = [e is not None for e in predictions.column("_explanation").to_pylist()]
+    assert explained == picked and 0.2 < np.mean(picked) < 0.4
+    baseline = predictions.column("_explanation_baseline").to_pylist()
+    assert [b is not None for b in baseline] == picked
+
+
+def test_another_method_or_parameter_is_a_contract_mismatch(programs, tmp_path):
+    root = project(tmp_path / "p", programs / "linear.pt2",
+                   {"method": "integrated_gradients", "steps": 16})
+    sidecar = json.loads((root / "models" / "linear.pt2.batchinfer.json").read_text())
+    assert json.loads(sidecar["explain"]) == {"baseline": "zeros", "fraction": 1.0,
+                                              "method": "integrated_gradients", "steps": 16,
+                                              "top_k": 5}
+    other = run_cli("run", "job.yaml", "--ds", DS, "--set", "explain.steps=32", cwd=root)
+    assert other.returncode == 3, other.stderr
+    assert "was stamped with" in one_line_error(other) and '"steps":16' in other.stderr
+    without = run_cli("run", "job.yaml", "--ds", DS, "--set", "explain=null", cwd=root)
+    assert without.returncode == 3 and "the job's explain is (none)" in without.stderr
+    assert not (root / "out" / f"dt={DS}").exists()
+
+
+def test_a_model_stamped_without_explain_refuses_a_run_with_it(programs, tmp_path):
+    root = project(tmp_path / "p", programs / "linear.pt2", {"method": "gradient_x_input"},
+                   stamp=False)
+    job = root / "job.yaml"
+    import yaml
+
+    spec = yaml.safe_load(job.read_text())
+    explain = spec.pop("explain")
+    job.write_text(yaml.safe_dump(spec))
+    assert run_cli("stamp", "models/linear.pt2", "--job", "job.yaml", "--model-version", "lin:1",
+                   cwd=root).returncode == 0
+    spec["explain"] = explain
+    job.write_text(yaml.safe_dump(spec))
+    result = run_cli("run", "job.yaml", "--ds", DS, cwd=root)
+    assert result.returncode == 3 and "(no explain)" in one_line_error(result)
+
+
+def test_completeness_is_counted_and_fails_the_run_above_its_threshold(programs, tmp_path):
+    # One integration step on a sigmoid is far from complete: most rows miss a tight tolerance.
+    root = project(tmp_path / "p", programs / "logistic.pt2",
+                   {"method": "integrated_gradients", "steps": 1, "tolerance": 1e-4,
+                    "max_incomplete_fraction": 0.05})
+    result = run_cli("run", "job.yaml", "--ds", DS, cwd=root)
+    assert result.returncode == 4, result.stderr
+    line = one_line_error(result)
+    assert "explained rows" in line and "explain.tolerance" in line
+    assert not (root / "out" / f"dt={DS}" / "_manifest.json").exists()
+    # the same rows under a threshold they meet commit, the count in the metrics
+    loose = run_cli("run", "job.yaml", "--ds", DS, "--set", "explain.max_incomplete_fraction=1.0",
+                    cwd=root)
+    assert loose.returncode == 0, loose.stderr
+    metrics = json.loads((root / "out" / f"dt={DS}" / "_metrics.json").read_text())["metrics"]
+    assert 0.05 * 2 * ROWS < metrics["explain_incomplete_rows"] <= 2 * ROWS
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"batch": {"rows": 100, "tokens": 512}}, "attributions per token are not supported"),
+    ({"model": {"uri": "models/lin.onnx", "backend": "onnxruntime"}}, "only the torch backend"),
+    ({"explain": {"method": "permutation", "steps": 3}}, "explain.steps is a parameter of "
+                                                         "integrated_gradients"),
+    ({"explain": {"method": "permutation", "baseline": [0.0, 1.0]}}, "explain.baseline has 2 values"),
+    ({"explain": {"method": "permutation", "output": "z"}}, "explain.output 'z' is not an output"),
+])
+def test_what_cannot_be_explained_is_refused_before_any_work(tmp_path, change, message):
+    model = linear_onnx(tmp_path / "lin.onnx")
+    root = project(tmp_path / "p", model, {"method": "gradient_x_input"}, backend="onnxruntime",
+                   stamp=False)
+    import yaml
+
+    spec = yaml.safe_load((root / "job.yaml").read_text())
+    spec.update(change)
+    spec.setdefault("explain", {"method": "gradient_x_input"})
+    (root / "job.yaml").write_text(yaml.safe_dump(spec))
+    result = run_cli("run", "job.yaml", "--ds", DS, cwd=root)
+    if result.returncode == 3:   # the declaration is checked first: stamp, then run
+        stamped = run_cli("stamp", "models/lin.onnx", "--job", "job.yaml", "--model-version",
+                          "lin:1", cwd=root)
+        result = run_cli("run", "job.yaml", "--ds", DS, cwd=root) if stamped.returncode == 0 else stamped
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert not (root / "out").exists()
