@@ -14,11 +14,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import artefacts
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-import artefacts
 from factories import DS, make_shards, one_line_error, read_partition, run_cli, save_onnx, write_job, write_schema
 
 torch = pytest.importorskip("torch")
