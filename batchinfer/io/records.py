@@ -206,6 +206,14 @@ class ModelStats(Record):
     incomplete: int = 0
     abs_attribution: dict[str, float] = field(default_factory=dict)
 
+    def to_dict(self) -> dict[str, Any]:
+        # A run without explain writes the keys it always wrote.
+        data = super().to_dict()
+        if not (self.explained or self.incomplete or self.abs_attribution):
+            for key in ("explained", "incomplete", "abs_attribution"):
+                data.pop(key)
+        return data
+
     def __add__(self, other: "ModelStats") -> "ModelStats":
         chunks = [c for c in (self.chunk_rows, other.chunk_rows) if c]
         attribution = dict(self.abs_attribution)
