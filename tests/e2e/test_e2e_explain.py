@@ -66,21 +66,21 @@ def programs() -> Path:
                             sources=["tests/e2e/test_e2e_explain.py"])
 
 
-def linear_onnx(path: Path) -> Path:
+def linear_onnx(path: Path, w: np.ndarray = W) -> Path:
     from onnx import TensorProto, helper, numpy_helper
 
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])],
         "linear",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", w.size])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])],
-        [numpy_helper.from_array(W.reshape(4, 1), "w"),
+        [numpy_helper.from_array(w.reshape(w.size, 1).astype(np.float32), "w"),
          numpy_helper.from_array(np.array([B], np.float32), "b")])
     return save_onnx(graph, path)
 
 
 def project(root: Path, model: Path, explain: dict, *, backend: str = "torch",
-            stamp: bool = True, **sections) -> Path:
+            stamp: bool = True, preprocess: str | None = None, **sections) -> Path:
     write_schema(root / "schemas")
     make_shards(root / "data" / f"dt={DS}", shards=2, rows=ROWS)
     target = root / "models" / model.name
@@ -88,7 +88,7 @@ def project(root: Path, model: Path, explain: dict, *, backend: str = "torch",
     target.write_bytes(model.read_bytes())
     write_job(root, extra={"explain": explain, "model": {"uri": f"models/{model.name}",
                                                          "backend": backend, "device": "cpu"}},
-              **sections)
+              preprocess=preprocess, **sections)
     if stamp:
         stamped = run_cli("stamp", f"models/{model.name}", "--job", "job.yaml", "--model-version",
                           "lin:1", cwd=root)
@@ -166,6 +166,81 @@ def test_permutation_on_onnx_keeps_the_top_features_and_reruns_bit_identical(tmp
     again, _ = scored(root, "--overwrite")
     assert again.column("_explanation").to_pylist() == explanations   # bit for bit
     assert again.column("_explanation_baseline").equals(first.column("_explanation_baseline"))
+
+
+# Five model-input positions from four features: f3 twice (its raw value and a copy).
+PREP = textwrap.dedent('''\
+    import numpy as np
+
+    {mapping}
+
+    def transform(batch):
+        x = np.stack([batch.column(f).to_numpy() for f in ("f0", "f1", "f2", "f3", "f3")], axis=1)
+        return x.astype(np.float32)
+    ''')
+W5 = np.array([0.5, -2.0, 1.25, 3.0, -1.0], dtype=np.float32)
+
+
+@pytest.mark.parametrize("mapping", [True, False])
+def test_feature_names_come_from_the_preprocessings_input_features(tmp_path, mapping):
+    model = linear_onnx(tmp_path / "lin5.onnx", W5)
+    root = tmp_path / "p"
+    root.mkdir()
+    declared = 'INPUT_FEATURES = ["f0", "f1", "f2", "f3", "f3"]' if mapping else ""
+    (root / "prep.py").write_text(PREP.format(mapping=declared))
+    project(root, model, {"method": "permutation", "top_k": "all"}, backend="onnxruntime",
+            preprocess="prep:transform")
+    predictions, manifest = scored(root)
+    x = inputs(predictions)
+    explanations = predictions.column("_explanation").to_pylist()
+    first = root / "out" / f"dt={DS}" / manifest["shards"][0]["files"][0]["path"]
+    meta = json.loads(pq.read_schema(first).metadata[b"batchinfer.explain"])
+    if mapping:   # f3's two positions summed: (3.0 - 1.0) * f3
+        assert meta["features_from"] == "schema" and meta["features"] == FEATURES
+        want = x * np.array([0.5, -2.0, 1.25, 2.0])
+        np.testing.assert_allclose(as_vectors(explanations), want, atol=1e-5)
+    else:
+        names = [f"x[{i}]" for i in range(5)]
+        assert meta["features_from"] == "positions" and meta["features"] == names
+        assert all([e["feature"] for e in entry] == names for entry in explanations)
+        got = np.array([[e["attribution"] for e in entry] for entry in explanations])
+        np.testing.assert_allclose(got, x[:, [0, 1, 2, 3, 3]] * W5, atol=1e-5)
+
+
+def test_a_challenger_is_explained_too_and_diff_compares_the_explanations(tmp_path):
+    champion = linear_onnx(tmp_path / "lin.onnx")
+    # the challenger weighs f0 most: its top feature differs wherever |6 f0| beats the others
+    other = linear_onnx(tmp_path / "other.onnx", np.array([6.0, -2.0, 1.25, 3.0], np.float32))
+    root = project(tmp_path / "p", champion, {"method": "permutation", "top_k": 2},
+                   backend="onnxruntime")
+    (root / "models" / "other.onnx").write_bytes(other.read_bytes())
+    import yaml
+
+    spec = yaml.safe_load((root / "job.yaml").read_text())
+    spec["model"]["challengers"] = [{"name": "c", "uri": "models/other.onnx", "backend": "onnxruntime",
+                                     "device": "cpu"}]
+    (root / "job.yaml").write_text(yaml.safe_dump(spec))
+    stamped = run_cli("stamp", "models/other.onnx", "--job", "job.yaml", "--challenger", "c",
+                      "--model-version", "other:1", cwd=root)
+    assert stamped.returncode == 0, stamped.stderr
+    _, manifest = scored(root)
+    (challenger,) = manifest["challengers"]
+    assert json.loads(challenger["model_options"]["explain"])["method"] == "permutation"
+    files = [f["path"] for s in challenger["shards"] for f in s["files"]]
+    table = pq.read_table(root / "out" / f"dt={DS}" / files[0])
+    x = inputs(table)
+    truth = x * np.array([6.0, -2.0, 1.25, 3.0])
+    for row, entry in zip(truth, table.column("_explanation").to_pylist()):
+        order = np.argsort(-np.abs(row), kind="stable")[:2]
+        assert [e["feature"] for e in entry] == [FEATURES[i] for i in order]
+    result = run_cli("diff", f"out/dt={DS}", "--challenger", "c", "--json", cwd=root)
+    assert result.returncode == 0, result.stderr
+    compared = json.loads(result.stdout)["explanations"]
+    assert compared["rows"] == 2 * ROWS
+    assert 0.0 < compared["top1_agreement"] < 1.0
+    assert compared["top_features_a"][0] == "f3" and compared["top_features_b"][0] == "f0"
+    text = run_cli("diff", f"out/dt={DS}", "--challenger", "c", cwd=root)
+    assert "explanations: top feature agrees" in text.stdout
 
 
 def test_fraction_explains_the_rows_their_input_hash_picks(tmp_path):
