@@ -121,13 +121,6 @@ def explain_metrics(model: ModelStats) -> dict[str, float]:
     return metrics
 
 
-def top_features(metrics: dict[str, Any], n: int = 10) -> list[tuple[str, float]]:
-    """The partition's top features by mean |attribution|, largest first (ties by name)."""
-    found = [(k.split(".", 1)[1], float(v)) for k, v in metrics.items()
-             if k.startswith("explain_mean_abs.")]
-    return sorted(found, key=lambda kv: (-kv[1], kv[0]))[:n]
-
-
 def challenger_metrics(results: Sequence[ShardResult]) -> dict[str, float]:
     """``challenger.<name>.rows_scored``, ``.rows_rejected`` and ``.compute_ms`` (its model
     time, summed over batches) for each challenger."""

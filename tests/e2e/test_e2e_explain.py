@@ -147,8 +147,12 @@ def test_torch_methods_find_the_true_attributions_of_a_linear_model(programs, tm
     assert names[4] == "_source_shard" and meta["output"] == names[1]   # torch names it "add"
     metrics = json.loads((root / "out" / f"dt={DS}" / "_metrics.json").read_text())["metrics"]
     assert metrics["explain_rows"] == 2 * ROWS and metrics["explain_incomplete_rows"] == 0
-    # f1 and f3 weigh most: the top features by mean |attribution|
-    assert metrics["explain_mean_abs.f3"] > metrics["explain_mean_abs.f0"]
+    # f3 and f1 weigh most: the top features by mean |attribution|, in the report too
+    assert metrics["explain_mean_abs.f3"] > metrics["explain_mean_abs.f1"] > metrics["explain_mean_abs.f0"]
+    report = (root / "out" / f"dt={DS}" / "report.html").read_text()
+    assert "top features by mean |attribution|" in report
+    section = report[report.index("top features by mean"):]
+    assert section.index(">f3<") < section.index(">f1<") < section.index(">f0<")
 
 
 def test_permutation_on_onnx_keeps_the_top_features_and_reruns_bit_identical(tmp_path):
