@@ -76,7 +76,7 @@ def plan_for(resolved: "Resolved", handler: "BatchModelHandler", output: str | N
         steps=explain.steps or 0, samples=explain.samples or 0, seed=explain.seed or 0,
         top_k=None if explain.top_k == "all" else int(explain.top_k), fraction=explain.fraction,
         tolerance=explain.tolerance, complete=explain.method in COMPLETE_METHODS,
-        features=features, groups=groups, declared=explain.declared())
+        features=features, groups=groups, declared=explain.declared(), width=width)
     if width is not None:   # what the first batch would find: said before any work
         plan.baseline_row(width)
         plan.names(width)

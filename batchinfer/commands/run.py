@@ -49,6 +49,7 @@ from ..io.resume import Resume
 from ..io.resume import find as resume_shards
 from ..pipeline.runners import check as check_runner
 from ..redaction import mask
+from ..rows.columns import attribution_column
 from ..rows.drift import Baseline, DriftVerdict, observe
 from ..spec import Job
 from . import models, record, scoring
@@ -309,7 +310,9 @@ def launch(run: Resolution, decision: Decision, resumed: Resume, tracking: "Trac
     load_s = time.perf_counter() - t_load
     baseline = run.baseline
     if baseline is not None:  # the columns it is compared on, known now (exit 2 if none)
-        baseline = baseline.for_run([*resolved.features, *champion.columns])
+        attributions = [attribution_column(f) for f in champion.explain.known_names()] if (
+            champion.explain is not None) else []
+        baseline = baseline.for_run([*resolved.features, *champion.columns, *attributions])
     tracking.prepare()  # the checks passed: the store may be touched
     attempt = run.partition.begin(new_attempt(run.started), replacing=decision.manifest,
                                   clock=run.clock)

@@ -65,6 +65,13 @@ class ExplainPlan:
     features: Optional[tuple[str, ...]] = None
     groups: Optional[tuple[int, ...]] = None
     declared: str = ""
+    width: Optional[int] = None   # the input's positions, when the model declares them
+
+    def known_names(self) -> tuple[str, ...]:
+        """The feature names known before any batch (none for positions of unknown width)."""
+        if self.features is not None:
+            return self.features
+        return self.names(self.width) if self.width is not None else ()
 
     @property
     def features_from(self) -> str:

@@ -62,6 +62,7 @@ from ..rows.columns import (
     SOURCE_ROW,
     SOURCE_SHARD,
     TRIPLE,
+    attribution_column,
     prediction_encoding,
 )
 from ..rows.hashing import row_hashes
@@ -458,7 +459,7 @@ class WritePredictions(beam.DoFn):
             t2 = time.perf_counter()
             hash_s = t2 - t1
             if self.quarantines:   # the partition's model: its drift statistics
-                profile = self._profile(scored, outputs)
+                profile = self._profile(scored, outputs, explained)
                 profile_s = time.perf_counter() - t2
             table = self._predictions(payload, scored, ok, input_hash, outputs, name,
                                       f"{plan.attempt}-{index:05d}-{number:05d}",
@@ -530,15 +531,21 @@ class WritePredictions(beam.DoFn):
                 "abs_attribution": {name: float(v) for name, v in
                                     zip(names, np.abs(by_feature).sum(axis=0))}}
 
-    def _explanations(self, n: int, explained: "Attributions") -> tuple[pa.Array, pa.Array]:
-        """``_explanation`` and ``_explanation_baseline`` for the ``n`` scored rows: the explained
-        rows' top features (or every one), null for the others."""
+    def _kept(self, explained: "Attributions") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(feature names, each explained row's kept positions among them, their attributions):
+        what ``_explanation`` holds — the top ``k`` features by |attribution|, or every one."""
         plan = cast(ExplainPlan, self.explain)
         width = int(np.shape(explained.values)[1]) if explained.values.size else 0
         names = np.array(plan.names(width) if width else (), dtype=object)
         by_feature = grouped(explained.values, plan.groups, len(names))
         positions, values = top(by_feature, plan.top_k) if len(names) else (
             np.zeros((explained.rows.size, 0), np.int64), np.zeros((explained.rows.size, 0)))
+        return names, positions, values
+
+    def _explanations(self, n: int, explained: "Attributions") -> tuple[pa.Array, pa.Array]:
+        """``_explanation`` and ``_explanation_baseline`` for the ``n`` scored rows: the explained
+        rows' top features (or every one), null for the others."""
+        names, positions, values = self._kept(explained)
         k = positions.shape[1]
         struct = pa.StructArray.from_arrays(
             [pa.array(names[positions.reshape(-1)] if k else [], pa.string()),
@@ -595,7 +602,8 @@ class WritePredictions(beam.DoFn):
                            "completeness_tolerance": plan.tolerance if plan.complete else None},
                           sort_keys=True)
 
-    def _profile(self, scored: pa.RecordBatch, outputs: dict[str, np.ndarray]) -> dict[str, ColumnStats]:
+    def _profile(self, scored: pa.RecordBatch, outputs: dict[str, np.ndarray],
+                 explained: "Attributions | None" = None) -> dict[str, ColumnStats]:
         """This batch's statistics of the scored rows' features and predictions: a few numpy
         reductions and one ``searchsorted`` per column, no per-row Python (rows/profile.py)."""
         plan = self.plan
@@ -609,6 +617,15 @@ class WritePredictions(beam.DoFn):
             values = numeric_values(outputs[output])
             if values is not None:
                 stats[column] = ColumnStats.of(values, plan.profile_cuts.get(column))
+        if explained is not None and explained.rows.size:
+            # the drift of "why": each feature's attribution over the rows explained, as
+            # _explanation holds it (0 where a row's top k leave the feature out)
+            names, positions, kept = self._kept(explained)
+            dense = np.zeros((kept.shape[0], len(names)))
+            np.put_along_axis(dense, positions, kept, axis=1)
+            for j, feature in enumerate(names):
+                column = attribution_column(str(feature))
+                stats[column] = ColumnStats.of(dense[:, j], plan.profile_cuts.get(column))
         return stats
 
 

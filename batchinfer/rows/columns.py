@@ -66,6 +66,12 @@ EXPLANATION = Column(name="_explanation",
 EXPLANATION_BASELINE = Column(name="_explanation_baseline", type=FLOAT64)
 EXPLAINED = (EXPLANATION, EXPLANATION_BASELINE)
 
+
+def attribution_column(feature: str) -> str:
+    """The profile column (``_profile.json``, baselines, drift) of one feature's attribution: a
+    statistic, never a column of a file."""
+    return f"{EXPLANATION.name}.{feature}"
+
 # -- quarantine files (rows/quarantine.py's QUARANTINE_SCHEMA, which tests hold to these)
 REASON = Column(name="_reason", type=STRING)
 FAILED_COLUMN = Column(name="_column", type=STRING)

@@ -247,6 +247,43 @@ def test_a_challenger_is_explained_too_and_diff_compares_the_explanations(tmp_pa
     assert "explanations: top feature agrees" in text.stdout
 
 
+def test_drift_of_why_fails_the_run_while_the_predictions_have_not_moved(tmp_path):
+    import pyarrow as pa
+    import yaml
+
+    model = linear_onnx(tmp_path / "lin.onnx")
+    root = project(tmp_path / "p", model, {"method": "permutation", "top_k": "all", "samples": 2},
+                   backend="onnxruntime")
+    scored(root)
+    made = run_cli("profile", "job.yaml", "--ds", DS, "--out", "base.json", cwd=root)
+    assert made.returncode == 0, made.stderr
+    base = json.loads((root / "base.json").read_text())["columns"]
+    assert {f"_explanation.{f}" for f in FEATURES} <= set(base)
+    # Another day: -2 f1 and 3 f3 trade their spreads (3 g and 2 h for standard normal g, h),
+    # so y = w·x + b has the same distribution but f1, not f3, now drives the scores.
+    rng = np.random.default_rng(11)
+    day = "2026-01-16"
+    folder = root / "data" / f"dt={day}"
+    folder.mkdir(parents=True)
+    for s in range(2):
+        g = np.clip(rng.standard_normal((ROWS, 4)), -3, 3)
+        cols = {"id": np.arange(s * ROWS, (s + 1) * ROWS, dtype=np.int64),
+                "f0": g[:, 0], "f1": -1.5 * g[:, 1], "f2": g[:, 2], "f3": (2 / 3) * g[:, 3]}
+        pq.write_table(pa.table({k: (v if k == "id" else v.astype(np.float32)) for k, v in cols.items()}),
+                       folder / f"part-{s:05d}.parquet")
+    spec = yaml.safe_load((root / "job.yaml").read_text())
+    spec["monitor"] = {"baseline": "base.json", "warn": {"psi": 0.15}, "fail": {"psi": 0.3}}
+    (root / "job.yaml").write_text(yaml.safe_dump(spec))
+    result = run_cli("run", "job.yaml", "--ds", day, cwd=root)
+    assert result.returncode == 4, result.stderr
+    line = one_line_error(result)
+    assert "_explanation.f1" in line and "_explanation.f3" in line
+    (kept,) = (root / "out" / f"dt={day}" / "_drift").glob("*.json")
+    drifts = {d["column"]: d for d in json.loads(kept.read_text())["drift"]}
+    assert drifts["_explanation.f1"]["level"] == "fail"
+    assert drifts["y"]["level"] == "ok"   # the scores themselves did not move
+
+
 def test_fraction_explains_the_rows_their_input_hash_picks(tmp_path):
     model = linear_onnx(tmp_path / "lin.onnx")
     root = project(tmp_path / "p", model, {"method": "permutation", "fraction": 0.3},
