@@ -220,10 +220,10 @@ def top(values: np.ndarray, k: Optional[int]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def selected(hashes: list[str], fraction: float) -> np.ndarray:
-    """The rows explained, by their ``_input_hash`` (hex sha256): a row is in when its first 16
-    hex digits, read as a number below 2**64, fall below ``fraction`` of that range — the same
-    rows on every rerun, whatever the batches."""
+    """The rows explained, by their ``_input_hash`` (16 hex digits: a 64-bit number): a row is
+    in when that number falls below ``fraction`` of 2**64 — the same rows on every rerun,
+    whatever the batches."""
     if fraction >= 1.0:
         return np.ones(len(hashes), dtype=bool)
     limit = int(fraction * 2**64)
-    return np.array([int(h[:16], 16) < limit for h in hashes], dtype=bool)
+    return np.array([int(h, 16) < limit for h in hashes], dtype=bool)

@@ -134,7 +134,7 @@ def test_grouped_sums_the_positions_of_one_feature_and_top_keeps_the_largest():
 
 
 def test_the_sample_is_the_rows_whose_hash_falls_below_the_fraction():
-    hashes = ["0" * 64, "7fffffffffffffff" + "0" * 48, "8000000000000000" + "0" * 48, "f" * 64]
+    hashes = ["0" * 16, "7fffffffffffffff", "8000000000000000", "f" * 16]
     assert selected(hashes, 0.5).tolist() == [True, True, False, False]
     assert selected(hashes, 1.0).all()
 
