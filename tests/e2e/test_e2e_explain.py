@@ -280,7 +280,9 @@ def test_drift_of_why_fails_the_run_while_the_predictions_have_not_moved(tmp_pat
     assert "_explanation.f1" in line and "_explanation.f3" in line
     (kept,) = (root / "out" / f"dt={day}" / "_drift").glob("*.json")
     drifts = {d["column"]: d for d in json.loads(kept.read_text())["drift"]}
-    assert drifts["_explanation.f1"]["level"] == "fail"
+    for column in ("_explanation.f1", "_explanation.f3"):   # measured, not missing from the run
+        assert drifts[column]["level"] == "fail" and drifts[column]["psi"] > 0.3, drifts[column]
+    assert drifts["_explanation.f0"]["psi"] < 0.15   # f0's part did not change
     assert drifts["y"]["level"] == "ok"   # the scores themselves did not move
 
 
