@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "MLFLOW_LOGGING_LEVEL": "WARNING"}
     runs: dict[str, list[dict]] = {name: [] for name in args.variants}
     for rnd in range(args.rounds):
-        for i, name in enumerate(args.variants):
+        for name in args.variants:
             job = jobs[name]
             ds = f"2026-03-{rnd + 1:02d}"
             cmd = [args.python, "-m", "batchinfer", "run", job.name, "--ds", ds, "--quiet", *sets[name]]
