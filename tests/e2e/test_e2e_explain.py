@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from batchinfer.rows.columns import EXPLAINED
 from factories import DS, make_shards, one_line_error, read_partition, run_cli, save_onnx, write_job, write_schema
 
 torch = pytest.importorskip("torch")
@@ -137,9 +138,11 @@ def test_torch_methods_find_the_true_attributions_of_a_linear_model(programs, tm
     np.testing.assert_allclose(got, W.astype(np.float64) * (x - base), atol=tolerance)
     np.testing.assert_allclose(predictions.column("_explanation_baseline").to_numpy(),
                                float(base @ W + B), atol=1e-5)
-    meta = json.loads(pq.read_schema(root / "out" / f"dt={DS}" / manifest["shards"][0]["files"][0]["path"])
-                      .metadata[b"batchinfer.explain"])
+    schema = pq.read_schema(root / "out" / f"dt={DS}" / manifest["shards"][0]["files"][0]["path"])
+    meta = json.loads(schema.metadata[b"batchinfer.explain"])
     assert meta["features_from"] == "schema" and meta["features"] == FEATURES
+    for declared in EXPLAINED:   # the types rows/columns.py declares (Parquet calls items "element")
+        assert str(schema.field(declared.name).type).replace("<element: ", "<item: ") == declared.type
     assert meta["declared"]["method"] == method
     # the column sits beside the predictions, before the audit columns
     names = predictions.column_names
