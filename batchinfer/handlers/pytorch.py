@@ -175,8 +175,11 @@ class TorchModelHandler(BatchModelHandler[TorchModel]):
         index = model.outputs.index(output)
 
         def forward(t):
-            out = self._call(torch, model, [t])[index]
-            return out.reshape(t.shape[0], -1)[:, 0].float()
+            out = self._call(torch, model, [t])[index].reshape(t.shape[0], -1)
+            if out.shape[1] != 1:
+                raise SpecError(f"explain.output {output!r} has {out.shape[1]} values per row: "
+                                f"explain explains one score per row")
+            return out[:, 0].float()
 
         if method == "integrated_gradients":
             try:

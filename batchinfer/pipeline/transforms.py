@@ -34,7 +34,7 @@ import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Literal, Sequence, Tuple, cast
+from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence, Tuple, cast
 
 import numpy as np
 import pyarrow as pa
@@ -346,7 +346,7 @@ class ExplainBatch(beam.DoFn):
             return
         plan = self.explain
         features = item.features
-        x = np.asarray(features[plan.input] if isinstance(features, dict) else features)
+        x = np.asarray(features[plan.input] if isinstance(features, Mapping) else features)
         if x.ndim != 2:
             raise SpecError(f"explain attributes a model input of [rows, positions]; the "
                             f"preprocessing returned {plan.input!r} as {list(x.shape)}")
@@ -360,7 +360,10 @@ class ExplainBatch(beam.DoFn):
 
         def predict(z: np.ndarray) -> np.ndarray:
             out = np.asarray(loaded.predict({plan.input: z})[plan.output], dtype=np.float64)
-            return out.reshape(z.shape[0], -1)[:, 0]
+            if out.size != z.shape[0]:
+                raise SpecError(f"explain.output {plan.output!r} has {out.size // max(z.shape[0], 1)} "
+                                f"values per row: explain explains one score per row")
+            return out.reshape(z.shape[0])
 
         def gradients(z: np.ndarray, base: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             return loaded.attribute(plan.input, z, base, plan.output, plan.method, plan.steps)

@@ -68,14 +68,16 @@ def programs() -> Path:
 
 
 def linear_onnx(path: Path, w: np.ndarray = W) -> Path:
+    """x @ w + B as ONNX: ``w`` of [positions] (output [N, 1]) or [positions, K] (output [N, K])."""
     from onnx import TensorProto, helper, numpy_helper
 
+    w = w.reshape(w.shape[0], -1)
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])],
         "linear",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", w.size])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])],
-        [numpy_helper.from_array(w.reshape(w.size, 1).astype(np.float32), "w"),
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", w.shape[0]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", w.shape[1]])],
+        [numpy_helper.from_array(w.astype(np.float32), "w"),
          numpy_helper.from_array(np.array([B], np.float32), "b")])
     return save_onnx(graph, path)
 
@@ -378,3 +380,12 @@ def test_what_cannot_be_explained_is_refused_before_any_work(tmp_path, change, m
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
     assert not (root / "out").exists()
+
+
+def test_an_output_of_several_values_per_row_is_refused(tmp_path):
+    model = linear_onnx(tmp_path / "two.onnx", np.stack([W, -W], axis=1))
+    root = project(tmp_path / "p", model, {"method": "permutation"}, backend="onnxruntime")
+    result = run_cli("run", "job.yaml", "--ds", DS, cwd=root)
+    assert result.returncode == 2, result.stderr
+    assert "has 2 values per row: explain explains one score per row" in one_line_error(result)
+    assert not (root / "out" / f"dt={DS}" / "_manifest.json").exists()
