@@ -191,7 +191,9 @@ class TorchModelHandler(BatchModelHandler[TorchModel]):
         chunk = max(1, IG_POINTS // max(steps, 1)) if method == "integrated_gradients" else IG_POINTS
         values, gaps = [], []
         for start in range(0, x.shape[0], chunk):
-            xt = self._tensor(torch, model, name, x[start:start + chunk]).detach().clone()
+            # A plain synchronous copy, not _tensor's pinned staging on the model's stream: the
+            # attribution runs on the current stream, and needs a tensor of its own to grad.
+            xt = torch.tensor(self._cast(model, name, x[start:start + chunk]), device=model.device)
             bt = torch.as_tensor(baseline, dtype=xt.dtype, device=xt.device).expand_as(xt)
             with torch.enable_grad():
                 if method == "integrated_gradients":
@@ -229,11 +231,14 @@ class TorchModelHandler(BatchModelHandler[TorchModel]):
             result[name] = tensor.detach().cpu().numpy()
         return result
 
-    def _tensor(self, torch, model: TorchModel, name: str, value: np.ndarray):
+    def _cast(self, model: TorchModel, name: str, value: np.ndarray) -> np.ndarray:
         want = model.input_dtypes.get(name)
         if want is not None:
             value = cast_input(name, value, want)
-        value = np.ascontiguousarray(value)
+        return np.ascontiguousarray(value)
+
+    def _tensor(self, torch, model: TorchModel, name: str, value: np.ndarray):
+        value = self._cast(model, name, value)
         with warnings.catch_warnings():
             # Arrow hands out read-only arrays; torch warns that writing through them would be
             # undefined. Nothing writes to an input.
