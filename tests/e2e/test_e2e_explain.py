@@ -389,3 +389,25 @@ def test_an_output_of_several_values_per_row_is_refused(tmp_path):
     assert result.returncode == 2, result.stderr
     assert "has 2 values per row: explain explains one score per row" in one_line_error(result)
     assert not (root / "out" / f"dt={DS}" / "_manifest.json").exists()
+
+
+def test_a_run_killed_after_a_shard_resumes_with_the_same_explanations(tmp_path):
+    import forkserver
+
+    model = linear_onnx(tmp_path / "lin.onnx")
+    root = project(tmp_path / "p", model, {"method": "permutation", "top_k": 3, "fraction": 0.5},
+                   backend="onnxruntime")
+    done = run_cli("run", "job.yaml", "--ds", DS, "--set", "output.path=whole", cwd=root)
+    assert done.returncode == 0, done.stderr
+    whole, _, _ = read_partition(root / "whole")
+    killed = forkserver.shared().run("run", "job.yaml", "--ds", DS, cwd=root, fault="shard_done",
+                                     track=False)
+    assert killed.returncode != 0 and not (root / "out" / f"dt={DS}" / "_manifest.json").exists()
+    resumed, manifest = scored(root)
+    by_attempt = {s["scored_by"] for s in manifest["shards"]}
+    assert len(by_attempt) == 2 and manifest["attempt"] in by_attempt   # one shard adopted
+    key = ["_source_shard", "_source_row"]
+    a, b = whole.sort_by([(k, "ascending") for k in key]), resumed.sort_by([(k, "ascending") for k in key])
+    assert a.column("_explanation").to_pylist() == b.column("_explanation").to_pylist()
+    metrics = json.loads((root / "out" / f"dt={DS}" / "_metrics.json").read_text())["metrics"]
+    assert metrics["explain_rows"] == sum(e is not None for e in a.column("_explanation").to_pylist())
