@@ -411,3 +411,27 @@ def test_a_run_killed_after_a_shard_resumes_with_the_same_explanations(tmp_path)
     assert a.column("_explanation").to_pylist() == b.column("_explanation").to_pylist()
     metrics = json.loads((root / "out" / f"dt={DS}" / "_metrics.json").read_text())["metrics"]
     assert metrics["explain_rows"] == sum(e is not None for e in a.column("_explanation").to_pylist())
+
+
+MULTI_PROCESS = ("--set", "runner.options.direct_num_workers=2",
+                 "--set", "runner.options.direct_running_mode=multi_processing")
+
+
+@pytest.mark.parametrize("backend, explain, share", [
+    ("onnxruntime", {"method": "permutation", "top_k": "all"}, False),
+    ("torch", {"method": "gradient_x_input", "top_k": "all"}, True),   # through the served model's proxy
+])
+def test_worker_processes_write_the_explanations_one_process_writes(programs, tmp_path, backend,
+                                                                    explain, share):
+    model = linear_onnx(tmp_path / "lin.onnx") if backend == "onnxruntime" else programs / "linear.pt2"
+    root = project(tmp_path / "p", model, explain, backend=backend)
+    here, _ = scored(root)
+    sets = [*MULTI_PROCESS, "--set", "output.path=multi"]
+    if share:
+        sets += ["--set", "model.options.share_across_processes=true"]
+    result = run_cli("run", "job.yaml", "--ds", DS, *sets, cwd=root, timeout=600)
+    assert result.returncode == 0, result.stderr
+    there, _, _ = read_partition(root / "multi")
+    key = [(k, "ascending") for k in ("_source_shard", "_source_row")]
+    assert (here.sort_by(key).column("_explanation").to_pylist()
+            == there.sort_by(key).column("_explanation").to_pylist())
