@@ -148,6 +148,7 @@ class ModelStatsModel(_Checked):
     explained: Count = 0
     incomplete: Count = 0
     abs_attribution: dict[str, NonNegative] = Field(default_factory=dict)
+    max_gap: NonNegative = 0.0
 
 
 class ColumnStatsModel(_Checked):

@@ -205,12 +205,13 @@ class ModelStats(Record):
     explained: int = 0
     incomplete: int = 0
     abs_attribution: dict[str, float] = field(default_factory=dict)
+    max_gap: float = 0.0     # the largest |sum of attributions - (f(x) - f(baseline))|
 
     def to_dict(self) -> dict[str, Any]:
         # A run without explain writes the keys it always wrote.
         data = super().to_dict()
         if not (self.explained or self.incomplete or self.abs_attribution):
-            for key in ("explained", "incomplete", "abs_attribution"):
+            for key in ("explained", "incomplete", "abs_attribution", "max_gap"):
                 data.pop(key)
         return data
 
@@ -228,7 +229,8 @@ class ModelStats(Record):
                           padded_tokens=self.padded_tokens + other.padded_tokens,
                           explained=self.explained + other.explained,
                           incomplete=self.incomplete + other.incomplete,
-                          abs_attribution=attribution)
+                          abs_attribution=attribution,
+                          max_gap=max(self.max_gap, other.max_gap))
 
 
 @dataclass(frozen=True)

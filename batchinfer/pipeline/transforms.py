@@ -531,6 +531,7 @@ class WritePredictions(beam.DoFn):
         names = plan.names(int(np.shape(explained.values)[1])) if explained.values.size else ()
         by_feature = grouped(explained.values, plan.groups, len(names))
         return {"explained": int(explained.rows.size), "incomplete": explained.incomplete,
+                "max_gap": explained.max_gap,
                 "abs_attribution": {name: float(v) for name, v in
                                     zip(names, np.abs(by_feature).sum(axis=0))}}
 

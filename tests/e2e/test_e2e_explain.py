@@ -152,6 +152,7 @@ def test_torch_methods_find_the_true_attributions_of_a_linear_model(programs, tm
     assert names[4] == "_source_shard" and meta["output"] == names[1]   # torch names it "add"
     metrics = json.loads((root / "out" / f"dt={DS}" / "_metrics.json").read_text())["metrics"]
     assert metrics["explain_rows"] == 2 * ROWS and metrics["explain_incomplete_rows"] == 0
+    assert metrics["explain_max_completeness_gap"] < 1e-4
     # f3 and f1 weigh most: the top features by mean |attribution|, in the report too
     assert metrics["explain_mean_abs.f3"] > metrics["explain_mean_abs.f1"] > metrics["explain_mean_abs.f0"]
     report = (root / "out" / f"dt={DS}" / "report.html").read_text()
@@ -352,6 +353,7 @@ def test_completeness_is_counted_and_fails_the_run_above_its_threshold(programs,
     assert loose.returncode == 0, loose.stderr
     metrics = json.loads((root / "out" / f"dt={DS}" / "_metrics.json").read_text())["metrics"]
     assert 0.05 * 2 * ROWS < metrics["explain_incomplete_rows"] <= 2 * ROWS
+    assert metrics["explain_max_completeness_gap"] > 1e-4
 
 
 @pytest.mark.parametrize("change, message", [
