@@ -437,3 +437,18 @@ def test_worker_processes_write_the_explanations_one_process_writes(programs, tm
     key = [(k, "ascending") for k in ("_source_shard", "_source_row")]
     assert (here.sort_by(key).column("_explanation").to_pylist()
             == there.sort_by(key).column("_explanation").to_pylist())
+
+
+def test_mlflow_gets_the_top_features_by_mean_attribution(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    model = linear_onnx(tmp_path / "lin.onnx")
+    root = project(tmp_path / "p", model, {"method": "permutation", "top_k": 2},
+                   backend="onnxruntime")
+    result = run_cli("run", "job.yaml", "--ds", DS, cwd=root, track=True)
+    assert result.returncode == 0, result.stderr
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("testjob").experiment_id])
+    means = {k.split(".", 1)[1]: v for k, v in run.data.metrics.items() if k.startswith("explain_mean_abs.")}
+    assert sorted(means, key=means.get, reverse=True)[:2] == ["f3", "f1"]
+    assert run.data.metrics["explain_rows"] == 2 * ROWS
