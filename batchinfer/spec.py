@@ -208,6 +208,7 @@ class ExplainSpec(_Strict):
     method: Literal["integrated_gradients", "gradient_x_input", "permutation"]
     output: str | None = Field(default=None, min_length=1)
     baseline: Literal["zeros"] | list[float] = "zeros"
+    background: str | None = Field(default=None, min_length=1)
     steps: int | None = Field(default=None, gt=0, le=10_000)
     samples: int | None = Field(default=None, gt=0, le=10_000)
     seed: int | None = Field(default=None, ge=0)
@@ -218,6 +219,9 @@ class ExplainSpec(_Strict):
 
     @model_validator(mode="after")
     def _params_of_its_method(self) -> "ExplainSpec":
+        if self.background is not None and self.baseline != "zeros":
+            raise ValueError("explain: give baseline or background, not both (the baseline is "
+                             "the background's mean model input)")
         if isinstance(self.top_k, int) and self.top_k <= 0:
             raise ValueError("explain.top_k: give a positive number of features, or all")
         for key, method in (("steps", "integrated_gradients"), ("samples", "permutation"),
@@ -234,9 +238,13 @@ class ExplainSpec(_Strict):
 
     def declared(self) -> str:
         """What the model's declaration records (``explain``): every parameter that changes what
-        is written, as canonical JSON; the thresholds are the run's, not the model's."""
-        values = self.model_dump(exclude={"tolerance", "max_incomplete_fraction"},
+        is written, as canonical JSON; the thresholds are the run's, not the model's. A
+        background is declared as ``"baseline": "background"``, its bytes by their sha256
+        beside it (``explain_background_sha256``), not by a path that moves with the project."""
+        values = self.model_dump(exclude={"tolerance", "max_incomplete_fraction", "background"},
                                  exclude_none=True)
+        if self.background is not None:
+            values["baseline"] = "background"
         return json.dumps(values, sort_keys=True, separators=(",", ":"))
 
 
@@ -551,8 +559,11 @@ def _resolve_tracking_uri(uri: str, folder: Path) -> str:
 def _resolve_paths(spec: JobSpec, folder: Path) -> JobSpec:
     monitor = spec.monitor and spec.monitor.model_copy(
         update={"baseline": spec.monitor.baseline and resolve_path(spec.monitor.baseline, folder)})
+    explain = spec.explain and spec.explain.model_copy(
+        update={"background": spec.explain.background and resolve_path(spec.explain.background, folder)})
     return spec.model_copy(update={
         "monitor": monitor,
+        "explain": explain,
         "input": spec.input.model_copy(update={"path": resolve_path(spec.input.path, folder)}),
         "schemas": spec.schemas.model_copy(update={"root": resolve_path(spec.schemas.root, folder)}),
         "model": spec.model.model_copy(update={

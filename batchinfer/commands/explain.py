@@ -8,10 +8,12 @@ needs, is not installed.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ..errors import ModelError, SpecError
+from ..errors import ContractError, ModelError, SpecError
+from ..io.storage import url_to_fs
 from ..spec import COMPLETE_METHODS, ExplainSpec
 
 if TYPE_CHECKING:
@@ -26,9 +28,91 @@ DECLARED = "explain"
 INPUT_FEATURES = "INPUT_FEATURES"
 
 
+# The declaration's key for the sha256 of explain.background's bytes (registry tag
+# batchinfer.explain_background_sha256).
+BACKGROUND_SHA256 = "explain_background_sha256"
+
+
 def declared(explain: ExplainSpec | None) -> dict[str, str]:
     """What the model's declaration records of ``explain`` (nothing without one)."""
     return {} if explain is None else {DECLARED: explain.declared()}
+
+
+def background_bytes(explain: ExplainSpec | None) -> bytes | None:
+    """The bytes of ``explain.background`` (None without one).
+
+    Raises:
+        SpecError: it cannot be read (exit 2).
+    """
+    if explain is None or explain.background is None:
+        return None
+    try:
+        fs, path = url_to_fs(explain.background)
+        return fs.cat_file(path)
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"explain.background {explain.background}: cannot read it: {exc}") from None
+
+
+def declared_background(explain: ExplainSpec | None) -> dict[str, str]:
+    """``explain_background_sha256`` for the declaration, with a background."""
+    data = background_bytes(explain)
+    return {} if data is None else {BACKGROUND_SHA256: hashlib.sha256(data).hexdigest()}
+
+
+def check_background(model: str, declaration: Mapping[str, str], explain: ExplainSpec | None) -> None:
+    """Exit 3 unless ``explain.background`` holds the bytes the model was stamped with: the
+    baseline is its mean, so other rows explain against another baseline."""
+    wanted = declared_background(explain).get(BACKGROUND_SHA256)
+    if wanted is None:
+        return
+    stamped = declaration.get(BACKGROUND_SHA256)
+    if stamped != wanted:
+        raise ContractError(
+            f"contract mismatch for {model}: explain.background {explain.background if explain else ''} "
+            f"has sha256 {wanted[:16]}… but the model was stamped with "
+            f"{(stamped or '(none)')[:16]}…: restore the background the model was stamped with, "
+            f"or re-stamp the model with `batchinfer stamp`")
+
+
+def background_baseline(resolved: "Resolved", explain: ExplainSpec) -> tuple[float, ...] | None:
+    """The mean model input over the background's rows that validate and preprocess (each row
+    as a run would prepare it), float64; None without a background.
+
+    Raises:
+        SpecError: it is not Parquet, or none of its rows validates and preprocesses (exit 2).
+    """
+    data = background_bytes(explain)
+    if data is None:
+        return None
+    import io
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ..pipeline.prepare import prepare_batch
+
+    try:
+        table = pq.read_table(io.BytesIO(data))
+    except (pa.ArrowException, OSError) as exc:
+        raise SpecError(f"explain.background {explain.background}: not a Parquet file ({exc})") from None
+    total, rows, first = None, 0, 0
+    for batch in table.to_batches(max_chunksize=65536):
+        prepared = prepare_batch(batch, resolved.schema, resolved.preprocessor,
+                                 source_shard=str(explain.background), first_row=first)
+        first += batch.num_rows
+        features = prepared.features
+        if features is None:
+            continue
+        x = np.asarray(next(iter(features.values())) if isinstance(features, Mapping) else features,
+                       dtype=np.float64)
+        part = x.reshape(x.shape[0], -1).sum(axis=0)
+        total = part if total is None else total + part
+        rows += x.shape[0]
+    if not rows or total is None:
+        raise SpecError(f"explain.background {explain.background}: none of its {table.num_rows} rows "
+                        f"passes the schema and the preprocessing")
+    return tuple(float(v) for v in total / rows)
 
 
 def plan_for(resolved: "Resolved", handler: "BatchModelHandler", output: str | None,
@@ -70,9 +154,11 @@ def plan_for(resolved: "Resolved", handler: "BatchModelHandler", output: str | N
         raise SpecError(f"explain attributes a model input of [rows, positions]; {who}'s input "
                         f"{inputs[0]!r} has {len(shape) + 1} dimensions")
     features, groups = _features(resolved)
+    baseline = background_baseline(resolved, explain)
+    if baseline is None and explain.baseline != "zeros":
+        baseline = tuple(float(v) for v in explain.baseline)
     plan = ExplainPlan(
-        method=explain.method, input=inputs[0], output=output,
-        baseline=None if explain.baseline == "zeros" else tuple(float(v) for v in explain.baseline),
+        method=explain.method, input=inputs[0], output=output, baseline=baseline,
         steps=explain.steps or 0, samples=explain.samples or 0, seed=explain.seed or 0,
         top_k=None if explain.top_k == "all" else int(explain.top_k), fraction=explain.fraction,
         tolerance=explain.tolerance, complete=explain.method in COMPLETE_METHODS,

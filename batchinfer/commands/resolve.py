@@ -15,6 +15,7 @@ from ..triple.contract import Triple, check_contract, check_declared_code, check
 from ..triple.models import ResolvedModel, resolve_model
 from ..triple.preprocess import Preprocessor, load_preprocessor
 from ..triple.schemas import SchemaVersion, next_version, parse_ref, resolve_schema
+from .explain import check_background
 
 log = logging.getLogger("batchinfer")
 
@@ -104,6 +105,7 @@ def _resolve_model(job: Job, model_spec: ModelFields, schema: SchemaVersion,
                        implied_options(model_spec.backend))
         explain = job.spec.explain
         check_explain(shown, model.declaration or {}, explain.declared() if explain else None)
+        check_background(shown, model.declaration or {}, explain)
         following = next_version(job.spec.schemas.root, parse_ref(schema.ref)[0])
         for line in check_declared_code(shown, model.declaration or {}, schema.ref,
                                         schema.source.sha256, following,

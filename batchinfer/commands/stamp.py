@@ -10,6 +10,7 @@ from ..spec import Job, resolve_path
 from ..triple.contract import PACKAGE_POLICIES, PACKAGES, PACKAGES_POLICY, SCHEMA_SHA256, Triple
 from ..triple.models import declare, registry_ref
 from .explain import declared as explain_declared
+from .explain import declared_background
 from .monitor import read_profile
 from .resolve import resolve
 
@@ -69,6 +70,7 @@ def stamp(job: Job, model_uri: str | None, model_version: str | None,
                             f"{facts[key]}) to stamp it")
     extra.update(facts)
     extra.update(explain_declared(job.spec.explain))   # contract §6 "Explanations"
+    extra.update(declared_background(job.spec.explain))
     extra[SCHEMA_SHA256] = resolved.schema.source.sha256
     extra[PACKAGES] = " ".join(resolved.preprocessor.packages)
     extra[PACKAGES_POLICY] = packages

@@ -452,3 +452,35 @@ def test_mlflow_gets_the_top_features_by_mean_attribution(tmp_path):
     means = {k.split(".", 1)[1]: v for k, v in run.data.metrics.items() if k.startswith("explain_mean_abs.")}
     assert sorted(means, key=means.get, reverse=True)[:2] == ["f3", "f1"]
     assert run.data.metrics["explain_rows"] == 2 * ROWS
+
+
+@pytest.mark.parametrize("method", ["permutation", "integrated_gradients"])
+def test_a_background_sample_is_the_baseline_and_versioned_with_the_model(programs, tmp_path, method):
+    import pyarrow as pa
+
+    model = linear_onnx(tmp_path / "lin.onnx") if method == "permutation" else programs / "linear.pt2"
+    root = tmp_path / "p"
+    # the background: rows of the schema, one of them bad (quarantined, so left out of the mean)
+    rng = np.random.default_rng(5)
+    sample = rng.normal(1.0, 0.5, (50, 4)).astype(np.float32)
+    sample[7, 2] = 99.0   # outside the schema's [-10, 10]
+    root.mkdir()
+    table = pa.table({"id": np.arange(50, dtype=np.int64), **{f: sample[:, i] for i, f in enumerate(FEATURES)}})
+    pq.write_table(table, root / "background.parquet")
+    mean = np.delete(sample, 7, axis=0).astype(np.float64).mean(axis=0)
+    project(root, model, {"method": method, "background": "background.parquet", "top_k": "all"},
+            backend="onnxruntime" if method == "permutation" else "torch")
+    sidecar = json.loads((root / "models" / f"{model.name}.batchinfer.json").read_text())
+    assert json.loads(sidecar["explain"])["baseline"] == "background"
+    digest = __import__("hashlib").sha256((root / "background.parquet").read_bytes()).hexdigest()
+    assert sidecar["explain_background_sha256"] == digest
+    predictions, _ = scored(root)
+    x = inputs(predictions)
+    np.testing.assert_allclose(as_vectors(predictions.column("_explanation").to_pylist()),
+                               W.astype(np.float64) * (x - mean), atol=1e-4)
+    np.testing.assert_allclose(predictions.column("_explanation_baseline").to_numpy(),
+                               mean @ W + B, atol=1e-4)
+    # another background: the model explains against another baseline than it was stamped with
+    pq.write_table(table.slice(0, 20), root / "background.parquet")
+    again = run_cli("run", "job.yaml", "--ds", DS, "--overwrite", cwd=root)
+    assert again.returncode == 3 and "explain.background" in one_line_error(again)
