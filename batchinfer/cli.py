@@ -397,6 +397,13 @@ def _print_model_comparison(report: dict) -> None:
                   f"{mover['_source_shard']} row {mover['_source_row']})")
     for name, label in report["labels"].items():
         print(f"label {name}: agreement {number(label['agreement'])} ({label['rows']} rows)")
+    explained = report.get("explanations")
+    if explained:
+        print(f"explanations: top feature agrees {number(explained['top1_agreement'])}, top-k "
+              f"overlap {number(explained['top_k_overlap'])}, spearman of mean |attribution| "
+              f"{number(explained['spearman'])} ({explained['rows']} rows); top A "
+              f"{', '.join(explained['top_features_a'][:5])}; top B "
+              f"{', '.join(explained['top_features_b'][:5])}")
 
 
 def cmd_export(args) -> int:

@@ -185,6 +185,69 @@ class BatchSpec(_Strict):
     sequence_inputs: list[str] | None = None
 
 
+EXPLAIN_METHODS = ("integrated_gradients", "gradient_x_input", "permutation")
+# What each method needs of a backend (contract §6 "Explanations"): gradients, or only calls.
+GRADIENT_METHODS = ("integrated_gradients", "gradient_x_input")
+# Methods whose attributions sum to f(x) - f(baseline): checked row by row (completeness).
+COMPLETE_METHODS = ("integrated_gradients", "permutation")
+
+
+class ExplainSpec(_Strict):
+    """Per-row feature attributions computed in the run (contract §6 "Explanations").
+
+    ``method``: ``integrated_gradients`` (Captum's, torch backend), ``gradient_x_input`` (torch
+    backend) or ``permutation`` (Shapley values by sampled feature orderings, any backend: it
+    only calls the model). ``output``: the model output explained (one value per row; default:
+    the model's only output). ``baseline``: ``zeros`` or one value per model-input position.
+    ``steps`` (integrated gradients), ``samples`` and ``seed`` (permutation): defaults 50, 8,
+    0; given for another method they are an error. ``top_k``: features kept per row, largest
+    |attribution| first, or ``all`` (the whole vector, in input order). ``fraction``: the share
+    of rows explained, chosen by ``_input_hash``. ``tolerance`` and ``max_incomplete_fraction``:
+    the completeness check and its threshold (exit 4 above it)."""
+
+    method: Literal["integrated_gradients", "gradient_x_input", "permutation"]
+    output: str | None = Field(default=None, min_length=1)
+    baseline: Literal["zeros"] | list[float] = "zeros"
+    background: str | None = Field(default=None, min_length=1)
+    steps: int | None = Field(default=None, gt=0, le=10_000)
+    samples: int | None = Field(default=None, gt=0, le=10_000)
+    seed: int | None = Field(default=None, ge=0)
+    top_k: int | Literal["all"] = Field(default=5)
+    fraction: float = Field(default=1.0, gt=0.0, le=1.0)
+    tolerance: float = Field(default=0.01, ge=0.0)
+    max_incomplete_fraction: float = Field(default=0.01, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _params_of_its_method(self) -> "ExplainSpec":
+        if self.background is not None and self.baseline != "zeros":
+            raise ValueError("explain: give baseline or background, not both (the baseline is "
+                             "the background's mean model input)")
+        if isinstance(self.top_k, int) and self.top_k <= 0:
+            raise ValueError("explain.top_k: give a positive number of features, or all")
+        for key, method in (("steps", "integrated_gradients"), ("samples", "permutation"),
+                            ("seed", "permutation")):
+            if getattr(self, key) is not None and self.method != method:
+                raise ValueError(f"explain.{key} is a parameter of {method}, not of "
+                                 f"{self.method}: leave it out")
+        if self.method == "integrated_gradients" and self.steps is None:
+            object.__setattr__(self, "steps", 50)   # frozen: filled in once, here
+        if self.method == "permutation":
+            object.__setattr__(self, "samples", 8 if self.samples is None else self.samples)
+            object.__setattr__(self, "seed", 0 if self.seed is None else self.seed)
+        return self
+
+    def declared(self) -> str:
+        """What the model's declaration records (``explain``): every parameter that changes what
+        is written, as canonical JSON; the thresholds are the run's, not the model's. A
+        background is declared as ``"baseline": "background"``, its bytes by their sha256
+        beside it (``explain_background_sha256``), not by a path that moves with the project."""
+        values = self.model_dump(exclude={"tolerance", "max_incomplete_fraction", "background"},
+                                 exclude_none=True)
+        if self.background is not None:
+            values["baseline"] = "background"
+        return json.dumps(values, sort_keys=True, separators=(",", ":"))
+
+
 class TrackingSpec(_Strict):
     uri: str = "sqlite:///mlflow.db"
     experiment: str | None = None  # default: the job's name
@@ -229,9 +292,25 @@ class JobSpec(_Strict):
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     runner: RunnerSpec = Field(default_factory=RunnerSpec)
     monitor: MonitorSpec | None = None
+    explain: ExplainSpec | None = None
     # Variables whose ${NAME} values are secrets whatever they are called (besides the names
     # redaction.SECRET_WORDS marks): never shown, logged or written.
     secrets: list[Annotated[str, Field(pattern=f"^{ENV_NAME}$")]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _explain_fits_the_job(self) -> "JobSpec":
+        if self.explain is None:
+            return self
+        if self.batch.tokens is not None:
+            raise ValueError("explain: attributions per token are not supported: leave explain "
+                             "out of a job with batch.tokens")
+        if self.explain.method in GRADIENT_METHODS:
+            others = [m.backend for m in (self.model, *self.model.challengers) if m.backend != "torch"]
+            if others:
+                raise ValueError(f"explain.method {self.explain.method} needs the model's "
+                                 f"gradients, which only the torch backend gives (this job has "
+                                 f"{', '.join(sorted(set(others)))}): use method permutation")
+        return self
 
 
 @dataclass(frozen=True)
@@ -480,8 +559,11 @@ def _resolve_tracking_uri(uri: str, folder: Path) -> str:
 def _resolve_paths(spec: JobSpec, folder: Path) -> JobSpec:
     monitor = spec.monitor and spec.monitor.model_copy(
         update={"baseline": spec.monitor.baseline and resolve_path(spec.monitor.baseline, folder)})
+    explain = spec.explain and spec.explain.model_copy(
+        update={"background": spec.explain.background and resolve_path(spec.explain.background, folder)})
     return spec.model_copy(update={
         "monitor": monitor,
+        "explain": explain,
         "input": spec.input.model_copy(update={"path": resolve_path(spec.input.path, folder)}),
         "schemas": spec.schemas.model_copy(update={"root": resolve_path(spec.schemas.root, folder)}),
         "model": spec.model.model_copy(update={

@@ -29,8 +29,8 @@ from ..io.outputs import PREDICTIONS, QUARANTINE, challenger_folder
 from ..io.records import FileRecord, ShardRecord, Totals
 from ..io.storage import join, url_to_fs
 from ..rows.arrow_types import plain_array, plain_type
-from ..rows.columns import INPUT_HASH, NOT_COMPARED, SOURCE_ROW
-from ..rows.compare import TopMovers, agreement, score_summary
+from ..rows.columns import EXPLANATION, INPUT_HASH, NOT_COMPARED, SOURCE_ROW
+from ..rows.compare import TopMovers, agreement, explanation_agreement, score_summary
 
 # The columns not compared bit for bit: the row's key, what describes an execution, and the
 # triple (compared once, from the manifests) — as rows/columns.py declares them.
@@ -171,6 +171,9 @@ def _compare_shard(a: _Side, b: _Side, shard_a: ShardRecord, shard_b: ShardRecor
     matched_b = pred_b.take(pa.array(ib))
     models.add(shard_a.path, common, matched_a, matched_b,
                [n for n in names if not n.startswith("_")])
+    if EXPLANATION.name in names:
+        models.explained[0].extend(matched_a.column(EXPLANATION.name).to_pylist())
+        models.explained[1].extend(matched_b.column(EXPLANATION.name).to_pylist())
     for name in names:
         col_a = matched_a.column(name)
         col_b = matched_b.column(name)
@@ -213,6 +216,8 @@ def _column_difference(col_a: pa.ChunkedArray, col_b: pa.ChunkedArray) -> tuple[
         return int((~same.all(axis=1)).sum()), float(np.nanmax(gap)) if gap.size else 0.0
     if values_a.type != values_b.type:
         return rows, None
+    if pa.types.is_list(values_a.type):   # _explanation: Arrow's kernels do not compare lists
+        return sum(x != y for x, y in zip(values_a.to_pylist(), values_b.to_pylist())), None
     equal = pc.fill_null(pc.equal(values_a, values_b), False)
     same = pc.or_(equal, pc.and_(pc.is_null(values_a), pc.is_null(values_b)))
     return int((~same.to_numpy(zero_copy_only=False).reshape(rows, width).all(axis=1)).sum()), None
@@ -231,6 +236,8 @@ class _Models:
         self.scores: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
         self.labels: dict[str, list[int]] = {}   # column -> [rows, agreeing]
         self.movers: dict[str, TopMovers] = {}
+        # explain: both sides' _explanation of the matched rows (a row's list is k entries)
+        self.explained: tuple[list, list] = ([], [])
 
     def add(self, shard: str, rows: np.ndarray, a: pa.Table, b: pa.Table, names: list[str]) -> None:
         kinds = {n: _kind(a.schema.field(n).type, b.schema.field(n).type) for n in names}
@@ -254,8 +261,11 @@ class _Models:
             scores[name] = score_summary(np.concatenate(xs), np.concatenate(ys))
         labels = {name: {"rows": n, "agreement": (same / n if n else None)}
                   for name, (n, same) in self.labels.items()}
-        return {"scores": scores, "labels": labels,
-                "top_movers": {name: movers.rows() for name, movers in self.movers.items()}}
+        report = {"scores": scores, "labels": labels,
+                  "top_movers": {name: movers.rows() for name, movers in self.movers.items()}}
+        if self.explained[0]:   # only where both sides hold explanations: the key is absent otherwise
+            report["explanations"] = explanation_agreement(*self.explained)
+        return report
 
 
 def _kind(type_a: pa.DataType, type_b: pa.DataType) -> str | None:

@@ -13,7 +13,9 @@ from ..backends import declared_options, handler_class
 from ..errors import BatchInferError, ModelError, SpecError
 from ..io.outputs import PREDICTIONS, challenger_folder
 from ..rows.columns import check_output_columns
-from ..spec import ModelFields
+from ..spec import ExplainSpec, ModelFields
+from .explain import challenger_output, plan_for
+from .explain import declared as explain_declared
 from .resolve import Resolved, ResolvedChallenger
 
 if TYPE_CHECKING:
@@ -22,13 +24,16 @@ if TYPE_CHECKING:
     from ..triple.models import ResolvedModel
 
 
-def declared(model: ModelFields) -> dict[str, str]:
-    """The values of a model's backend's declared options (they change predictions)."""
-    return declared_options(model.backend, model.options)
+def declared(model: ModelFields, explain: ExplainSpec | None = None) -> dict[str, str]:
+    """The values of a model's backend's declared options (they change predictions), and with
+    ``explain`` the declared explanation (it changes what is written: contract §6
+    "Explanations")."""
+    return {**declared_options(model.backend, model.options), **explain_declared(explain)}
 
 
-def challenger_identity(challenger: ResolvedChallenger) -> tuple[str, dict[str, str], dict[str, str]]:
-    return challenger.name, challenger.triple.as_dict(), declared(challenger.spec)
+def challenger_identity(challenger: ResolvedChallenger,
+                        explain: ExplainSpec | None = None) -> tuple[str, dict[str, str], dict[str, str]]:
+    return challenger.name, challenger.triple.as_dict(), declared(challenger.spec, explain)
 
 
 def load_champion(resolved: Resolved) -> "ModelRun":
@@ -41,11 +46,12 @@ def load_champion(resolved: Resolved) -> "ModelRun":
     mapped = spec.output.predictions
     handler, device, outputs = load_model(resolved, spec.model, resolved.model,
                                           resolved.triple.model_digest, mapped)
+    explain = plan_for(resolved, handler, spec.explain.output if spec.explain else None)
     return ModelRun(name="", triple=resolved.triple, handler=handler, device=device,
-                    backend=spec.model.backend, model_options=declared(spec.model),
+                    backend=spec.model.backend, model_options=declared(spec.model, spec.explain),
                     folder=PREDICTIONS, prediction_names=dict(mapped or {}) or None,
                     columns=tuple(mapped.values()) if mapped else tuple(outputs),
-                    rejects="quarantine")
+                    rejects="quarantine", explain=explain)
 
 
 def load_challengers(resolved: Resolved, champion: "ModelRun") -> "list[ModelRun]":
@@ -78,14 +84,19 @@ def load_challengers(resolved: Resolved, champion: "ModelRun") -> "list[ModelRun
             if own is None and not output.predictions and outputs != columns:
                 raise SpecError(f"its outputs {outputs} are not the champion's {columns}: "
                                 f"{hint}, or export it with the champion's output names")
+            explain = None
+            if champion.explain is not None:
+                explain = plan_for(resolved, handler, challenger_output(
+                    champion.explain.output, output.predictions,
+                    own if own is not None else output.predictions), "the challenger's model")
         except BatchInferError as exc:
             raise type(exc)(f"challenger {challenger.name}: {exc.message}") from None
         loaded.append(ModelRun(name=challenger.name, triple=challenger.triple, handler=handler,
                                device=device, backend=challenger.spec.backend,
-                               model_options=declared(challenger.spec),
+                               model_options=declared(challenger.spec, resolved.job.spec.explain),
                                folder=challenger_folder(challenger.name),
                                prediction_names=dict(own or output.predictions or {}) or None,
-                               columns=champion.columns, rejects="count"))
+                               columns=champion.columns, rejects="count", explain=explain))
     return loaded
 
 

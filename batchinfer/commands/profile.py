@@ -22,6 +22,7 @@ from ..io.outputs import write_json
 from ..io.records import ShardRecord
 from ..io.shards import ShardReader, Unreadable
 from ..io.storage import join, url_to_fs
+from ..rows.columns import EXPLANATION, attribution_column
 from ..rows.profile import PROFILE_VERSION, baseline_column, numeric_values
 from ..spec import Job
 from .resolve import resolve
@@ -82,6 +83,18 @@ def _scored_rows(table: pa.Table, rows: int, shard: str) -> pa.Array:
     return index
 
 
+def attributions(explanations: list) -> dict[str, np.ndarray]:
+    """Each feature's attribution over the rows explained (``_explanation`` not null), as the
+    run profiles it: its value in the row's list, 0 where the row's top k leave it out."""
+    rows = [entry for entry in explanations if entry is not None]
+    features = sorted({e["feature"] for entry in rows for e in entry})
+    out = {attribution_column(f): np.zeros(len(rows)) for f in features}
+    for i, entry in enumerate(rows):
+        for e in entry:
+            out[attribution_column(e["feature"])][i] = e["attribution"]
+    return out
+
+
 def profile_partition(job: Job, out: str) -> ProfileWritten:
     """Write the baseline profile of the job's committed partition to ``out``.
 
@@ -116,6 +129,9 @@ def profile_partition(job: Job, out: str) -> ProfileWritten:
                     continue
                 values = numeric_values(table.column(name))
                 if values is not None:
+                    prediction_parts.setdefault(name, []).append(values)
+            if EXPLANATION.name in table.column_names:   # the drift of "why"
+                for name, values in attributions(table.column(EXPLANATION.name).to_pylist()).items():
                     prediction_parts.setdefault(name, []).append(values)
             url = urls.get(shard.path)
             if url is None:

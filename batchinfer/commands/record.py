@@ -102,8 +102,24 @@ def run_metrics(totals: Totals, pipeline_s: float, wall_s: float, results: Seque
         metrics["wall_seconds"] = wall_s
         metrics["rows_per_second"] = (totals.rows_in - metrics["rows_reused"]) / wall_s
     metrics.update(health_metrics(results, load_s))
+    metrics.update(explain_metrics(model))
     metrics.update(challenger_metrics(results))
     metrics.update(drift_metrics(verdict))
+    return metrics
+
+
+def explain_metrics(model: ModelStats) -> dict[str, float]:
+    """With explain (contract §6 "Explanations"): ``explain_rows``, ``explain_incomplete_rows``,
+    ``explain_max_completeness_gap`` (0 for a method without completeness) and, per feature,
+    ``explain_mean_abs.<feature>``, its mean |attribution| over the rows explained (what drives
+    the partition's scores); nothing for a run without explain."""
+    if not model.explained:
+        return {}
+    metrics = {"explain_rows": float(model.explained),
+               "explain_incomplete_rows": float(model.incomplete),
+               "explain_max_completeness_gap": model.max_gap}
+    for feature, total in model.abs_attribution.items():
+        metrics[f"explain_mean_abs.{metric_part(feature)}"] = total / model.explained
     return metrics
 
 

@@ -191,6 +191,7 @@ def render_report(manifest: Manifest | None, record: Mapping[str, Any], profile:
         out.append(_challengers_section(manifest))
     out.append(_drift_section(profile, level))
     out.append(_histograms(profile))
+    out.append(_explain_section(metrics))
     out.append(_quarantine_section(profile, metrics))
     stages = [(s, metrics[f"stage_seconds_{s}"], RUN) for s in STAGES if f"stage_seconds_{s}" in metrics]
     out.append("<section><h2>Time per stage (summed over batches)</h2>" + hbars(stages, unit=" s")
@@ -212,6 +213,20 @@ def render_report(manifest: Manifest | None, record: Mapping[str, Any], profile:
     out.append('<p class="muted">batchinfer job report · self-contained: no script, no network</p>'
                "</main></body></html>")
     return "".join(out)
+
+
+def _explain_section(metrics: Mapping[str, float]) -> str:
+    """With explain: the partition's top features by mean |attribution| (what drives its scores),
+    the rows explained and those that missed completeness (contract §6 "Explanations")."""
+    if not metrics.get("explain_rows"):
+        return ""
+    found = sorted(((k.split(".", 1)[1], float(v)) for k, v in metrics.items()
+                    if k.startswith("explain_mean_abs.")), key=lambda kv: (-kv[1], kv[0]))
+    return ("<section><h2>Explanations: top features by mean |attribution|</h2>"
+            + hbars([(name, value, RUN) for name, value in found[:15]])
+            + f'<p class="muted">{_num(metrics.get("explain_rows"))} rows explained, '
+            f'{_num(metrics.get("explain_incomplete_rows"))} outside the completeness tolerance; '
+            f"per row: the <code>_explanation</code> column</p></section>")
 
 
 def _challengers_section(manifest: Manifest) -> str:

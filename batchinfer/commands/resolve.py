@@ -11,10 +11,11 @@ from ..backends import declared_options, implied_options
 from ..errors import ContractError, SpecError
 from ..io.shards import Shard, list_input
 from ..spec import ChallengerSpec, Job, ModelFields
-from ..triple.contract import Triple, check_contract, check_declared_code, model_digest, refuse_pickle
+from ..triple.contract import Triple, check_contract, check_declared_code, check_explain, model_digest, refuse_pickle
 from ..triple.models import ResolvedModel, resolve_model
 from ..triple.preprocess import Preprocessor, load_preprocessor
 from ..triple.schemas import SchemaVersion, next_version, parse_ref, resolve_schema
+from .explain import check_background
 
 log = logging.getLogger("batchinfer")
 
@@ -102,6 +103,9 @@ def _resolve_model(job: Job, model_spec: ModelFields, schema: SchemaVersion,
         check_contract(shown, model.declaration, triple, model_spec.version,
                        declared_options(model_spec.backend, model_spec.options),
                        implied_options(model_spec.backend))
+        explain = job.spec.explain
+        check_explain(shown, model.declaration or {}, explain.declared() if explain else None)
+        check_background(shown, model.declaration or {}, explain)
         following = next_version(job.spec.schemas.root, parse_ref(schema.ref)[0])
         for line in check_declared_code(shown, model.declaration or {}, schema.ref,
                                         schema.source.sha256, following,

@@ -53,6 +53,7 @@ from ..io.resume import find as resume_shards
 from ..io.update import Update, current_digests, plan_update
 from ..pipeline.runners import check as check_runner
 from ..redaction import mask
+from ..rows.columns import attribution_column
 from ..rows.drift import Baseline, DriftVerdict, observe
 from ..spec import Job
 from . import models, record, scoring
@@ -219,8 +220,10 @@ def _identity(job: Job, resolved: Resolved) -> Identity:
                     # Partitions committed before only secrets were masked name their shards
                     # with every ${NAME} value put back: the same shards, named as then.
                     shards_as_then=frozenset(mask(s.url, job.templated) for s in resolved.shards),
-                    triple=resolved.triple.as_dict(), model_options=models.declared(job.spec.model),
-                    challengers=tuple(models.challenger_identity(c) for c in resolved.challengers))
+                    triple=resolved.triple.as_dict(),
+                    model_options=models.declared(job.spec.model, job.spec.explain),
+                    challengers=tuple(models.challenger_identity(c, job.spec.explain)
+                                      for c in resolved.challengers))
 
 
 def decide(run: Resolution, overwrite: bool, update: bool = False) -> Decision:
@@ -381,7 +384,9 @@ def launch(run: Resolution, decision: Decision, resumed: Resume, tracking: "Trac
     load_s = time.perf_counter() - t_load
     baseline = run.baseline
     if baseline is not None:  # the columns it is compared on, known now (exit 2 if none)
-        baseline = baseline.for_run([*resolved.features, *champion.columns])
+        attributions = [attribution_column(f) for f in champion.explain.known_names()] if (
+            champion.explain is not None) else []
+        baseline = baseline.for_run([*resolved.features, *champion.columns, *attributions])
     tracking.prepare()  # the checks passed: the store may be touched
     attempt = run.partition.begin(new_attempt(run.started), replacing=decision.manifest,
                                   clock=run.clock)

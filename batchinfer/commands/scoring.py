@@ -14,7 +14,7 @@ from ..io.records import Challenger, Manifest, Totals
 from ..io.resume import Resume
 from ..redaction import Deferred
 from ..rows.drift import Baseline, DriftGate
-from ..spec import Job
+from ..spec import COMPLETE_METHODS, Job
 from .monitor import load_baseline
 from .resolve import Resolved
 
@@ -144,7 +144,10 @@ def pipeline_plans(resolved: Resolved, attempt: Attempt, header: Manifest,
     commit = CommitPlan(output_url=output, attempt=attempt.attempt,
                         replacing=attempt.replacing, shard_count=len(resolved.shards),
                         header=header, breach=spec.quarantine.breach, drift=gate,
-                        preprocess=spec.preprocess, clock=attempt.clock, adopted=adopted)
+                        preprocess=spec.preprocess, clock=attempt.clock, adopted=adopted,
+                        max_incomplete=(spec.explain.max_incomplete_fraction
+                                        if spec.explain and spec.explain.method in COMPLETE_METHODS
+                                        else None))
     return plan, commit
 
 

@@ -9,6 +9,8 @@ from ..errors import SpecError
 from ..spec import Job, resolve_path
 from ..triple.contract import PACKAGE_POLICIES, PACKAGES, PACKAGES_POLICY, SCHEMA_SHA256, Triple
 from ..triple.models import declare, registry_ref
+from .explain import declared as explain_declared
+from .explain import declared_background
 from .monitor import read_profile
 from .resolve import resolve
 
@@ -67,6 +69,8 @@ def stamp(job: Job, model_uri: str | None, model_version: str | None,
                             f"model.options.{key}: {facts[key]} (or --set model.options.{key}="
                             f"{facts[key]}) to stamp it")
     extra.update(facts)
+    extra.update(explain_declared(job.spec.explain))   # contract §6 "Explanations"
+    extra.update(declared_background(job.spec.explain))
     extra[SCHEMA_SHA256] = resolved.schema.source.sha256
     extra[PACKAGES] = " ".join(resolved.preprocessor.packages)
     extra[PACKAGES_POLICY] = packages

@@ -40,6 +40,9 @@ def run_demo(folder: Path, *, rows: int = 120_000) -> int:
     print(f"  predictions  {out / 'predictions' / manifest.attempt}/")
     print(f"  quarantine   {len(quarantine_files)} file(s) under {out / 'quarantine' / manifest.attempt}/")
     print(f"  manifest     {out / '_manifest.json'}  (the commit; readers follow it)")
+    why = _top_features(out)
+    if why:
+        print(f"  why          {why}  (mean |attribution|; per row: _explanation)")
     if outcome.tracking:
         print(f"  tracking     {outcome.tracking}")
     print(f"  next         batchinfer inspect {out}")
@@ -47,3 +50,17 @@ def run_demo(folder: Path, *, rows: int = 120_000) -> int:
     print(f"  nightly      . {env_file}   # then README's \"Nightly with Airflow\"")
     print(f"  total time   {time.perf_counter() - t0:.1f} s")
     return 0
+
+
+def _top_features(out: Path, n: int = 5) -> str:
+    """The partition's top features by mean |attribution| from its ``_metrics.json`` ("" when it
+    has none: a job without explain)."""
+    import json
+
+    try:
+        metrics = json.loads((out / "_metrics.json").read_text())["metrics"]
+    except (OSError, ValueError, KeyError):
+        return ""
+    found = sorted(((k.split(".", 1)[1], v) for k, v in metrics.items()
+                    if k.startswith("explain_mean_abs.")), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{name} {value:.3f}" for name, value in found[:n])

@@ -154,6 +154,9 @@ class Inference:
     warmup_ms: float = 0.0    # the untimed first call of this process, if this batch made it
     tokens: int = 0
     padded_tokens: int = 0
+    # explain: the batch's attributions (handlers/explain.py Attributions), added by the
+    # pipeline's Explain step after the model scored the batch; None without explain.
+    explained: Any = None
 
 
 @dataclass
@@ -260,6 +263,19 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, ModelT]):
         Example: an ONNX model with inputs ``x [N, 8]`` and ``ids [N, L]`` → ``{"x": (8,),
         "ids": ("L",)}``."""
         return {}
+
+    # Whether :meth:`attribute` gives gradient attributions (explain's gradient methods).
+    gradients: ClassVar[bool] = False
+
+    def attribute(self, model: ModelT, name: str, x: np.ndarray, baseline: np.ndarray,
+                  output: str, method: str, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """Gradient attributions of output ``output`` (one value per row) to input ``name``
+        (``x``, ``[n, d]``), against ``baseline`` (one row): ``integrated_gradients`` in
+        ``steps`` steps, or ``gradient_x_input`` (the gradient at ``x`` times ``x - baseline``).
+        Returns ``(attributions [n, d] float64, gap [n])``, ``gap`` being each row's
+        ``sum - (f(x) - f(baseline))`` (zeros for gradient × input, which has no such
+        property). Only a backend with ``gradients = True`` implements it (handlers/explain.py)."""
+        raise NotImplementedError
 
     def is_out_of_memory(self, exc: BaseException) -> bool:
         """True if ``exc``, raised by ``predict``, means the device ran out of memory: the rows

@@ -42,6 +42,9 @@ class LoadedModel(Protocol):
 
     def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
+    def attribute(self, name: str, x: np.ndarray, baseline: np.ndarray, output: str,
+                  method: str, steps: int) -> tuple[np.ndarray, np.ndarray]: ...
+
 
 class LocalModel(Generic[ModelT]):
     """A backend's model in this process, with the handler's hooks bound to it.
@@ -81,6 +84,14 @@ class LocalModel(Generic[ModelT]):
         with self._lock:
             self.waited_s += time.perf_counter() - t0
             return self._handler.predict(self._model, inputs)
+
+    def attribute(self, name: str, x: np.ndarray, baseline: np.ndarray, output: str,
+                  method: str, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """The backend's gradient attributions (explain), under the same call lock as predict."""
+        if self._lock is None:
+            return self._handler.attribute(self._model, name, x, baseline, output, method, steps)
+        with self._lock:
+            return self._handler.attribute(self._model, name, x, baseline, output, method, steps)
 
 
 class ServedModel(LocalModel[Any]):

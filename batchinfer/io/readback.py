@@ -145,6 +145,10 @@ class ModelStatsModel(_Checked):
     warmup_ms: Finite = 0.0
     tokens: Count = 0
     padded_tokens: Count = 0
+    explained: Count = 0
+    incomplete: Count = 0
+    abs_attribution: dict[str, NonNegative] = Field(default_factory=dict)
+    max_gap: NonNegative = 0.0
 
 
 class ColumnStatsModel(_Checked):

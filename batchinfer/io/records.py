@@ -200,16 +200,37 @@ class ModelStats(Record):
     warmup_ms: float = 0.0   # the untimed first model call(s): one per worker process
     tokens: int = 0
     padded_tokens: int = 0
+    # explain (contract §6 "Explanations"): rows explained, those whose attributions missed
+    # completeness, and each feature's |attribution| summed over the rows explained.
+    explained: int = 0
+    incomplete: int = 0
+    abs_attribution: dict[str, float] = field(default_factory=dict)
+    max_gap: float = 0.0     # the largest |sum of attributions - (f(x) - f(baseline))|
+
+    def to_dict(self) -> dict[str, Any]:
+        # A run without explain writes the keys it always wrote.
+        data = super().to_dict()
+        if not (self.explained or self.incomplete or self.abs_attribution):
+            for key in ("explained", "incomplete", "abs_attribution", "max_gap"):
+                data.pop(key)
+        return data
 
     def __add__(self, other: "ModelStats") -> "ModelStats":
         chunks = [c for c in (self.chunk_rows, other.chunk_rows) if c]
+        attribution = dict(self.abs_attribution)
+        for feature, value in other.abs_attribution.items():
+            attribution[feature] = attribution.get(feature, 0.0) + value
         return ModelStats(rows=self.rows + other.rows, raised=self.raised + other.raised,
                           error=self.error or other.error,
                           oom_backoffs=self.oom_backoffs + other.oom_backoffs,
                           chunk_rows=min(chunks) if chunks else 0,
                           warmup_ms=self.warmup_ms + other.warmup_ms,
                           tokens=self.tokens + other.tokens,
-                          padded_tokens=self.padded_tokens + other.padded_tokens)
+                          padded_tokens=self.padded_tokens + other.padded_tokens,
+                          explained=self.explained + other.explained,
+                          incomplete=self.incomplete + other.incomplete,
+                          abs_attribution=attribution,
+                          max_gap=max(self.max_gap, other.max_gap))
 
 
 @dataclass(frozen=True)

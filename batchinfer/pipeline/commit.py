@@ -65,6 +65,9 @@ class CommitPlan:
     preprocess: str | None = None
     clock: Clock = utc_now
     adopted: dict[int, ShardResult] = dataclasses.field(default_factory=dict)
+    # explain.max_incomplete_fraction, for a method whose attributions are checked for
+    # completeness (contract §6 "Explanations"); None: no such check.
+    max_incomplete: float | None = None
 
     def begin(self) -> Attempt:
         return PartitionCommit(self.output_url.value()).begin(self.attempt, replacing=self.replacing,
@@ -104,7 +107,7 @@ class CommitPartition(beam.DoFn):
             raise RuntimeFailure(f"{len(gone)} file(s) of shards this run adopted from another "
                                  f"attempt were removed meanwhile (e.g. {gone[0]}): nothing "
                                  f"committed; run the job again")
-        refusal = refuse(results, plan.breach, plan.preprocess)
+        refusal = refuse(results, plan.breach, plan.preprocess) or incomplete(results, plan.max_incomplete)
         if refusal is None and plan.drift is not None:
             drifted = plan.drift.refusal(r.profile for r in results)
             refusal = DataQualityError(drifted) if drifted else None
@@ -142,3 +145,18 @@ def refuse(results: list[ShardResult], breach: Breach,
         return DataQualityError(f"data quality: {why}; nothing committed: run `batchinfer validate` "
                                 f"to see why")
     return None
+
+
+def incomplete(results: list[ShardResult], limit: float | None) -> BatchInferError | None:
+    """Exit 4 when more of the explained rows than ``limit`` (a fraction) have attributions that
+    do not sum to ``f(x) - f(baseline)`` within ``explain.tolerance``; None otherwise."""
+    if limit is None:
+        return None
+    model = sum((r.model for r in results), ModelStats())
+    if not model.explained or model.incomplete / model.explained <= limit:
+        return None
+    return DataQualityError(
+        f"explanations: {model.incomplete} of {model.explained} explained rows "
+        f"({model.incomplete / model.explained:.2%}, max {limit:.2%}) have attributions that do "
+        f"not sum to f(x) - f(baseline) within explain.tolerance; nothing committed: raise "
+        f"explain.steps (or explain.tolerance)")

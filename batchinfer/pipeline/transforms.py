@@ -31,16 +31,19 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Literal, Sequence, Tuple, cast
+from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence, Tuple, cast
 
 import numpy as np
 import pyarrow as pa
 
 from .. import faults
 from ..beam_compat import PredictionResult, RunInference, beam, in_global_window
+from ..errors import SpecError
 from ..handlers.base import BatchModelHandler, Inference, Prepared
+from ..handlers.explain import Attributions, ExplainPlan, explain_rows, grouped, selected, top
 from ..io.outputs import QUARANTINE, Layout, parquet_bytes, write_file, write_json
 from ..io.records import FileRecord, ModelStats, PreprocessStats
 from ..io.shards import ShardReader, Unreadable
@@ -50,6 +53,8 @@ from ..rows.columns import (
     AUDIT,
     CHECK,
     COMPUTE_MS,
+    EXPLANATION,
+    EXPLANATION_BASELINE,
     FAILED_COLUMN,
     INFERENCE_ID,
     INPUT_HASH,
@@ -57,6 +62,7 @@ from ..rows.columns import (
     SOURCE_ROW,
     SOURCE_SHARD,
     TRIPLE,
+    attribution_column,
     prediction_encoding,
 )
 from ..rows.hashing import row_hashes
@@ -72,6 +78,8 @@ from .prepare import prepare_batch
 from .records import BatchRecord, ChallengerBatchRecord, ShardInfo, fold_shard
 
 RejectPolicy = Literal["quarantine", "count"]
+# The key of a prediction file's schema metadata that describes its explanation columns.
+EXPLAIN_METADATA = "batchinfer.explain"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,6 +115,7 @@ class ModelRun:
     prediction_names: dict[str, str] | None = None
     columns: tuple[str, ...] = ()
     rejects: RejectPolicy = "quarantine"
+    explain: ExplainPlan | None = None   # the job's explain, resolved for this model
 
     @property
     def labels(self) -> tuple[str, str]:
@@ -114,6 +123,11 @@ class ModelRun:
         if self.rejects == "quarantine":
             return "RunInference", "WriteBatch"
         return f"RunInference[{self.name}]", f"WriteChallenger[{self.name}]"
+
+    @property
+    def explain_label(self) -> str:
+        """Its Explain step's name (with explain only)."""
+        return "Explain" if self.rejects == "quarantine" else f"Explain[{self.name}]"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -209,8 +223,11 @@ def build(pipeline: beam.Pipeline, plan: ScoringPlan, commit: CommitPlan, *,
     written = []
     for run in models:
         infer, write = run.labels
-        written.append(prepared
-                       | infer >> RunInference(run.handler).with_output_types(PredictionResult)
+        scored = prepared | infer >> RunInference(run.handler).with_output_types(PredictionResult)
+        if run.explain is not None:   # without explain the graph is what it always was
+            scored = (scored | run.explain_label >> beam.ParDo(ExplainBatch(plan, run))
+                      .with_output_types(PredictionResult))
+        written.append(scored
                        | write >> beam.ParDo(WritePredictions(plan, run))
                        .with_output_types(Tuple[int, Any]))
     finished = ((infos, *written)
@@ -302,6 +319,68 @@ class PrepareBatch(beam.DoFn):
                                        prepared.stats, element.last))
 
 
+class ExplainBatch(beam.DoFn):
+    """One model's results → the same results with the batch's attributions
+    (:class:`~batchinfer.handlers.explain.Attributions` in ``inference.explained``) of the rows
+    the model scored that ``explain.fraction`` picks by ``_input_hash`` (contract §6
+    "Explanations"). It holds the model its RunInference loaded (the process's model cache
+    gives both one copy) and calls it through the handler's ``LoadedModel``."""
+
+    def __init__(self, plan: ScoringPlan, run: ModelRun):
+        assert run.explain is not None
+        self.plan = plan
+        self.explain = run.explain
+        self.handler = run.handler
+
+    def setup(self):
+        self._model = self.handler.load_model()
+        self._loaded = self.handler.loaded(self._model)
+
+    def process(self, result: PredictionResult) -> Iterator[PredictionResult]:
+        t0 = time.perf_counter()
+        item = cast(Prepared, result.example)
+        inference = cast(Inference, result.inference)
+        ok, _, _ = screen_outputs(inference)   # what the writer writes: finite rows only
+        if not ok.size:
+            yield result
+            return
+        plan = self.explain
+        features = item.features
+        x = np.asarray(features[plan.input] if isinstance(features, Mapping) else features)
+        if x.ndim != 2:
+            raise SpecError(f"explain attributes a model input of [rows, positions]; the "
+                            f"preprocessing returned {plan.input!r} as {list(x.shape)}")
+        hashes = None
+        rows = np.arange(ok.size, dtype=np.int64)
+        if plan.fraction < 1.0:
+            hashes = row_hashes(_scored_rows(item.payload, ok), self.plan.hash_columns)
+            rows = np.flatnonzero(selected(hashes.to_pylist(), plan.fraction)).astype(np.int64)
+        chosen = x[ok[rows]]
+        loaded = self._loaded
+
+        def predict(z: np.ndarray) -> np.ndarray:
+            out = np.asarray(loaded.predict({plan.input: z})[plan.output], dtype=np.float64)
+            if out.size != z.shape[0]:
+                raise SpecError(f"explain.output {plan.output!r} has {out.size // max(z.shape[0], 1)} "
+                                f"values per row: explain explains one score per row")
+            return out.reshape(z.shape[0])
+
+        def gradients(z: np.ndarray, base: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            return loaded.attribute(plan.input, z, base, plan.output, plan.method, plan.steps)
+
+        if chosen.shape[0]:
+            values, baseline_value, gap = explain_rows(plan, chosen, predict, gradients)
+        else:
+            values, baseline_value = np.zeros((0, x.shape[1])), 0.0
+            gap = np.zeros(0)
+        missed = np.abs(gap) > plan.tolerance if plan.complete else np.zeros(gap.size, bool)
+        explained = Attributions(rows=rows, values=values, baseline_value=baseline_value,
+                                 incomplete=int(missed.sum()),
+                                 max_gap=float(np.abs(gap).max()) if plan.complete and gap.size else 0.0,
+                                 hashes=hashes, seconds=time.perf_counter() - t0)
+        yield PredictionResult(item, dataclasses.replace(inference, explained=explained))
+
+
 class WritePredictions(beam.DoFn):
     """One model's results → this attempt's files; one record per batch out: a
     :class:`BatchRecord` for the champion, a :class:`ChallengerBatchRecord` for a challenger (its
@@ -325,6 +404,7 @@ class WritePredictions(beam.DoFn):
         self.prediction_names = run.prediction_names
         self.quarantines = run.rejects == "quarantine"
         self.encoding = prediction_encoding(plan.id_columns)
+        self.explain = run.explain
 
     def setup(self):
         self.layout = Layout.for_url(self.plan.output_url.value(), self.plan.attempt)
@@ -370,19 +450,25 @@ class WritePredictions(beam.DoFn):
         files = []
         hash_s = profile_s = 0.0
         profile: dict[str, ColumnStats] = {}
+        explain_stats: dict[str, Any] = {}
         if ok.size:
             scored = _scored_rows(payload, ok)
             t1 = time.perf_counter()
-            input_hash = row_hashes(scored, plan.hash_columns)
+            explained = cast("Attributions | None", inference.explained)
+            if explained is not None and explained.hashes is not None:
+                input_hash = explained.hashes   # the sample needed them first
+            else:
+                input_hash = row_hashes(scored, plan.hash_columns)
             t2 = time.perf_counter()
             hash_s = t2 - t1
             if self.quarantines:   # the partition's model: its drift statistics
-                profile = self._profile(scored, outputs)
+                profile = self._profile(scored, outputs, explained)
                 profile_s = time.perf_counter() - t2
             table = self._predictions(payload, scored, ok, input_hash, outputs, name,
                                       f"{plan.attempt}-{index:05d}-{number:05d}",
-                                      inference.compute_ms)
+                                      inference.compute_ms, explained)
             files.append(self._write(self.folder, index, number, table, self.encoding))
+            explain_stats = self._explain_stats(explained)
         if not self.quarantines:
             return (index, ChallengerBatchRecord(
                 name=self.name, batch=number, rows_in=item.rows, rows_scored=int(ok.size),
@@ -411,11 +497,13 @@ class WritePredictions(beam.DoFn):
             files.append(self._write(QUARANTINE, index, number, table))
         seconds = dict(payload.seconds, infer=inference.compute_ms / 1000.0, hash=hash_s,
                        profile=profile_s, write=time.perf_counter() - t0 - hash_s - profile_s)
+        if inference.explained is not None:
+            seconds["explain"] = inference.explained.seconds
         model = ModelStats(rows=item.rows, raised=len(inference.failed),
                            error=inference.failed[0][1] if inference.failed else None,
                            oom_backoffs=inference.oom_backoffs, chunk_rows=inference.chunk_rows,
                            warmup_ms=inference.warmup_ms, tokens=inference.tokens,
-                           padded_tokens=inference.padded_tokens)
+                           padded_tokens=inference.padded_tokens, **explain_stats)
         return (index, BatchRecord(
             batch=number, rows_in=payload.rows_in, rows_scored=int(ok.size),
             rows_quarantined=quarantined, files=tuple(files), first_reason=first_reason,
@@ -434,18 +522,66 @@ class WritePredictions(beam.DoFn):
         faults.point("write")
         return FileRecord(relative, table.num_rows, digest)
 
+    def _explain_stats(self, explained: "Attributions | None") -> dict[str, Any]:
+        """The batch's explanation figures for its ModelStats: rows explained, rows that missed
+        completeness, |attribution| summed per feature."""
+        if explained is None or self.explain is None:
+            return {}
+        plan = self.explain
+        names = plan.names(int(np.shape(explained.values)[1])) if explained.values.size else ()
+        by_feature = grouped(explained.values, plan.groups, len(names))
+        return {"explained": int(explained.rows.size), "incomplete": explained.incomplete,
+                "max_gap": explained.max_gap,
+                "abs_attribution": {name: float(v) for name, v in
+                                    zip(names, np.abs(by_feature).sum(axis=0))}}
+
+    def _kept(self, explained: "Attributions") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(feature names, each explained row's kept positions among them, their attributions):
+        what ``_explanation`` holds — the top ``k`` features by |attribution|, or every one."""
+        plan = cast(ExplainPlan, self.explain)
+        width = int(np.shape(explained.values)[1]) if explained.values.size else 0
+        names = np.array(plan.names(width) if width else (), dtype=object)
+        by_feature = grouped(explained.values, plan.groups, len(names))
+        positions, values = top(by_feature, plan.top_k) if len(names) else (
+            np.zeros((explained.rows.size, 0), np.int64), np.zeros((explained.rows.size, 0)))
+        return names, positions, values
+
+    def _explanations(self, n: int, explained: "Attributions") -> tuple[pa.Array, pa.Array]:
+        """``_explanation`` and ``_explanation_baseline`` for the ``n`` scored rows: the explained
+        rows' top features (or every one), null for the others."""
+        names, positions, values = self._kept(explained)
+        k = positions.shape[1]
+        struct = pa.StructArray.from_arrays(
+            [pa.array(names[positions.reshape(-1)] if k else [], pa.string()),
+             pa.array(values.reshape(-1), pa.float64())],
+            fields=[pa.field("feature", pa.string(), nullable=False),
+                    pa.field("attribution", pa.float64(), nullable=False)])
+        lengths = np.zeros(n, dtype=np.int32)
+        lengths[explained.rows] = k
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        missing = np.ones(n, dtype=bool)
+        missing[explained.rows] = False
+        lists = pa.ListArray.from_arrays(pa.array(offsets), struct,
+                                         type=pa.list_(struct.type), mask=pa.array(missing))
+        baseline = np.full(n, explained.baseline_value, dtype=np.float64)
+        return lists, pa.array(baseline, pa.float64(), mask=missing)
+
     def _predictions(self, payload: Payload, scored: pa.RecordBatch, ok: np.ndarray,
                      input_hash: pa.Array, outputs: dict[str, np.ndarray], shard_name: str,
-                     inference_id: str, compute_ms: float) -> pa.Table:
+                     inference_id: str, compute_ms: float,
+                     explained: "Attributions | None" = None) -> pa.Table:
         """``scored``: the valid rows the model scored (``ok`` indexes them in the batch). The
-        id columns, the prediction columns, then the audit columns as rows/columns.py declares
-        them, in its order."""
+        id columns, the prediction columns, with explain the explanation columns, then the
+        audit columns as rows/columns.py declares them, in its order."""
         n = int(ok.size)
         columns: dict[str, pa.Array] = {}
         for column in self.plan.id_columns:  # one type per column in every file of the partition
             columns[column] = plain_array(scored.column(column))
         for output, column in (self.prediction_names or {k: k for k in outputs}).items():
             columns[column] = prediction_array(outputs[output])
+        if explained is not None:
+            columns[EXPLANATION.name], columns[EXPLANATION_BASELINE.name] = self._explanations(
+                n, explained)
         audit = {SOURCE_SHARD.name: pa.repeat(shard_name, n).cast(pa.string()),
                  SOURCE_ROW.name: pa.array(payload.source_rows[ok], pa.int64()),
                  INPUT_HASH.name: input_hash,
@@ -455,9 +591,23 @@ class WritePredictions(beam.DoFn):
                  COMPUTE_MS.name: pa.repeat(float(compute_ms), n).cast(pa.float64())}
         for declared in AUDIT:
             columns[declared.name] = audit[declared.name]
-        return pa.table(columns)
+        if explained is None:
+            return pa.table(columns)
+        return pa.table(columns).replace_schema_metadata({EXPLAIN_METADATA: self._metadata(explained)})
 
-    def _profile(self, scored: pa.RecordBatch, outputs: dict[str, np.ndarray]) -> dict[str, ColumnStats]:
+    def _metadata(self, explained: "Attributions") -> str:
+        """What the explanation columns mean, in each file's metadata: the method and its
+        parameters as declared, where the feature names come from and what they are."""
+        plan = cast(ExplainPlan, self.explain)
+        width = int(np.shape(explained.values)[1]) if explained.values.size else 0
+        return json.dumps({"declared": json.loads(plan.declared), "input": plan.input,
+                           "output": plan.output, "features_from": plan.features_from,
+                           "features": list(plan.names(width)) if width or plan.features else [],
+                           "completeness_tolerance": plan.tolerance if plan.complete else None},
+                          sort_keys=True)
+
+    def _profile(self, scored: pa.RecordBatch, outputs: dict[str, np.ndarray],
+                 explained: "Attributions | None" = None) -> dict[str, ColumnStats]:
         """This batch's statistics of the scored rows' features and predictions: a few numpy
         reductions and one ``searchsorted`` per column, no per-row Python (rows/profile.py)."""
         plan = self.plan
@@ -471,6 +621,15 @@ class WritePredictions(beam.DoFn):
             values = numeric_values(outputs[output])
             if values is not None:
                 stats[column] = ColumnStats.of(values, plan.profile_cuts.get(column))
+        if explained is not None and explained.rows.size:
+            # the drift of "why": each feature's attribution over the rows explained, as
+            # _explanation holds it (0 where a row's top k leave the feature out)
+            names, positions, kept = self._kept(explained)
+            dense = np.zeros((kept.shape[0], len(names)))
+            np.put_along_axis(dense, positions, kept, axis=1)
+            for j, feature in enumerate(names):
+                column = attribution_column(str(feature))
+                stats[column] = ColumnStats.of(dense[:, j], plan.profile_cuts.get(column))
         return stats
 
 

@@ -58,6 +58,20 @@ INFERENCE_ID = Column(name="_inference_id", type=STRING, encoding="dictionary")
 COMPUTE_MS = Column(name="_compute_ms", type=FLOAT64)
 AUDIT = (SOURCE_SHARD, SOURCE_ROW, INPUT_HASH, *TRIPLE.values(), INFERENCE_ID, COMPUTE_MS)
 
+# -- prediction files of a job with `explain` (contract §6 "Explanations"): after the prediction
+# columns, before the audit columns; absent otherwise. A row not explained (explain.fraction)
+# has nulls in both.
+EXPLANATION = Column(name="_explanation",
+                     type="list<item: struct<feature: string not null, attribution: double not null>>")
+EXPLANATION_BASELINE = Column(name="_explanation_baseline", type=FLOAT64)
+EXPLAINED = (EXPLANATION, EXPLANATION_BASELINE)
+
+
+def attribution_column(feature: str) -> str:
+    """The profile column (``_profile.json``, baselines, drift) of one feature's attribution: a
+    statistic, never a column of a file."""
+    return f"{EXPLANATION.name}.{feature}"
+
 # -- quarantine files (rows/quarantine.py's QUARANTINE_SCHEMA, which tests hold to these)
 REASON = Column(name="_reason", type=STRING)
 FAILED_COLUMN = Column(name="_column", type=STRING)
@@ -69,7 +83,8 @@ QUARANTINE = (SOURCE_SHARD, SOURCE_ROW, REASON, FAILED_COLUMN, CHECK, REASONS, V
 
 AUDIT_COLUMNS = tuple(c.name for c in AUDIT)
 QUARANTINE_COLUMNS = tuple(c.name for c in QUARANTINE)
-RESERVED = frozenset(AUDIT_COLUMNS + QUARANTINE_COLUMNS)
+EXPLAINED_COLUMNS = tuple(c.name for c in EXPLAINED)
+RESERVED = frozenset(AUDIT_COLUMNS + QUARANTINE_COLUMNS + EXPLAINED_COLUMNS)
 NOT_COMPARED = frozenset(c.name for c in AUDIT if not c.compared)
 
 

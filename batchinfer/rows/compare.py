@@ -103,3 +103,38 @@ def _plain(value: Any) -> Any:
 def _negated(shard: str, row: int) -> tuple:
     # heapq compares tuples: a smaller (shard, row) must count as the *larger* entry.
     return tuple(-ord(c) for c in shard) + (0x110000, -row)
+
+
+def explanation_agreement(a: list, b: list) -> dict[str, Any]:
+    """How two models' explanations of the same rows agree (``diff``, contract §6
+    "Explanations"): ``a`` and ``b`` are the rows' ``_explanation`` lists (``[{feature,
+    attribution}]``, largest |attribution| first; None for a row not explained), matched row
+    by row. Over the rows explained on both sides: ``top1_agreement``, the fraction whose first
+    feature is the same; ``top_k_overlap``, the mean share of features the two lists have in
+    common; ``spearman``, the rank correlation of the features' mean |attribution| over those
+    rows (a feature missing from a row's list counts 0 there), and both sides' top features.
+    """
+    rows = top1 = 0
+    overlap = 0.0
+    totals: dict[str, list[float]] = {}
+    for left, right in zip(a, b):
+        if not left or not right:
+            continue
+        rows += 1
+        top1 += left[0]["feature"] == right[0]["feature"]
+        names_a, names_b = {e["feature"] for e in left}, {e["feature"] for e in right}
+        overlap += len(names_a & names_b) / max(len(names_a), len(names_b))
+        for side, entries in ((0, left), (1, right)):
+            for entry in entries:
+                totals.setdefault(entry["feature"], [0.0, 0.0])[side] += abs(entry["attribution"])
+    features = sorted(totals)
+    mean_a = np.array([totals[f][0] for f in features]) / max(rows, 1)
+    mean_b = np.array([totals[f][1] for f in features]) / max(rows, 1)
+
+    def ranked(values: np.ndarray) -> list[str]:
+        return [features[i] for i in sorted(range(len(features)), key=lambda i: (-values[i], features[i]))][:10]
+
+    return {"rows": rows, "top1_agreement": top1 / rows if rows else None,
+            "top_k_overlap": overlap / rows if rows else None,
+            "spearman": spearman(mean_a, mean_b) if rows else None,
+            "top_features_a": ranked(mean_a), "top_features_b": ranked(mean_b)}

@@ -292,6 +292,20 @@ def check_contract(model: str, declared: Mapping[str, str] | None, found: Triple
     raise ContractError(f"contract mismatch for {model}: " + "; ".join(parts) + f" ({hint})")
 
 
+def check_explain(model: str, declared: Mapping[str, str], wanted: str | None) -> None:
+    """Raise ContractError unless the job's ``explain`` (its declared value, or None without
+    one) is what the model was stamped with (the declaration's ``explain``; none when absent):
+    an explainer that is not versioned with the model explains another model (contract §6
+    "Explanations")."""
+    stamped = declared.get("explain")
+    if stamped == wanted:
+        return
+    raise ContractError(
+        f"contract mismatch for {model}: the job's explain is {wanted or '(none)'} but the model "
+        f"was stamped with {stamped or '(no explain)'}: run with the declared explain, or "
+        f"re-stamp the model with `batchinfer stamp` for this one")
+
+
 # -- the code behind the triple's names ----------------------------------------------------------
 
 def check_declared_code(model: str, declared: Mapping[str, str], schema_ref: str,

@@ -75,6 +75,16 @@ def test_demo_scores_and_summarises(demo):
             assert hashlib.sha256(data).hexdigest() == f["sha256"]
 
 
+def test_demo_explains_a_tenth_of_its_scores_in_the_schemas_features(demo):
+    preds, _, _ = read_partition(demo["out"])
+    explained = [e for e in preds["_explanation"].to_pylist() if e is not None]
+    assert 0.05 * preds.num_rows < len(explained) < 0.15 * preds.num_rows
+    features = {e["feature"] for entry in explained for e in entry}
+    assert all(len(entry) == 5 for entry in explained) and "grade" in features
+    assert not any("=" in f for f in features)   # one-hot columns summed into their feature
+    assert "  why          " in demo["first"].stdout
+
+
 def test_demo_bad_rows_are_quarantined(demo):
     _, quar, _ = read_partition(demo["out"])
     bad = expected_bad_rows(demo["data"])

@@ -95,6 +95,7 @@ def test_demo_job_spec():
         },
         "quarantine": {"max_bad_fraction": 0.01, "max_bad_shards": 0},
         "batch": {"rows": 65536},
+        "explain": {"method": "permutation", "samples": 4, "top_k": 5, "fraction": 0.1},
         "tracking": {"uri": "sqlite:///mlflow.db", "experiment": "credit_risk_demo"},
     }
 
@@ -210,6 +211,17 @@ def test_generated_data_is_plausible(shards):
 
 
 # --- preprocessing -----------------------------------------------------------------------------
+
+
+def test_input_features_name_the_schema_feature_of_each_model_input_column(preprocess, schema_module):
+    assert len(preprocess.INPUT_FEATURES) == len(preprocess.OUTPUT_COLUMNS)
+    assert set(preprocess.INPUT_FEATURES) <= set(schema_module.FEATURES)
+    for column, feature in zip(preprocess.OUTPUT_COLUMNS, preprocess.INPUT_FEATURES):
+        source = {"term_60": "term_months", "employment_years_missing": "employment_years",
+                  "delinquencies_2y_missing": "delinquencies_2y",
+                  "no_delinquency_on_file": "months_since_last_delinquency"}.get(column, column)
+        source = "state" if source.startswith("region=") else source.split("=")[0]
+        assert feature == source, column
 
 
 def test_preprocess_module_is_self_contained(preprocess):

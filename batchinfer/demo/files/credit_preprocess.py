@@ -95,6 +95,20 @@ OUTPUT_COLUMNS = [
     *(f"region={region}" for region in REGIONS),
 ]
 
+# The schema feature each column of the model input comes from, one entry per OUTPUT_COLUMNS
+# entry: batchinfer's explain sums a feature's columns (its one-hot columns, its missing-value
+# indicator) into one attribution, so "why" is said in the schema's features.
+INPUT_FEATURES = [
+    *NUMERIC,
+    "term_months",
+    "has_cosigner",
+    "employment_years",
+    "delinquencies_2y",
+    "months_since_last_delinquency",
+    *(column for column, values in CATEGORIES.items() for _ in values),
+    *("state" for _ in REGIONS),
+]
+
 _STATES = pa.array(list(STATE_REGION), type=pa.string())
 _REGION_OF_STATE = np.array([REGIONS.index(STATE_REGION[s]) for s in STATE_REGION])
 
