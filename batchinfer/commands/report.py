@@ -268,8 +268,9 @@ def _drift_section(profile: Mapping[str, Any], level: str) -> str:
     marks = [(v, COLORS[k]) for k, v in (("warn", warn), ("fail", fail)) if v is not None]
     # A column with no scored values has no PSI (None): no bar; its row says why.
     bars = hbars([(d["column"], d["psi"] or 0.0, COLORS[d["level"]]) for d in drifts[:25]], marks=marks)
-    rows = [(d["column"], d["kind"], d["psi"], d["ks"], _pill(d["level"]), "; ".join(d["breached"]))
-            for d in drifts]
+    # Shown as the run wrote it, and a field the reader's model defaults may be absent.
+    rows = [(d["column"], d["kind"], d["psi"], d["ks"], _pill(d["level"]),
+             "; ".join(d.get("breached") or [])) for d in drifts]
     return (f"<section><h2>Drift against the baseline, worst first {_pill(level)}</h2>"
             f'<p class="muted">baseline {_e(profile["baseline"].get("path", ""))} (ds '
             f'{_e(profile["baseline"].get("ds"))}); warn above {_e(_limits(limits.get("warn")))}, fail '

@@ -261,6 +261,19 @@ def test_report_readers(profile, record):
     _reads(lambda: rebuild_report(f"memory://{root}"), SpecError)
 
 
+def test_a_drift_entry_without_its_optional_breached_list_still_renders():
+    """Found by test_report_readers: ``breached`` may be absent (the reader defaults it), and
+    the report, which shows the record as the run wrote it, raised KeyError."""
+    profile = _run_profile()
+    for entry in profile["drift"]:
+        del entry["breached"]
+    fs, root = _root()
+    fs.pipe_file(f"{root}/{MANIFEST}", manifest_bytes(_manifest()))
+    fs.pipe_file(f"{root}/{PROFILE}", _text(profile).encode())
+    fs.pipe_file(f"{root}/{METRICS}", _text(_metrics()).encode())
+    assert rebuild_report(f"memory://{root}")
+
+
 @given(mutated(_metrics()))
 @EXAMPLES
 def test_track_reader(record):
