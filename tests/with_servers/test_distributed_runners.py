@@ -10,8 +10,9 @@ metrics").
 
 Every run is a real ``batchinfer`` process, tracked to MLflow for real: forked from the
 session's fork server (forkserver.py; the runners' own worker processes, job service and Dask
-cluster start as they would), except the launchers that the tests kill or interrupt, which are
-plain ``python -m batchinfer`` processes (signals reach the entry point). The wall times are
+cluster start as they would), except the launcher that a test interrupts, a plain ``python -m
+batchinfer`` (Ctrl-C reaches the entry point); the launchers killed by SIGKILL are forked too,
+which SIGKILL ends like any process. The wall times are
 printed (``-s``) for the closing note, never asserted.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import forkserver
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -204,7 +206,7 @@ def test_dask_launcher_interrupted_cancels_the_job_and_nothing_is_committed(tmp_
     the launcher removes its attempt, so once the cluster is idle there is no manifest, and the
     next run commits the partition with nothing of the interrupted attempt in it."""
     options = {"dask_client_address": dask_cluster.address}
-    launcher, gate, sets = launch_gated(tmp_path, "dask", options)
+    launcher, gate, sets = launch_gated(tmp_path, "dask", options, fresh=True)  # a signal: the subject
     try:
         launcher.send_signal(signal.SIGINT)
         _, stderr = launcher.communicate(timeout=120)
@@ -222,10 +224,13 @@ def test_dask_launcher_interrupted_cancels_the_job_and_nothing_is_committed(tmp_
     assert manifest["totals"]["rows_scored"] == 1000
 
 
-def launch_gated(folder: Path, runner: str, options: dict) -> tuple[subprocess.Popen, Path, list[str]]:
+def launch_gated(folder: Path, runner: str, options: dict, fresh: bool = False
+                 ) -> tuple[subprocess.Popen | forkserver.Run, Path, list[str]]:
     """Start ``run`` on ``runner`` in ``folder`` (2 shards × 500 rows) with a preprocessing that
     waits at a gate; return (the launcher, the gate, its ``--set`` arguments) once a worker is
-    scoring, inside the gate (touch ``gate/go`` to open it)."""
+    scoring, inside the gate (touch ``gate/go`` to open it). The launcher is a child of the fork
+    server (SIGKILL ends it as it ends any process), or with ``fresh`` a plain ``python -m
+    batchinfer`` (for Ctrl-C, whose handling is the entry point's)."""
     gate = folder / "gate"
     gate.mkdir()
     (folder / "gated.py").write_text(GATE_SOURCE.format(gate=str(gate)))
@@ -233,7 +238,7 @@ def launch_gated(folder: Path, runner: str, options: dict) -> tuple[subprocess.P
     sets = ["--set", f"runner.name={runner}"]
     for key, value in options.items():
         sets += ["--set", f"runner.options.{key}={value}"]
-    launcher = start_cli("run", "job.yaml", "--ds", DS, *sets, cwd=folder, fresh=True)
+    launcher = start_cli("run", "job.yaml", "--ds", DS, *sets, cwd=folder, fresh=fresh)
     try:
         deadline = time.monotonic() + 300
         while not any(gate.glob("ready-*")):
