@@ -417,17 +417,19 @@ def quantize_model(model: str | Path, out: str | Path, sample_job, *, method: st
     from .. import parity
     from ..handlers.onnx import QUANTIZATION_SUFFIX
 
+    if method == "auto":
+        method = "dynamic"
+    if smooth is not None and not 0.0 < smooth < 1.0:
+        raise SpecError(f"--smooth {smooth:g}: choose an alpha between 0 and 1 (0.7 for MiniLM)")
+    kept = _kept_fp32(model, method, keep_fp32)   # a pattern that names nothing: exit 2 first
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
     arrays = _job_sample(sample_job, names, QUANTIZE_ROWS)
     feed = {n: np.asarray(a, dtype=np.float32) if np.asarray(a).dtype == np.float64 else np.asarray(a)
             for n, a in zip(names, arrays)}
     rows = len(next(iter(feed.values())))
-    if method == "auto":
-        method = "dynamic"
     calibration = ({n: a[:CALIBRATION_ROWS] for n, a in feed.items()}
                    if method == "static" or smooth is not None else {})
-    kept = _kept_fp32(model, method, keep_fp32)
     out.parent.mkdir(parents=True, exist_ok=True)
     source, smoothing = (_smoothed(model, out, calibration, sample_job, smooth) if smooth is not None
                          else (str(model), {}))
@@ -544,8 +546,6 @@ def _smoothed(model: Path, out: Path, calibration: Mapping[str, np.ndarray], job
 
     from . import smoothing
 
-    if not 0.0 < alpha < 1.0:
-        raise SpecError(f"--smooth {alpha:g}: choose an alpha between 0 and 1 (0.7 for MiniLM)")
     graph = onnx.load(str(model))
     batch = job.spec.batch
     sequences: frozenset[str] = frozenset()
