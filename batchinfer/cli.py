@@ -424,10 +424,13 @@ def cmd_export(args) -> int:
         g = report.gate
         cosine = (f", min cosine {g['parity_min_cosine']:.6g} (≥ {g['parity_min_cosine_bound']:g})"
                   if "embedding" in g["parity_outputs"] else "")
-        print(f"  parity   INT8 vs FP32 on {report.sample} ({g['parity_outputs']}): KL {g['parity_kl']:.3g} "
-              f"(≤ {g['parity_kl_limit']:g}), flip rate {g['parity_flip_rate']:.3g} at "
-              f"{g['parity_threshold']:g} (bound: {g['parity_max_flip_rate']}){cosine}, max |Δ| "
-              f"{worst:.3g}")
+        scored = any(not kind.endswith(": embedding") for kind in g["parity_outputs"].split("; "))
+        # KL and flips are the figures of scores and distributions: not printed for embeddings alone
+        scores = (f"KL {g['parity_kl']:.3g} (≤ {g['parity_kl_limit']:g}), flip rate "
+                  f"{g['parity_flip_rate']:.3g} at {g['parity_threshold']:g} (bound: "
+                  f"{g['parity_max_flip_rate']})" if scored else "")
+        figures = ", ".join(f for f in (scores, cosine.lstrip(", "), f"max |Δ| {worst:.3g}") if f)
+        print(f"  parity   INT8 vs FP32 on {report.sample} ({g['parity_outputs']}): {figures}")
         print(f"  declared {report.out}.quantization.json (stamp copies it into the declaration)")
         print(f"  next     batchinfer stamp {report.out} --job JOB.yaml --model-version NAME:V "
               f"--set model.options.precision=int8")

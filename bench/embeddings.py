@@ -211,6 +211,8 @@ def main() -> int:
     ap.add_argument("--programs", nargs="+", choices=PROGRAMS, default=list(PROGRAMS))
     ap.add_argument("--workdir", type=Path, default=HERE / "out" / "embeddings")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--reuse-int8", action="store_true",
+                    help="int8: take the INT8 model an earlier run of these documents exported")
     ap.add_argument("--quantize-args", nargs="*", default=INT8_ARGS,
                     help=f"int8: export --quantize's options (default: {' '.join(INT8_ARGS)})")
     args = ap.parse_args()
@@ -233,7 +235,13 @@ def main() -> int:
           f"{(lengths > WINDOW).mean():.1%} past the {WINDOW}-token window; "
           f"{real_tokens} real tokens after truncation")
 
-    gate = quantize(data, workdir, args) if "int8" in args.programs else None
+    record = JOB / f"{INT8_MODEL}.quantization.json"
+    if "int8" in args.programs and args.reuse_int8 and record.exists():
+        gate = json.loads(record.read_text())   # the model an earlier run exported and stamped
+        print(f"reusing {INT8_MODEL} (gate: min cosine {gate['parity_min_cosine']:.6f} on "
+              f"{gate['parity_rows']} documents)")
+    else:
+        gate = quantize(data, workdir, args) if "int8" in args.programs else None
     runs = []
     for round_ in range(args.rounds):
         order = args.programs[round_ % len(args.programs):] + args.programs[:round_ % len(args.programs)]
@@ -245,6 +253,12 @@ def main() -> int:
                   flush=True)
 
     agreement = {}
+    if {"int8", "tokens"} <= set(args.programs):   # INT8 against the FP32 job's own embeddings
+        ours, theirs = embeddings_of(workdir / "out-int8", "int8"), embeddings_of(workdir / "out-tokens", "tokens")
+        a, b = ours["values"], theirs["values"]
+        cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+        agreement["int8 vs tokens"] = {"min_cosine": float(cos.min()), "median_cosine": float(np.median(cos)),
+                                       "max_abs_diff": float(np.abs(a - b).max())}
     if "st_encode" in args.programs:
         theirs = embeddings_of(workdir / "out-st_encode", "st_encode")
         for program in [p for p in args.programs if p != "st_encode"]:
@@ -298,7 +312,8 @@ def main() -> int:
     if "int8" in best and "tokens" in best:
         print(f"int8 vs tokens (FP32) end to end: {best['tokens']['wall_s'] / best['int8']['wall_s']:.2f}×")
     for program, figures in agreement.items():
-        print(f"{program} vs st_encode embeddings: min cosine {figures['min_cosine']:.7f}, median "
+        pair = program if " vs " in program else f"{program} vs st_encode"
+        print(f"{pair} embeddings: min cosine {figures['min_cosine']:.7f}, median "
               f"{figures['median_cosine']:.7f}, max |diff| {figures['max_abs_diff']:.2e}")
     if gate:
         print(f"int8 gate on {gate['parity_rows']} sample documents: min cosine with FP32 "
