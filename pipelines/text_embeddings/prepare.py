@@ -130,10 +130,10 @@ def export_onnx(module, example: dict, path: Path) -> None:
     """The ONNX model, by torch's TorchScript exporter (``dynamo=False``) from the module.
 
     Not the dynamo exporter from the program (the torch backend's file): the TorchScript
-    export runs 7-14 % faster under ONNX Runtime (bench/README.md), and its node names follow
-    the module's (``/encoder/encoder/layer.0/output/dense/MatMul``), which is how ``export
-    --quantize --keep-fp32`` names the layers to keep in FP32; the dynamo export names them
-    ``node_MatMul_123``. Both are held to sentence-transformers' embeddings below.
+    export runs 14 % faster under ONNX Runtime (bench/README.md, bench/minilm_exporters.py), and
+    its node names follow the module's (``/encoder/encoder/layer.0/output/dense/MatMul``), which
+    is how ``export --quantize --keep-fp32`` names the layers to keep in FP32; the dynamo export
+    names them ``node_MatMul_123``. Both are held to sentence-transformers' embeddings below.
     """
     import warnings
 
