@@ -120,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--quantize: an embedding's rows keep cosine >= C with FP32 (default 0.99)")
     p.add_argument("--embedding", action="append", default=[], metavar="OUTPUT",
                    help="--quantize: judge this [N, K] output by cosine (outputs named *embed* are)")
+    p.add_argument("--keep-fp32", action="append", default=[], metavar="REGEX",
+                   help="--quantize: the nodes whose names match stay FP32 (repeatable)")
+    p.add_argument("--smooth", type=float, metavar="ALPHA",
+                   help="--quantize: SmoothQuant the MatMuls' inputs first, calibrated on the "
+                        "sample (alpha in (0, 1); 0.7 for MiniLM)")
     _spec_options(p, "with --sample: the partition date",
                   "with --sample: override one spec key (repeatable)")
 
@@ -417,7 +422,8 @@ def cmd_export(args) -> int:
     gate_flags = [flag for flag, given in (
         ("--method", args.method != "auto"), ("--max-flip-rate", args.max_flip_rate is not None),
         ("--threshold", args.threshold != 0.5), ("--min-cosine", args.min_cosine != 0.99),
-        ("--embedding", bool(args.embedding))) if given]
+        ("--embedding", bool(args.embedding)), ("--keep-fp32", bool(args.keep_fp32)),
+        ("--smooth", args.smooth is not None)) if given]
     if gate_flags and not args.quantize:
         raise UsageError(f"{', '.join(gate_flags)} go with --quantize int8")
     if args.quantize:
@@ -428,7 +434,8 @@ def cmd_export(args) -> int:
                             "version out), not with --to tensorrt or --fp16")
         gate = Gate(max_flip_rate=args.max_flip_rate, min_cosine=args.min_cosine,
                     threshold=args.threshold, embeddings=tuple(args.embedding))
-        report = quantize_model(args.model, args.out, sample, method=args.method, gate=gate)
+        report = quantize_model(args.model, args.out, sample, method=args.method, gate=gate,
+                                keep_fp32=tuple(args.keep_fp32), smooth=args.smooth)
     else:
         report = export_model(args.model, args.to, args.out, fp16=args.fp16, sample_job=sample)
     worst = max(report.max_abs_diff.values(), default=0.0)
@@ -439,10 +446,13 @@ def cmd_export(args) -> int:
         g = report.gate
         cosine = (f", min cosine {g['parity_min_cosine']:.6g} (≥ {g['parity_min_cosine_bound']:g})"
                   if "embedding" in g["parity_outputs"] else "")
-        print(f"  parity   INT8 vs FP32 on {report.sample} ({g['parity_outputs']}): KL {g['parity_kl']:.3g} "
-              f"(≤ {g['parity_kl_limit']:g}), flip rate {g['parity_flip_rate']:.3g} at "
-              f"{g['parity_threshold']:g} (bound: {g['parity_max_flip_rate']}){cosine}, max |Δ| "
-              f"{worst:.3g}")
+        scored = any(not kind.endswith(": embedding") for kind in g["parity_outputs"].split("; "))
+        # KL and flips are the figures of scores and distributions: not printed for embeddings alone
+        scores = (f"KL {g['parity_kl']:.3g} (≤ {g['parity_kl_limit']:g}), flip rate "
+                  f"{g['parity_flip_rate']:.3g} at {g['parity_threshold']:g} (bound: "
+                  f"{g['parity_max_flip_rate']})" if scored else "")
+        figures = ", ".join(f for f in (scores, cosine.lstrip(", "), f"max |Δ| {worst:.3g}") if f)
+        print(f"  parity   INT8 vs FP32 on {report.sample} ({g['parity_outputs']}): {figures}")
         print(f"  declared {report.out}.quantization.json (stamp copies it into the declaration)")
         print(f"  next     batchinfer stamp {report.out} --job JOB.yaml --model-version NAME:V "
               f"--set model.options.precision=int8")

