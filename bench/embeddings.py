@@ -67,7 +67,7 @@ INT8_VERSION = "all-MiniLM-L6-v2:1-int8"
 # SmoothQuant at alpha 0.7, then dynamic INT8 of every MatMul but the FFN output layers of the
 # first and last encoder layers (bench/README.md, "INT8 text embeddings": what passes the 0.99
 # cosine bound on these documents, and what does not).
-INT8_ARGS = ["--smooth", "0.7", "--keep-fp32", r"layer\.[05]/output/dense"]
+INT8_ARGS = ["--smooth", "0.7", "--keep-fp32", r"layer\.\d+/output/dense"]
 WINDOW = 256          # the model's window, special tokens included (embed_preprocess.MAX_LENGTH)
 ST_BATCH = 32         # sentence-transformers' default batch size
 

@@ -26,8 +26,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 from factories import DS, make_mlp_onnx, make_shards, write_job, write_schema  # noqa: E402
 
 
-def cli(folder: Path, *args: str, fault: str | None = None) -> tuple[int, float, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def cli(folder: Path, *args: str, fault: str | None = None,
+        env: dict[str, str] | None = None) -> tuple[int, float, str]:
+    """``python -m batchinfer ARGS`` in ``folder`` (``fault``: its BATCHINFER_FAULT; ``env``:
+    more variables): (exit code, wall seconds, stdout + stderr). Also bench/update.py's."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     env.pop("BATCHINFER_FAULT", None)
     if fault:
         env["BATCHINFER_FAULT"] = fault

@@ -17,27 +17,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
 
+import resume  # noqa: E402, I001  (bench/resume.py: one way to run the CLI)
 from factories import DS, make_mlp_onnx, make_shards, write_job, write_schema  # noqa: E402
 
 
 def cli(folder: Path, *args: str, out: str = "base") -> tuple[int, float, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "BENCH_OUT": str(folder / out)}
-    env.pop("BATCHINFER_FAULT", None)
-    t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "batchinfer", *args], cwd=folder, env=env,
-                          capture_output=True, text=True)
-    return done.returncode, time.perf_counter() - t0, done.stdout + done.stderr
+    return resume.cli(folder, *args, env={"BENCH_OUT": str(folder / out)})
 
 
 def main() -> None:

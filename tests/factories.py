@@ -320,6 +320,18 @@ def check_partition(out: Path, shard_paths: Sequence[Path]) -> tuple[pa.Table, p
 EXEMPT = {"_inference_id", "_compute_ms"}
 
 
+def finished_shards(out: Path) -> dict[str, str]:
+    """shard → attempt, of every shard result a killed run left in ``out``'s scratch (one cut
+    short by the kill is none)."""
+    found = {}
+    for path in (out / "_tmp").glob("*/shards/*.json"):
+        try:
+            found[json.loads(path.read_text())["record"]["path"]] = path.parent.parent.name
+        except ValueError:
+            pass
+    return found
+
+
 def canonical(table: pa.Table) -> pa.Table:
     """Sorted by (_source_shard, _source_row), execution-describing columns dropped,
     dictionary columns decoded."""

@@ -39,6 +39,7 @@ from factories import (
     DS,
     assert_same_result,
     check_partition,
+    finished_shards,
     make_mlp_onnx,
     make_shards,
     partition_files,
@@ -102,20 +103,9 @@ FAULTS = ["read", "mid_write", "write:2", "shard_done", "before_commit", "during
 OVERWRITE_FAULTS = ["during_commit", "after_commit"]
 
 
-def _finished(out: Path) -> dict[str, str]:
-    """shard → attempt, of every shard result in scratch (one cut short by the kill is none)."""
-    found = {}
-    for path in (out / "_tmp").glob("*/shards/*.json"):
-        try:
-            found[json.loads(path.read_text())["record"]["path"]] = path.parent.parent.name
-        except ValueError:
-            pass
-    return found
-
-
 def _snapshot(run: forkserver.Run, out: Path) -> dict:
     return {
-        "finished": _finished(out),
+        "finished": finished_shards(out),
         "rc": run.returncode, "stderr": run.stderr,
         "manifest": (out / "_manifest.json").read_bytes() if (out / "_manifest.json").exists() else None,
         "files": partition_files(out),
@@ -326,7 +316,7 @@ def test_external_kill_9_while_working_then_rerun(big_project, server):
     assert not (out / "_manifest.json").exists(), "killed too late: it had already committed"
     written = len(partition_files(out))
     assert 0 < written < 8 * 7, "killed while working, with batches left to write"
-    finished = _finished(out)
+    finished = finished_shards(out)
     ref.wait()
     assert ref.returncode == 0, ref.stderr
     rerun = server.run(*run_args("out"), cwd=folder, track=False)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-from pathlib import Path
 
 import forkserver
 import pyarrow as pa
@@ -27,6 +26,7 @@ import pytest
 from factories import (
     DS,
     assert_same_result,
+    finished_shards,
     make_mlp_onnx,
     make_shards,
     partition_files,
@@ -61,17 +61,6 @@ def transform(batch):
 
 def run_args(out: str, *more: str) -> tuple[str, ...]:
     return ("run", "job.yaml", "--ds", DS, "--set", f"output.path={out}", *more)
-
-
-def finished(out: Path) -> dict[str, str]:
-    """shard → attempt, of every shard result a killed run left in scratch."""
-    found = {}
-    for path in (out / "_tmp").glob("*/shards/*.json"):
-        try:
-            found[json.loads(path.read_text())["record"]["path"]] = path.parent.parent.name
-        except ValueError:
-            pass
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +114,7 @@ def crashed(project):
         run.wait()
         out = folder / f"out_{fault}"
         manifest = out / "_manifest.json"
-        killed[fault] = {"rc": run.returncode, "stderr": run.stderr, "finished": finished(out),
+        killed[fault] = {"rc": run.returncode, "stderr": run.stderr, "finished": finished_shards(out),
                          "manifest": json.loads(manifest.read_text()), "files": partition_files(out)}
     reruns = {f: server.start(*run_args(f"out_{f}", "--update"), cwd=folder, track=False) for f in FAULTS}
     return {"killed": killed, "reruns": {f: r.wait() for f, r in reruns.items()}}
