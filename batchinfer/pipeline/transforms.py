@@ -381,6 +381,16 @@ class ExplainBatch(beam.DoFn):
         yield PredictionResult(item, dataclasses.replace(inference, explained=explained))
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Shown:
+    """One batch's attributions by feature, made once for its file, its drift statistics and
+    its record."""
+    names: np.ndarray        # the feature names
+    by_feature: np.ndarray   # [explained rows, features]: the positions of one feature summed
+    positions: np.ndarray    # [explained rows, k]: the features ``_explanation`` keeps
+    values: np.ndarray       # their attributions
+
+
 class WritePredictions(beam.DoFn):
     """One model's results → this attempt's files; one record per batch out: a
     :class:`BatchRecord` for the champion, a :class:`ChallengerBatchRecord` for a challenger (its
@@ -461,14 +471,16 @@ class WritePredictions(beam.DoFn):
                 input_hash = row_hashes(scored, plan.hash_columns)
             t2 = time.perf_counter()
             hash_s = t2 - t1
+            # by feature and top k once, for the file, the statistics and the record
+            shown = self._shown(explained) if explained is not None else None
             if self.quarantines:   # the partition's model: its drift statistics
-                profile = self._profile(scored, outputs, explained)
+                profile = self._profile(scored, outputs, explained, shown)
                 profile_s = time.perf_counter() - t2
             table = self._predictions(payload, scored, ok, input_hash, outputs, name,
                                       f"{plan.attempt}-{index:05d}-{number:05d}",
-                                      inference.compute_ms, explained)
+                                      inference.compute_ms, explained, shown)
             files.append(self._write(self.folder, index, number, table, self.encoding))
-            explain_stats = self._explain_stats(explained)
+            explain_stats = self._explain_stats(explained, shown)
         if not self.quarantines:
             return (index, ChallengerBatchRecord(
                 name=self.name, batch=number, rows_in=item.rows, rows_scored=int(ok.size),
@@ -522,34 +534,32 @@ class WritePredictions(beam.DoFn):
         faults.point("write")
         return FileRecord(relative, table.num_rows, digest)
 
-    def _explain_stats(self, explained: "Attributions | None") -> dict[str, Any]:
+    def _explain_stats(self, explained: "Attributions | None", shown: "_Shown | None") -> dict[str, Any]:
         """The batch's explanation figures for its ModelStats: rows explained, rows that missed
         completeness, |attribution| summed per feature."""
-        if explained is None or self.explain is None:
+        if explained is None or shown is None or self.explain is None:
             return {}
-        plan = self.explain
-        names = plan.names(int(np.shape(explained.values)[1])) if explained.values.size else ()
-        by_feature = grouped(explained.values, plan.groups, len(names))
         return {"explained": int(explained.rows.size), "incomplete": explained.incomplete,
                 "max_gap": explained.max_gap,
                 "abs_attribution": {name: float(v) for name, v in
-                                    zip(names, np.abs(by_feature).sum(axis=0))}}
+                                    zip(shown.names, np.abs(shown.by_feature).sum(axis=0))}}
 
-    def _kept(self, explained: "Attributions") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(feature names, each explained row's kept positions among them, their attributions):
-        what ``_explanation`` holds — the top ``k`` features by |attribution|, or every one."""
+    def _shown(self, explained: "Attributions") -> "_Shown":
+        """The batch's attributions by feature, and what ``_explanation`` keeps of them: the top
+        ``k`` features by |attribution|, or every one."""
         plan = cast(ExplainPlan, self.explain)
         width = int(np.shape(explained.values)[1]) if explained.values.size else 0
         names = np.array(plan.names(width) if width else (), dtype=object)
         by_feature = grouped(explained.values, plan.groups, len(names))
         positions, values = top(by_feature, plan.top_k) if len(names) else (
             np.zeros((explained.rows.size, 0), np.int64), np.zeros((explained.rows.size, 0)))
-        return names, positions, values
+        return _Shown(names=names, by_feature=by_feature, positions=positions, values=values)
 
-    def _explanations(self, n: int, explained: "Attributions") -> tuple[pa.Array, pa.Array]:
+    def _explanations(self, n: int, explained: "Attributions",
+                      shown: "_Shown") -> tuple[pa.Array, pa.Array]:
         """``_explanation`` and ``_explanation_baseline`` for the ``n`` scored rows: the explained
         rows' top features (or every one), null for the others."""
-        names, positions, values = self._kept(explained)
+        names, positions, values = shown.names, shown.positions, shown.values
         k = positions.shape[1]
         struct = pa.StructArray.from_arrays(
             [pa.array(names[positions.reshape(-1)] if k else [], pa.string()),
@@ -569,7 +579,8 @@ class WritePredictions(beam.DoFn):
     def _predictions(self, payload: Payload, scored: pa.RecordBatch, ok: np.ndarray,
                      input_hash: pa.Array, outputs: dict[str, np.ndarray], shard_name: str,
                      inference_id: str, compute_ms: float,
-                     explained: "Attributions | None" = None) -> pa.Table:
+                     explained: "Attributions | None" = None,
+                     shown: "_Shown | None" = None) -> pa.Table:
         """``scored``: the valid rows the model scored (``ok`` indexes them in the batch). The
         id columns, the prediction columns, with explain the explanation columns, then the
         audit columns as rows/columns.py declares them, in its order."""
@@ -579,9 +590,9 @@ class WritePredictions(beam.DoFn):
             columns[column] = plain_array(scored.column(column))
         for output, column in (self.prediction_names or {k: k for k in outputs}).items():
             columns[column] = prediction_array(outputs[output])
-        if explained is not None:
+        if explained is not None and shown is not None:
             columns[EXPLANATION.name], columns[EXPLANATION_BASELINE.name] = self._explanations(
-                n, explained)
+                n, explained, shown)
         audit = {SOURCE_SHARD.name: pa.repeat(shard_name, n).cast(pa.string()),
                  SOURCE_ROW.name: pa.array(payload.source_rows[ok], pa.int64()),
                  INPUT_HASH.name: input_hash,
@@ -607,7 +618,8 @@ class WritePredictions(beam.DoFn):
                           sort_keys=True)
 
     def _profile(self, scored: pa.RecordBatch, outputs: dict[str, np.ndarray],
-                 explained: "Attributions | None" = None) -> dict[str, ColumnStats]:
+                 explained: "Attributions | None" = None,
+                 shown: "_Shown | None" = None) -> dict[str, ColumnStats]:
         """This batch's statistics of the scored rows' features and predictions: a few numpy
         reductions and one ``searchsorted`` per column, no per-row Python (rows/profile.py)."""
         plan = self.plan
@@ -621,10 +633,10 @@ class WritePredictions(beam.DoFn):
             values = numeric_values(outputs[output])
             if values is not None:
                 stats[column] = ColumnStats.of(values, plan.profile_cuts.get(column))
-        if explained is not None and explained.rows.size:
+        if explained is not None and shown is not None and explained.rows.size:
             # the drift of "why": each feature's attribution over the rows explained, as
             # _explanation holds it (0 where a row's top k leave the feature out)
-            names, positions, kept = self._kept(explained)
+            names, positions, kept = shown.names, shown.positions, shown.values
             dense = np.zeros((kept.shape[0], len(names)))
             np.put_along_axis(dense, positions, kept, axis=1)
             for j, feature in enumerate(names):
