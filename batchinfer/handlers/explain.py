@@ -219,11 +219,21 @@ def top(values: np.ndarray, k: Optional[int]) -> tuple[np.ndarray, np.ndarray]:
     return order, np.take_along_axis(values, order, axis=1)
 
 
-def selected(hashes: list[str], fraction: float) -> np.ndarray:
+_HEX = np.zeros(256, dtype=np.uint64)   # an ASCII hex digit → its value
+_HEX[np.frombuffer(b"0123456789", np.uint8)] = np.arange(10, dtype=np.uint64)
+_HEX[np.frombuffer(b"abcdef", np.uint8)] = np.arange(10, 16, dtype=np.uint64)
+_HEX[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16, dtype=np.uint64)
+_NIBBLES = np.arange(60, -4, -4, dtype=np.uint64)   # each digit's shift, most significant first
+
+
+def selected(hashes: Any, fraction: float) -> np.ndarray:
     """The rows explained, by their ``_input_hash`` (16 hex digits: a 64-bit number): a row is
     in when that number falls below ``fraction`` of 2**64 — the same rows on every rerun,
-    whatever the batches."""
+    whatever the batches. ``hashes``: the strings (a list, or a numpy array of them); read in
+    numpy, digit by digit over the batch, not a Python ``int`` per row."""
+    digits = np.asarray(hashes, dtype="S16")
     if fraction >= 1.0:
-        return np.ones(len(hashes), dtype=bool)
-    limit = int(fraction * 2**64)
-    return np.array([int(h, 16) < limit for h in hashes], dtype=bool)
+        return np.ones(digits.shape[0], dtype=bool)
+    codes = np.frombuffer(digits.tobytes(), np.uint8).reshape(-1, 16)
+    values = (_HEX[codes] << _NIBBLES).sum(axis=1, dtype=np.uint64)
+    return values < np.uint64(int(fraction * 2**64))

@@ -354,7 +354,7 @@ class ExplainBatch(beam.DoFn):
         rows = np.arange(ok.size, dtype=np.int64)
         if plan.fraction < 1.0:
             hashes = row_hashes(_scored_rows(item.payload, ok), self.plan.hash_columns)
-            rows = np.flatnonzero(selected(hashes.to_pylist(), plan.fraction)).astype(np.int64)
+            rows = np.flatnonzero(selected(hashes.to_numpy(zero_copy_only=False), plan.fraction)).astype(np.int64)
         chosen = x[ok[rows]]
         loaded = self._loaded
 

@@ -137,6 +137,12 @@ def test_the_sample_is_the_rows_whose_hash_falls_below_the_fraction():
     hashes = ["0" * 16, "7fffffffffffffff", "8000000000000000", "f" * 16]
     assert selected(hashes, 0.5).tolist() == [True, True, False, False]
     assert selected(hashes, 1.0).all()
+    # read in numpy, digit by digit: the same rows as reading each hash as a Python int
+    rng = np.random.default_rng(5)
+    many = [f"{int(v):016x}" for v in rng.integers(0, 2**64, 2000, dtype=np.uint64)]
+    for fraction in (0.01, 0.3, 0.999):
+        expected = [int(h, 16) < int(fraction * 2**64) for h in many]
+        assert selected(np.array(many, dtype=object), fraction).tolist() == expected
 
 
 def test_the_declaration_holds_every_parameter_but_the_thresholds():
