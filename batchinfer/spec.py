@@ -53,8 +53,36 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
 
 
+# How a partition is stored (contract §4): Parquet files and our manifest, or a table whose own
+# commit every reader sees atomically (the manifest stays the audit record).
+TableFormat = Literal["files", "delta", "iceberg"]
+PARTITION_COLUMN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+
+class CatalogSpec(_Strict):
+    """An Iceberg catalog, as pyiceberg's ``load_catalog(name, **properties)`` takes it: ``uri``
+    a SQLAlchemy URL (``sqlite:///…``, ``postgresql://…``: the SQL catalog) or ``http(s)://…`` (a
+    REST catalog); ``type`` (``sql``, ``rest``, ``glue``) when the URL does not say; any other
+    pyiceberg property in ``properties`` (``${NAME}`` for its secrets)."""
+
+    name: str = Field(default="batchinfer", pattern=r"^[A-Za-z0-9_.-]+$")
+    uri: str | None = None
+    type: Literal["sql", "rest", "glue"] | None = None
+    warehouse: str | None = None
+    properties: dict[str, str] = Field(default_factory=dict)
+
+
 class InputSpec(_Strict):
     path: str = Field(min_length=1)
+    # files: path is a file, a folder or a glob of Parquet shards. delta: path is the table's
+    # root. iceberg: path is the table's identifier (namespace.table) in `catalog`.
+    format: TableFormat = "files"
+    # A table's rows to score: partition column → value (`{ds}` templated), equality only.
+    filter: dict[str, str] = Field(default_factory=dict)
+    # The table version (Delta) or snapshot id (Iceberg) to read; None: the latest, pinned by the
+    # partition's manifest once committed (a rerun reads what the commit read).
+    version: int | None = None
+    catalog: CatalogSpec | None = None
 
 
 class SchemasSpec(_Strict):
@@ -133,9 +161,26 @@ class ModelSpec(ModelFields):
 
 
 class OutputSpec(_Strict):
+    # files: the partition's folder (usually with {ds}). delta / iceberg: the root of the job's
+    # tables, the same for every date (the partition is `<partition_column>=<ds>` inside them).
     path: str = Field(min_length=1)
     id_columns: list[str] = Field(default_factory=list)
     predictions: dict[str, str] | None = None
+    format: TableFormat = "files"
+    partition_column: str = "dt"
+    # iceberg: the predictions table's identifier (default `batchinfer.<job name>`) and its
+    # catalog (default: a sqlite catalog in `<path>/_catalog.db`, for a local path).
+    table: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+$")
+    catalog: CatalogSpec | None = None
+
+    @model_validator(mode="after")
+    def _partition_column(self) -> "OutputSpec":
+        if not PARTITION_COLUMN.fullmatch(self.partition_column):
+            raise ValueError(f"output.partition_column {self.partition_column!r} is not a column "
+                             f"name (letters, digits, '_')")
+        if self.format != "iceberg" and (self.table or self.catalog):
+            raise ValueError("output.table and output.catalog are for output.format iceberg")
+        return self
 
 
 class QuarantineSpec(_Strict):
