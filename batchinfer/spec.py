@@ -472,6 +472,10 @@ def _check_paths(data: dict, spec: "JobSpec", folder: Path, ds: str | None,
                  env: Mapping[str, str]) -> None:
     """The rules about input and output paths that concern every date, not just this one."""
     raw_input, raw_output = data["input"]["path"], data["output"]["path"]
+    if spec.output.format != "files" and "{ds}" in raw_output:
+        raise SpecError(f"output.path of output.format {spec.output.format} is the root of the "
+                        f"job's tables, the same for every date: leave {{ds}} out (each date is "
+                        f"the partition {spec.output.partition_column}=<ds> in them)")
     if any(ch in spec.output.path for ch in "*?["):
         raise SpecError(f"output.path {redaction.redact(spec.output.path)!r} contains a glob "
                         f"character (* ? [): an output is one folder")

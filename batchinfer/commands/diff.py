@@ -21,13 +21,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from ..errors import SpecError, StorageError
-from ..io.manifest import read_manifest
+from ..errors import SpecError
 from ..io.outputs import PREDICTIONS, QUARANTINE, challenger_folder
+from ..io.partitions import open_partition
 from ..io.records import FileRecord, ShardRecord, Totals
-from ..io.storage import join, url_to_fs
 from ..rows.arrow_types import plain_array, plain_type
 from ..rows.columns import EXPLANATION, INPUT_HASH, NOT_COMPARED, SOURCE_ROW
 from ..rows.compare import TopMovers, agreement, explanation_agreement, score_summary
@@ -92,11 +90,11 @@ class _Side:
 
     def __init__(self, url: str, challenger: str | None = None):
         self.url = url
-        self.fs, self.root = url_to_fs(url)
-        manifest = read_manifest(self.fs, self.root)
-        if manifest is None:
+        partition = open_partition(url)
+        if partition is None:
             raise SpecError(f"{url} holds no committed partition (no _manifest.json)")
-        self.manifest = manifest
+        self.partition = partition
+        manifest = self.manifest = partition.manifest
         self.shown = url
         self.challenger = challenger
         self.triple = manifest.triple
@@ -132,18 +130,7 @@ class _Side:
     def read(self, files: tuple[FileRecord, ...], kind: str,
              columns: list[str] | None) -> pa.Table | None:
         """The shard's files of one kind (predictions | quarantine), concatenated."""
-        folder = self.predictions if kind == PREDICTIONS else kind
-        tables = []
-        for f in files:
-            if not f.path.startswith(f"{folder}/"):
-                continue
-            path = join(self.root, f.path)
-            try:
-                with self.fs.open(path, "rb") as handle:
-                    tables.append(pq.read_table(handle, columns=columns))
-            except (OSError, pa.ArrowException) as exc:
-                raise StorageError(f"cannot read {self.url}/{f.path}: {exc}") from None
-        return pa.concat_tables(tables) if tables else None
+        return self.partition.read(files, self.predictions if kind == PREDICTIONS else kind, columns)
 
 
 def _rows(table: pa.Table | None) -> np.ndarray:

@@ -6,11 +6,22 @@ import json
 import os
 
 from ..errors import SpecError
-from ..io.manifest import read_manifest
 from ..io.outputs import METRICS, REPORT, write_json
+from ..io.partitions import Committed, open_partition
 from ..io.readback import MetricsRecordModel, check
 from ..io.records import Manifest
-from ..io.storage import join, url_to_fs
+
+
+def committed_at(url: str) -> Committed:
+    """The committed partition ``url`` names (io/partitions.py).
+
+    Raises:
+        SpecError: nothing is committed there (exit 2).
+    """
+    found = open_partition(url)
+    if found is None:
+        raise SpecError(f"{url} holds no committed partition (no _manifest.json)")
+    return found
 
 
 def inspect_output(url: str) -> Manifest:
@@ -19,20 +30,16 @@ def inspect_output(url: str) -> Manifest:
     Raises:
         SpecError: nothing is committed there (exit 2).
     """
-    fs, root = url_to_fs(url)
-    manifest = read_manifest(fs, root)
-    if manifest is None:
-        raise SpecError(f"{url} holds no committed partition (no _manifest.json)")
-    return manifest
+    return committed_at(url).manifest
 
 
 def upload_tracking(url: str, tracking_uri: str | None = None) -> str:
     """Upload the ``_metrics.json`` of a committed output that MLflow missed; return the run id."""
     from ..io.tracking import upload_pending
 
-    fs, root = url_to_fs(url)
-    manifest = inspect_output(url)
-    path = join(root, METRICS)
+    partition = committed_at(url)
+    fs, manifest = partition.layout.fs, partition.manifest
+    path = partition.record(METRICS)
     try:
         data = fs.cat_file(path)
     except FileNotFoundError:
@@ -44,7 +51,7 @@ def upload_tracking(url: str, tracking_uri: str | None = None) -> str:
         return record.get("mlflow_run_id") or ""
     record["manifest_text"] = json.dumps(manifest.to_dict(), indent=2)
     try:  # the job report goes with it, as at run time
-        record["report_text"] = fs.cat_file(join(root, REPORT)).decode()
+        record["report_text"] = fs.cat_file(partition.record(REPORT)).decode()
     except FileNotFoundError:
         pass
     # The record shows ${NAME} in place of environment values (contract §3): expand them again.
@@ -53,5 +60,5 @@ def upload_tracking(url: str, tracking_uri: str | None = None) -> str:
     record.pop("manifest_text")
     record.pop("report_text", None)
     record.update({"uploaded": True, "mlflow_run_id": run_id, "error": None})
-    write_json(fs, join(root, METRICS), record)
+    write_json(fs, path, record)
     return run_id

@@ -14,18 +14,17 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from ..errors import ContractError, SpecError, StorageError
-from ..io.commit import PartitionCommit
-from ..io.outputs import write_json
+from ..io.outputs import PREDICTIONS, write_json
+from ..io.partitions import open_partition
 from ..io.records import ShardRecord
 from ..io.shards import ShardReader, Unreadable
-from ..io.storage import join, url_to_fs
+from ..io.storage import url_to_fs
 from ..rows.columns import EXPLANATION, attribution_column
 from ..rows.profile import PROFILE_VERSION, baseline_column, numeric_values
 from ..spec import Job
-from .resolve import resolve
+from .resolve import partition_of, records_url, resolve, shown_partition
 
 BATCH_ROWS = 65536   # rows per batch when an input shard is read again
 
@@ -106,11 +105,12 @@ def profile_partition(job: Job, out: str) -> ProfileWritten:
     """
     spec = job.spec
     resolved = resolve(job)
-    shown = job.display(spec.output.path)
-    manifest = PartitionCommit(spec.output.path).committed()
+    shown = shown_partition(job)
+    manifest = partition_of(job).committed()
     if manifest is None:
         raise SpecError(f"{shown} is not committed: score it first (batchinfer run), then profile it")
-    fs, root = url_to_fs(spec.output.path)
+    partition = open_partition(records_url(job))
+    assert partition is not None
     urls = dict(zip(resolved.shard_names(), (s.url for s in resolved.shards)))
     ids = set(spec.output.id_columns)
     features = list(resolved.features)
@@ -119,10 +119,9 @@ def profile_partition(job: Job, out: str) -> ProfileWritten:
     rows = 0
     try:
         for shard in manifest.shards:
-            files = [f for f in shard.files if f.path.startswith("predictions/")]
-            if not files:
+            table = partition.read(shard.files, PREDICTIONS)
+            if table is None:
                 continue
-            table = pa.concat_tables([pq.read_table(fs.open(join(root, f.path), "rb")) for f in files])
             rows += table.num_rows
             for name in table.column_names:
                 if name.startswith("_") or name in ids:

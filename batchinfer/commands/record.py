@@ -24,6 +24,7 @@ from ..rows.drift import Baseline, DriftVerdict
 from ..rows.profile import PROFILE_VERSION
 from ..spec import Job
 from .report import render_report
+from .resolve import records_url
 
 if TYPE_CHECKING:
     from ..io.tracking import TrackingRun
@@ -236,22 +237,22 @@ def keep_drift_report(job: Job, layout: Layout, verdict: DriftVerdict, baseline:
     is kept there as MLflow artifacts (``report.html`` and ``drift.json``; what cannot be read
     back is left out), and where it is kept for the error line — or why it could not be (the run
     fails anyway)."""
-    shown = job.display(job.spec.output.path)
+    shown = job.display(records_url(job))
     kept = f"{DRIFT}/{layout.attempt}"
     where = f"drift report kept in {shown}/{kept}.json"
     profile = profile_record(job, verdict, baseline, results)
     try:
-        write_json(layout.fs, layout.abs(f"{kept}.json"), profile)
+        write_json(layout.fs, layout.record(f"{kept}.json"), profile)
         metrics = {**health_metrics(results, None), **drift_metrics(verdict)}
         html = render_report(None, {"metrics": metrics, "params": {"attempt": layout.attempt}}, profile,
                              title=f"{job.spec.name} {job.ds or ''}: stopped by drift")
-        layout.fs.pipe_file(layout.abs(f"{kept}.html"), html.encode())
+        layout.fs.pipe_file(layout.record(f"{kept}.html"), html.encode())
     except Exception as exc:  # say why the report is missing
         where = f"the drift report could not be kept ({type(exc).__name__}: {str(exc)[:120]})"
     artifacts = {}
     for suffix, name in ((".html", REPORT), (".json", "drift.json")):
         try:
-            artifacts[name] = layout.fs.cat_file(layout.abs(f"{kept}{suffix}")).decode()
+            artifacts[name] = layout.fs.cat_file(layout.record(f"{kept}{suffix}")).decode()
         except (OSError, UnicodeDecodeError):
             pass
     return artifacts, where
@@ -275,12 +276,12 @@ def publish(job: Job, tracking: "TrackingRun", layout: Layout, manifest: Manifes
             "run_name": f"{spec.name}-{job.ds or layout.attempt}", "params": record.params,
             "metrics": record.metrics, "tags": record.tags}
     try:
-        write_json(layout.fs, layout.abs(PROFILE), profile)
-        write_json(layout.fs, layout.abs(METRICS), kept)
-        layout.fs.pipe_file(layout.abs(REPORT), report.encode())
+        write_json(layout.fs, layout.record(PROFILE), profile)
+        write_json(layout.fs, layout.record(METRICS), kept)
+        layout.fs.pipe_file(layout.record(REPORT), report.encode())
     except Exception as exc:  # the partition is committed; a missing metrics file is not fatal
         log.warning("could not write %s: %s", METRICS, exc)
-    shown = job.display(spec.output.path)
+    shown = job.display(records_url(job))
     if uploaded:
         return f"MLflow run {manifest.mlflow_run_id} in {job.display(spec.tracking.uri)}"
     return (f"MLflow unavailable ({error}); metrics kept in {shown}/{METRICS}: upload "

@@ -12,11 +12,10 @@ import math
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..errors import SpecError
-from ..io.manifest import read_manifest
 from ..io.outputs import MANIFEST, METRICS, PROFILE, REPORT
+from ..io.partitions import open_partition
 from ..io.readback import MetricsRecordModel, RunProfileModel, check
 from ..io.records import Manifest
-from ..io.storage import join, url_to_fs
 from ..triple.contract import PARTS
 
 COLORS = {"ok": "#2e7d32", "warn": "#ef6c00", "fail": "#c62828", "none": "#607d8b"}
@@ -331,14 +330,14 @@ def rebuild_report(output: str) -> str:
             ``_profile.json`` is malformed (exit 2).
         ContractError: its manifest is malformed (exit 3).
     """
-    fs, root = url_to_fs(output)
-    manifest = read_manifest(fs, root)
-    if manifest is None:
+    partition = open_partition(output)
+    if partition is None:
         raise SpecError(f"{output} is not a committed output (no {MANIFEST})")
+    fs, manifest = partition.layout.fs, partition.manifest
     record: dict = {}
     profile: dict = {}
     for name, into, schema in ((METRICS, record, MetricsRecordModel), (PROFILE, profile, RunProfileModel)):
-        path = join(root, name)
+        path = partition.record(name)
         try:
             data = fs.cat_file(path)
         except FileNotFoundError:  # a run from before reports, or a run that could not write it
@@ -346,6 +345,6 @@ def rebuild_report(output: str) -> str:
         check(schema, data, path, SpecError, f"rebuild it by scoring the partition again "
                                              f"(batchinfer run --overwrite), or remove {name}")
         into.update(json.loads(data))   # as the run wrote it: the report shows what it holds
-    path = join(root, REPORT)
+    path = partition.record(REPORT)
     fs.pipe_file(path, render_report(manifest, record, profile).encode())
     return path

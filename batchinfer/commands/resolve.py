@@ -9,7 +9,12 @@ from dataclasses import dataclass, field
 
 from ..backends import declared_options, implied_options
 from ..errors import ContractError, SpecError
+from ..io.commit import PartitionCommit
+from ..io.outputs import RECORDS
 from ..io.shards import Shard, list_input
+from ..io.sinks import FILES, Sink
+from ..io.storage import join, local_path
+from ..redaction import Deferred
 from ..spec import ChallengerSpec, Job, ModelFields
 from ..triple.contract import Triple, check_contract, check_declared_code, check_explain, model_digest, refuse_pickle
 from ..triple.models import ResolvedModel, resolve_model
@@ -52,6 +57,72 @@ class Resolved:
     def shard_names(self) -> tuple[str, ...]:
         """What ``_source_shard`` records for each shard (``${NAME}`` values put back)."""
         return tuple(self.job.display(s.url) for s in self.shards)
+
+
+def sink_of(job: Job) -> Sink:
+    """How the job's output partition is stored (``output.format``, io/sinks.py).
+
+    Raises:
+        SpecError: a table format without a date (its tables are partitioned by it), or an
+            Iceberg output on an object store without ``output.catalog``.
+    """
+    output = job.spec.output
+    if output.format == "files":
+        return FILES
+    if job.ds is None:
+        raise SpecError(f"output.format {output.format} partitions its tables by "
+                        f"{output.partition_column}: run with --ds YYYY-MM-DD")
+    catalog: tuple[tuple[str, Deferred], ...] = ()
+    if output.format == "iceberg":
+        catalog = tuple((k, Deferred.of(v, job.secrets)) for k, v in _catalog(job).items())
+    return Sink(format=output.format, column=output.partition_column, value=job.ds,
+                table=output.table or f"batchinfer.{job.spec.name.replace('-', '_').replace('.', '_')}",
+                catalog=catalog)
+
+
+def _catalog(job: Job) -> dict[str, str]:
+    """The Iceberg catalog's pyiceberg properties (name under ``name``): ``output.catalog``, or
+    a sqlite catalog in ``<output.path>/_catalog.db`` for a local ``output.path``."""
+    output = job.spec.output
+    spec = output.catalog
+    if spec is None:
+        local = local_path(output.path)
+        if local is None:
+            raise SpecError(f"output.format iceberg on {job.display(output.path)} needs "
+                            f"output.catalog (a sqlite catalog is the default only for a local "
+                            f"output.path)")
+        return {"name": "batchinfer", "type": "sql", "uri": f"sqlite:///{join(local, '_catalog.db')}",
+                "warehouse": output.path}
+    props = {"name": spec.name, **spec.properties}
+    for key in ("uri", "type", "warehouse"):
+        value = getattr(spec, key)
+        if value is not None:
+            props[key] = value
+    props.setdefault("warehouse", output.path)
+    return props
+
+
+def partition_of(job: Job) -> PartitionCommit:
+    """The job's output partition (``output.path`` and how it is stored)."""
+    return PartitionCommit(job.spec.output.path, sink_of(job))
+
+
+def shown_partition(job: Job) -> str:
+    """The partition as messages name it: ``output.path`` (and the table partition)."""
+    sink = sink_of(job)
+    shown = job.display(job.spec.output.path)
+    return f"{shown} ({output_format(job)} partition {sink.partition})" if sink.is_table else shown
+
+
+def output_format(job: Job) -> str:
+    return {"delta": "Delta", "iceberg": "Iceberg"}.get(job.spec.output.format, "files")
+
+
+def records_url(job: Job) -> str:
+    """Where the partition's manifest and records are: ``output.path`` for files,
+    ``<output.path>/_batchinfer/<column>=<ds>`` for tables (io/outputs.py)."""
+    sink = sink_of(job)
+    return join(job.spec.output.path, RECORDS, sink.partition) if sink.is_table else job.spec.output.path
 
 
 def resolve_inputs(job: Job) -> tuple[SchemaVersion, tuple[str, ...], Preprocessor]:

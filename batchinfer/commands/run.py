@@ -58,7 +58,7 @@ from ..rows.drift import Baseline, DriftVerdict, observe
 from ..spec import Job
 from . import models, record, scoring
 from .monitor import load_baseline
-from .resolve import Resolved, resolve
+from .resolve import Resolved, partition_of, resolve, shown_partition, sink_of
 
 if TYPE_CHECKING:
     from ..io.tracking import TrackingRun
@@ -209,8 +209,8 @@ def resolve_run(job: Job, *, started: datetime, t0: float, clock: Clock) -> Reso
     # exit 2 before any work when it cannot be read
     baseline = load_baseline(job, resolved.model.declaration)
     return Resolution(job=job, resolved=resolved, baseline=baseline,
-                      partition=PartitionCommit(spec.output.path),
-                      shown=job.display(spec.output.path), wanted=_identity(job, resolved),
+                      partition=partition_of(job), shown=shown_partition(job),
+                      wanted=_identity(job, resolved),
                       started=started, t0=t0, clock=clock)
 
 
@@ -304,7 +304,8 @@ def adopting(resumed: Resume, updated: Update | None) -> Resume:
 
 def _find_resume(job: Job, resolved: Resolved) -> Resume:
     shards = [(name, shard.url) for name, shard in zip(resolved.shard_names(), resolved.shards)]
-    return resume_shards(job.spec.output.path, resume_key(job, resolved), shards)
+    return resume_shards(job.spec.output.path, resume_key(job, resolved), shards,
+                         partition=sink_of(job).partition)
 
 
 def planned(job: Job, resolved: Resolved) -> str:
@@ -312,9 +313,9 @@ def planned(job: Job, resolved: Resolved) -> str:
     commit (or refuse it), and what ``--update`` would keep, score and drop (the shards hashed
     again, as the update does); or score, adopting what crashed attempts finished (shards and
     files hashed again, as the run does)."""
-    committed = PartitionCommit(job.spec.output.path).committed()
+    committed = partition_of(job).committed()
     if committed is not None:
-        shown, wanted = job.display(job.spec.output.path), _identity(job, resolved)
+        shown, wanted = shown_partition(job), _identity(job, resolved)
         plain = decide_partition(committed, wanted, overwrite=False, shown=shown)
         line = f"committed by attempt {committed.attempt}: " + (
             "a run reuses it (nothing to do)" if plain.action == "reuse"

@@ -16,7 +16,7 @@ from ..redaction import Deferred
 from ..rows.drift import Baseline, DriftGate
 from ..spec import COMPLETE_METHODS, Job
 from .monitor import load_baseline
-from .resolve import Resolved
+from .resolve import Resolved, sink_of
 
 if TYPE_CHECKING:
     from ..pipeline.transforms import ModelRun
@@ -131,6 +131,7 @@ def pipeline_plans(resolved: Resolved, attempt: Attempt, header: Manifest,
     # The graph holds no secret's value: the workers fill them in (docs/runners.md "What
     # travels to the workers").
     output = Deferred.of(spec.output.path, job.secrets)
+    sink = sink_of(job)
     adopted = dict(resume.adopted) if resume else {}
     plan = ScoringPlan(
         shard_urls=tuple(Deferred.of(s.url, job.secrets) for s in resolved.shards),
@@ -139,9 +140,10 @@ def pipeline_plans(resolved: Resolved, attempt: Attempt, header: Manifest,
         schema=resolved.schema, preprocessor=resolved.preprocessor,
         id_columns=tuple(spec.output.id_columns), hash_columns=resolved.schema.columns,
         profile_features=tuple(resolved.features), profile_cuts=baseline.cuts() if baseline else {},
-        scored=tuple(i for i in range(len(resolved.shards)) if i not in adopted) if adopted else None)
+        scored=tuple(i for i in range(len(resolved.shards)) if i not in adopted) if adopted else None,
+        sink=sink)
     gate = DriftGate.of(resolved.features, baseline) if baseline is not None else None
-    commit = CommitPlan(output_url=output, attempt=attempt.attempt,
+    commit = CommitPlan(output_url=output, attempt=attempt.attempt, sink=sink,
                         replacing=attempt.replacing, shard_count=len(resolved.shards),
                         header=header, breach=spec.quarantine.breach, drift=gate,
                         preprocess=spec.preprocess, clock=attempt.clock, adopted=adopted,

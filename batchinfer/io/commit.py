@@ -22,6 +22,7 @@ and the launching process only reads its outcome back (docs/runners.md says why)
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal, Mapping
 
@@ -38,10 +39,11 @@ from .manifest import (
     remove_attempt,
     remove_unlisted,
 )
-from .outputs import TMP, Layout, write_json
-from .readback import M, OutcomeModel, ShardResultModel, check
-from .records import AttemptKey, Manifest, ShardResult
+from .outputs import CHALLENGERS, MANIFEST, PREDICTIONS, QUARANTINE, Layout, write_json
+from .readback import M, ManifestModel, OutcomeModel, ShardResultModel, check
+from .records import AttemptKey, FileRecord, Manifest, ShardResult, TableCommit, TableVersion
 from .resume import KEY
+from .sinks import FILES, LostRace, Sink
 from .storage import join, url_to_fs
 
 
@@ -197,10 +199,11 @@ def triple_conflict(shown: str, committed: dict, wanted: dict) -> str:
 
 
 class PartitionCommit:
-    """An output partition (``output.path``) and its commit protocol."""
+    """An output partition (``output.path``, stored as ``sink`` says) and its commit protocol."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, sink: Sink = FILES):
         self.url = url
+        self.sink = sink
 
     def _fs_root(self) -> "tuple[AbstractFileSystem, str]":
         return url_to_fs(self.url)
@@ -210,9 +213,36 @@ class PartitionCommit:
         return bool(fs.isfile(root))
 
     def committed(self) -> Manifest | None:
-        """The manifest committed at this partition now, or None."""
-        fs, root = self._fs_root()
-        return read_manifest(fs, root)
+        """The manifest committed at this partition now, or None. For tables, a partition whose
+        tables hold a commit that its manifest does not name yet (the run died between the two)
+        is finished first, from that run's pending manifest (:meth:`repair`)."""
+        if self.sink.is_table:
+            self.repair()
+        layout = self.layout("")
+        return read_manifest(layout.fs, layout.records)
+
+    def repair(self) -> None:
+        """Tables: finish the commit of a run that committed the predictions table but died
+        before its manifest (or before the other tables): its other tables committed as the
+        same generation, and its pending manifest, with the tables' versions, put in place.
+        Nothing to do when the manifest names the tables' generation."""
+        layout = self.layout("")
+        tables = self.sink.tables(self.url)
+        if tables is None:
+            return
+        generation, attempt = tables.generation()
+        if not generation or attempt is None:
+            return
+        current = read_manifest(layout.fs, layout.records)
+        if current is not None and current.table is not None and current.table.generation >= generation:
+            return
+        pending = _pending(self.layout(attempt))
+        if pending is None:   # its scratch is gone: nothing to finish from
+            return
+        try:
+            Attempt(self, attempt).publish(pending, generation)
+        except LostRace:   # the run itself (or another repair) is finishing it right now
+            pass
 
     def decide(self, wanted: Identity, *, overwrite: bool, shown: str,
                update: bool = False) -> Decision:
@@ -231,7 +261,7 @@ class PartitionCommit:
 
     def layout(self, attempt: str) -> Layout:
         fs, root = self._fs_root()
-        return Layout(fs, root, attempt)
+        return Layout(fs, root, attempt, self.sink.partition)
 
     def begin(self, attempt: str, *, replacing: Manifest | None = None,
               clock: Clock = utc_now) -> "Attempt":
@@ -263,7 +293,7 @@ class Attempt:
         """Leave the attempt's key in its scratch, before any shard is scored: what a later run
         must be to adopt the shards this attempt finishes, should it crash (io/resume.py)."""
         layout = self.layout
-        write_json(layout.fs, join(layout.root, TMP, self.attempt, KEY), key.to_dict())
+        write_json(layout.fs, join(layout.scratch(), KEY), key.to_dict())
 
     def results(self, shard_count: int,
                 adopted: Mapping[int, ShardResult] | None = None) -> list[ShardResult]:
@@ -322,6 +352,8 @@ class Attempt:
         Safe to call again for the same attempt (a runner retries a commit step whose worker
         died): a manifest that is already this attempt's is this attempt's commit."""
         faults.point("before_commit")
+        if self.partition.sink.is_table:
+            return self._commit_tables(manifest)
         layout = self.layout
         # Replace only the manifest this run set out to replace: if another --overwrite run
         # committed meanwhile (and its cleanup removed this attempt's files), this run lost.
@@ -342,8 +374,74 @@ class Attempt:
         self._clean(manifest)
         return CommitOutcome("committed", manifest)
 
+    def _commit_tables(self, manifest: Manifest) -> CommitOutcome:
+        """The commit to tables (io/sinks.py): the pending manifest, then the predictions table
+        as the arbiter (this attempt's generation is the replaced manifest's + 1), the other
+        tables, then ``_manifest.json``."""
+        replacing = self.replacing
+        expected = replacing.table.generation if replacing is not None and replacing.table else 0
+        tables = self.partition.sink.tables(self.partition.url)
+        assert tables is not None
+        held, by = tables.generation()
+        if held > expected and by != self.attempt:
+            return self._lost(manifest)
+        layout = self.layout
+        write_json(layout.fs, join(layout.scratch(), MANIFEST), manifest.to_dict())
+        try:
+            committed = self.publish(manifest, expected + 1)
+        except LostRace:
+            return self._lost(manifest)
+        self._clean(committed)
+        return CommitOutcome("committed", committed)
+
+    def publish(self, manifest: Manifest, generation: int) -> Manifest:
+        """Commit ``manifest``'s files to each table as ``generation`` (predictions first: a
+        table that holds the generation already is not written again), then put the manifest,
+        naming the tables' versions, in place. What a run that died midway is finished with.
+
+        Raises:
+            LostRace: another attempt committed the generation to the predictions table first.
+        """
+        layout = self.layout
+        tables = self.partition.sink.tables(self.partition.url)
+        assert tables is not None
+        summary = {f"batchinfer.{part}": value for part, value in sorted(manifest.triple.items())}
+        summary["batchinfer.job"] = manifest.job
+        versions = []
+        for kind, files in kinds(manifest, layout):
+            version = tables.commit(layout, kind, files, generation=generation,
+                                    attempt=self.attempt, summary=summary)
+            if kind == PREDICTIONS:
+                faults.point("after_table_commit")
+            if version is not None:
+                versions.append(TableVersion(kind=kind, table=tables.describe(kind), version=version))
+        committed = dataclasses.replace(manifest, table=TableCommit(
+            format=self.partition.sink.format,
+            partition={self.partition.sink.column: self.partition.sink.value},
+            generation=generation, tables=tuple(versions)))
+        # The tables decided: the manifest follows them, whatever was there.
+        create_manifest(layout, committed, replace=True)
+        faults.point("after_commit")
+        return committed
+
+    def _lost(self, manifest: Manifest) -> CommitOutcome:
+        """Another attempt committed the tables first: this attempt's files go (never a file of
+        a table's version: they were never added), and the winner's manifest is the outcome."""
+        self.abort()
+        try:
+            winner = self.partition.committed()
+        except Exception:  # the winner's manifest is its own business
+            winner = None
+        same = winner is not None and winner.triple == manifest.triple
+        return CommitOutcome("lost_race" if same or winner is None else "conflict", winner)
+
     def _clean(self, manifest: Manifest) -> None:
         layout = self.layout
+        if self.partition.sink.is_table:
+            # A replaced attempt's files stay: the tables' earlier versions hold them (time
+            # travel) until the table's own VACUUM or expire_snapshots removes them.
+            clean_after_commit(layout, manifest)
+            return
         if (self.replacing is not None and self.replacing.attempt != manifest.attempt
                 and not holds(manifest, self.replacing.attempt)):
             remove_attempt(layout, self.replacing.attempt)
@@ -384,6 +482,8 @@ class Attempt:
         """Remove this attempt's files (best effort: debris is never part of a partition) —
         except those a committed manifest lists: another run may have adopted shards this
         attempt finished (io/resume.py) and committed them while this one was still going."""
+        if self.partition.sink.is_table and self._in_tables():
+            return   # its files are a table's now: the next run finishes the commit (repair)
         try:
             current = self.partition.committed()
         except Exception:  # an unreadable manifest lists nothing this attempt can know of
@@ -392,6 +492,41 @@ class Attempt:
             remove_unlisted(self.layout, current, self.attempt)
         else:
             remove_attempt(self.layout, self.attempt)
+
+
+    def _in_tables(self) -> bool:
+        """Whether this attempt committed the predictions table (best effort: a table that
+        cannot be read now is taken to hold it, so its files are kept)."""
+        try:
+            tables = self.partition.sink.tables(self.partition.url)
+            return tables is not None and tables.generation()[1] == self.attempt
+        except Exception:
+            return True
+
+
+def kinds(manifest: Manifest, layout: Layout) -> list[tuple[str, list[FileRecord]]]:
+    """The manifest's files by kind, predictions first (the arbiter's table), then quarantine
+    and each challenger."""
+    quarantine = layout.folder(QUARANTINE) + "/"
+    champion = [f for s in manifest.shards for f in s.files]
+    out = [(PREDICTIONS, [f for f in champion if not f.path.startswith(quarantine)]),
+           (QUARANTINE, [f for f in champion if f.path.startswith(quarantine)])]
+    for challenger in manifest.challengers:
+        out.append((f"{CHALLENGERS}/{challenger.name}",
+                    [f for s in challenger.shards for f in s.files]))
+    return out
+
+
+def _pending(layout: Layout) -> Manifest | None:
+    """The manifest an attempt left in its scratch before committing to tables, or None."""
+    path = join(layout.scratch(), MANIFEST)
+    try:
+        data = layout.fs.cat_file(path)
+    except OSError:
+        return None
+    checked = check(ManifestModel, data, path, StorageError,
+                    "the run's pending manifest is damaged: run the job with --overwrite")
+    return Manifest.from_dict(checked.model_dump())
 
 
 def _read_scratch(layout: Layout, path: str, schema: type[M]) -> M:

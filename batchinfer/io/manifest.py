@@ -18,14 +18,25 @@ from fsspec import AbstractFileSystem
 
 from .. import faults
 from ..errors import ContractError, StorageError
-from .outputs import ATTEMPT, CHALLENGERS, MANIFEST, PREDICTIONS, QUARANTINE, TMP, Layout, challenger_folder, write_file
+from .outputs import (
+    ATTEMPT,
+    CHALLENGERS,
+    MANIFEST,
+    PREDICTIONS,
+    QUARANTINE,
+    TABLE_FOLDERS,
+    Layout,
+    challenger_folder,
+    write_file,
+)
 from .readback import ManifestModel, check
 from .records import Manifest
 from .storage import is_local, join
 
 
 def read_manifest(fs: AbstractFileSystem, root: str) -> Manifest | None:
-    """The committed manifest under ``root``, or None if the partition is not committed.
+    """The committed manifest under ``root`` (a partition's records: ``Layout.records``), or
+    None if the partition is not committed.
 
     Raises:
         ContractError: the manifest is malformed (io/readback.py: exit 3, like a partition of
@@ -62,12 +73,12 @@ def create_manifest(layout: Layout, manifest: Manifest, *, replace: bool = False
     final = layout.manifest
     try:
         if is_local(fs):
-            scratch = join(layout.root, TMP, layout.attempt, MANIFEST)
+            scratch = join(layout.scratch(), MANIFEST)
             write_file(fs, scratch, data)
             faults.point("during_commit")
             if replace:
-                with _locked(layout.root):
-                    if expected is not None and _attempt_now(fs, layout.root) != expected:
+                with _locked(layout.records):
+                    if expected is not None and _attempt_now(fs, layout.records) != expected:
                         os.unlink(scratch)
                         return False
                     os.replace(scratch, final)
@@ -114,18 +125,19 @@ def _attempt_now(fs: AbstractFileSystem, root: str) -> str | None:
 
 
 def data_folders(layout: Layout) -> list[str]:
-    """The folders (relative) whose sub-folders are attempts: predictions/, quarantine/ and each
-    challengers/<name>/ there is now (whichever run wrote it: a crashed run's challenger may no
-    longer be in the job)."""
-    folders = [PREDICTIONS, QUARANTINE]
-    base = join(layout.root, CHALLENGERS)
+    """The folders (relative) whose sub-folders are attempts: predictions', quarantine's and
+    each challenger's there is now (whichever run wrote it: a crashed run's challenger may no
+    longer be in the job); ``layout.folder`` says where a kind's are."""
+    folders = [layout.folder(PREDICTIONS), layout.folder(QUARANTINE)]
+    base = join(layout.root, TABLE_FOLDERS[CHALLENGERS] if layout.partition else CHALLENGERS)
     try:
         entries = layout.fs.ls(base, detail=True) if layout.fs.exists(base) else []
     except OSError:
         entries = []
     for entry in sorted(entries, key=lambda e: e["name"]):
         if entry.get("type") == "directory":
-            folders.append(challenger_folder(entry["name"].rstrip("/").rsplit("/", 1)[-1]))
+            name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
+            folders.append(layout.folder(challenger_folder(name)))
     return folders
 
 
@@ -133,10 +145,11 @@ def remove_attempt(layout: Layout, attempt: str) -> None:
     """Delete an attempt's data files and scratch (best effort: debris is never part of a
     partition, and the next run cleans what this one could not)."""
     fs = layout.fs
-    for kind in (*data_folders(layout), TMP):
+    for kind in data_folders(layout):
         _remove_tree(fs, join(layout.root, kind, attempt))
+    _remove_tree(fs, layout.scratch(attempt))
     _remove_empty_challengers(layout)
-    _remove_if_empty(fs, join(layout.root, TMP))
+    _remove_if_empty(fs, layout.scratch(""))
 
 
 def remove_unlisted(layout: Layout, manifest: Manifest, attempt: str) -> None:
@@ -147,9 +160,9 @@ def remove_unlisted(layout: Layout, manifest: Manifest, attempt: str) -> None:
     for kind in data_folders(layout):
         _remove_files_not_listed(layout, join(layout.root, kind, attempt), listed)
         _remove_if_empty(fs, join(layout.root, kind, attempt))
-    _remove_tree(fs, join(layout.root, TMP, attempt))
+    _remove_tree(fs, layout.scratch(attempt))
     _remove_empty_challengers(layout)
-    _remove_if_empty(fs, join(layout.root, TMP))
+    _remove_if_empty(fs, layout.scratch(""))
 
 
 
@@ -173,7 +186,10 @@ def _remove_if_empty(fs: AbstractFileSystem, path: str) -> None:
 
 
 def _remove_empty_challengers(layout: Layout) -> None:
-    """challengers/<name>/ folders left empty (their attempts removed), then challengers/."""
+    """challengers/<name>/ folders left empty (their attempts removed), then challengers/ (a
+    table's folder is never empty: it holds the table's log)."""
+    if layout.partition:
+        return
     for kind in data_folders(layout)[2:]:
         _remove_if_empty(layout.fs, join(layout.root, kind))
     _remove_if_empty(layout.fs, join(layout.root, CHALLENGERS))
@@ -207,13 +223,19 @@ def _attempt_of(relative: str) -> str:
 
 def clean_after_commit(layout: Layout, manifest: Manifest) -> None:
     """Remove every attempt but those holding the committed files (the committed one, and the
-    earlier ones whose shards it adopted), scratch, and every file the manifest does not list."""
+    earlier ones whose shards it adopted), scratch, and every file the manifest does not list.
+
+    Tables: an attempt that committed once stays whole, since the tables' earlier versions hold
+    its files (until the table's own VACUUM or expire_snapshots); only attempts that never
+    committed (those that still have scratch: a commit removes its own) are removed, and the
+    unlisted files of those adopted."""
     fs = layout.fs
     listed = manifest.files()
     keep = {manifest.attempt} | {_attempt_of(path) for path in listed}
     folders = data_folders(layout)
-    for kind in (*folders, TMP):
-        base = join(layout.root, kind)
+    uncommitted = _scratch_attempts(layout) if layout.partition else None
+    for kind in (*folders, ""):
+        base = join(layout.root, kind) if kind else layout.scratch("")
         try:
             entries = fs.ls(base, detail=False) if fs.exists(base) else []
         except OSError:
@@ -222,17 +244,29 @@ def clean_after_commit(layout: Layout, manifest: Manifest) -> None:
             name = entry.rstrip("/").rsplit("/", 1)[-1]
             # _tmp/ is ours alone (contract §4); in predictions/, quarantine/ and challengers/<name>/
             # only attempts are.
-            if kind == TMP or (ATTEMPT.fullmatch(name) and name not in keep):
+            doomed = ATTEMPT.fullmatch(name) and name not in keep and (
+                uncommitted is None or name in uncommitted)
+            if not kind or doomed:
                 try:
                     fs.rm(entry, recursive=True)
                 except OSError:
                     pass
     for kind in folders:
-        for attempt in sorted(keep):
+        for attempt in sorted(keep if uncommitted is None else keep & uncommitted):
             _remove_files_not_listed(layout, join(layout.root, kind, attempt), listed)
     _remove_empty_attempts(layout, folders, keep - {manifest.attempt})
     _remove_empty_challengers(layout)
-    _remove_if_empty(fs, join(layout.root, TMP))
+    _remove_if_empty(fs, layout.scratch(""))
+
+
+def _scratch_attempts(layout: Layout) -> set[str]:
+    """The attempts that have scratch now: they never committed (a commit removes all scratch)."""
+    try:
+        base = layout.scratch("")
+        entries = layout.fs.ls(base, detail=False) if layout.fs.exists(base) else []
+    except OSError:
+        return set()
+    return {e.rstrip("/").rsplit("/", 1)[-1] for e in entries}
 
 
 def _remove_empty_attempts(layout: Layout, folders: list[str], attempts: set[str]) -> None:

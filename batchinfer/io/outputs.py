@@ -1,10 +1,27 @@
 """The output layout of a partition (contract §4) and writing its files.
 
+``output.format: files`` (the default), ``output.path`` the partition's folder:
+
     <output.path>/_manifest.json                                   the commit
     <output.path>/predictions/<attempt>/part-SSSSS-BBBBB.parquet   shard S, batch B
     <output.path>/quarantine/<attempt>/part-SSSSS-BBBBB.parquet
     <output.path>/challengers/<name>/<attempt>/part-SSSSS-BBBBB.parquet   a challenger's predictions
     <output.path>/_tmp/<attempt>/shards/SSSSS.json                 per-shard results (scratch)
+
+``output.format: delta`` or ``iceberg``, ``output.path`` the root of the job's tables, the same
+for every date; the partition is ``dt=<ds>`` (``output.partition_column``) in each table:
+
+    <output.path>/                                       the predictions table (its log or metadata)
+    <output.path>/dt=<ds>/<attempt>/part-SSSSS-BBBBB.parquet
+    <output.path>/_quarantine/                           the quarantine table
+    <output.path>/_quarantine/dt=<ds>/<attempt>/part-…
+    <output.path>/_challengers/<name>/                   each challenger's table
+    <output.path>/_challengers/<name>/dt=<ds>/<attempt>/part-…
+    <output.path>/_batchinfer/dt=<ds>/_manifest.json     the partition's audit record (and _tmp/,
+                                                         _metrics.json, report.html, …)
+
+A table's data files are the files batchinfer wrote, where it wrote them: its commit adds them to
+the table, nothing is copied. Their paths in the manifest are relative to ``output.path``.
 
 Files are serialised in memory, hashed, then written with one put: the sha256 recorded in the
 manifest is of exactly the bytes written, and an object store sees one request per file.
@@ -29,6 +46,8 @@ PREDICTIONS = "predictions"
 QUARANTINE = "quarantine"
 CHALLENGERS = "challengers"   # challengers/<name>/<attempt>/…: each challenger model's predictions
 TMP = "_tmp"
+RECORDS = "_batchinfer"       # tables: <output.path>/_batchinfer/<column>=<value>/ holds the records
+TABLE_FOLDERS = {QUARANTINE: "_quarantine", CHALLENGERS: "_challengers"}   # tables: a kind's table
 METRICS = "_metrics.json"
 PROFILE = "_profile.json"     # the run's column statistics and drift (monitoring), beside METRICS
 REPORT = "report.html"        # the job report, beside METRICS
@@ -40,36 +59,78 @@ ATTEMPT = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{8}")  # fullmatch: `$` passes a fin
 
 @dataclass(frozen=True)
 class Layout:
-    """Paths of one attempt's files under an output root (fsspec path, no protocol)."""
+    """Paths of one attempt's files under an output root (fsspec paths, no protocol).
+
+    Attributes:
+        root: where the data files are (``output.path``); their paths are relative to it.
+        attempt: the attempt id.
+        partition: tables: ``<column>=<value>``, the folder of the partition in each table;
+            empty for files.
+        records: where the manifest, the scratch and the run's records are: ``root`` for
+            files, ``<root>/_batchinfer/<partition>`` for tables.
+    """
 
     fs: AbstractFileSystem
     root: str
     attempt: str
+    partition: str = ""
+    records: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.records:
+            object.__setattr__(self, "records", join(self.root, RECORDS, self.partition)
+                               if self.partition else self.root)
 
     @classmethod
-    def for_url(cls, url: str, attempt: str) -> "Layout":
+    def for_url(cls, url: str, attempt: str, partition: str = "") -> "Layout":
         fs, root = url_to_fs(url)
-        return cls(fs, root, attempt)
+        return cls(fs, root, attempt, partition)
 
     @property
     def manifest(self) -> str:
-        return join(self.root, MANIFEST)
+        return join(self.records, MANIFEST)
+
+    def folder(self, kind: str) -> str:
+        """The folder (relative) that holds ``kind``'s attempts (``kind``: predictions,
+        quarantine, or a challenger's :func:`challenger_folder`): the kind itself for files; the
+        partition's folder in the kind's table for tables."""
+        if not self.partition:
+            return kind
+        if kind == PREDICTIONS:
+            return self.partition
+        top, _, name = kind.partition("/")
+        return "/".join(p for p in (TABLE_FOLDERS[top], name, self.partition) if p)
+
+    def table(self, kind: str) -> str:
+        """Tables: the folder (relative) of ``kind``'s table (empty: ``root``, predictions')."""
+        return self.folder(kind).rsplit("/", 1)[0] if "/" in self.folder(kind) else ""
 
     def part(self, kind: str, shard: int, batch: int) -> str:
         """Relative path of a data file (``kind``: predictions, quarantine, or a challenger's
         folder, :func:`challenger_folder`)."""
-        return f"{kind}/{self.attempt}/part-{shard:05d}-{batch:05d}.parquet"
+        return f"{self.folder(kind)}/{self.attempt}/part-{shard:05d}-{batch:05d}.parquet"
+
+    def scratch(self, attempt: str | None = None) -> str:
+        """An attempt's scratch folder (this one's by default), or with ``attempt=""`` the
+        folder of every attempt's scratch."""
+        chosen = self.attempt if attempt is None else attempt
+        return join(self.records, TMP, chosen) if chosen else join(self.records, TMP)
 
     def shard_result(self, shard: int) -> str:
-        return join(self.root, TMP, self.attempt, "shards", f"{shard:05d}.json")
+        return join(self.scratch(), "shards", f"{shard:05d}.json")
 
     @property
     def outcome(self) -> str:
         """Where the pipeline's commit step leaves what it did (io.commit.Attempt.record)."""
-        return join(self.root, TMP, self.attempt, "outcome.json")
+        return join(self.scratch(), "outcome.json")
 
     def abs(self, relative: str) -> str:
+        """A data file's path (``relative`` as the manifest names it)."""
         return join(self.root, relative)
+
+    def record(self, name: str) -> str:
+        """The path of one of the partition's records (``_metrics.json``, ``report.html``, …)."""
+        return join(self.records, name)
 
 
 def challenger_folder(name: str) -> str:

@@ -108,6 +108,19 @@ class ChallengerModel(_Checked):
     shards: list[ChallengerShardModel] = Field(default_factory=list)
 
 
+class TableVersionModel(_Checked):
+    kind: str
+    table: str
+    version: int
+
+
+class TableCommitModel(_Checked):
+    format: Literal["delta", "iceberg"]
+    partition: dict[str, str]
+    generation: Count
+    tables: list[TableVersionModel] = Field(default_factory=list)
+
+
 class ManifestModel(_Checked):
     manifest_version: Literal[1] = 1
     job: Name
@@ -125,6 +138,7 @@ class ManifestModel(_Checked):
     totals: TotalsModel | None = None
     shards: list[ShardModel]
     challengers: list[ChallengerModel] = Field(default_factory=list)
+    table: TableCommitModel | None = None
 
 
 class AttemptKeyModel(_Checked):

@@ -135,6 +135,34 @@ class AttemptKey(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class TableVersion(Record):
+    """One table's commit of a partition: ``kind`` (predictions, quarantine, challengers/<name>),
+    the table (Delta: its folder relative to ``output.path``, "" for the predictions table;
+    Iceberg: its identifier), and the version it made (Delta: the log version; Iceberg: the
+    snapshot id)."""
+
+    kind: str
+    table: str
+    version: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class TableCommit(Record):
+    """What a partition committed to tables (``output.format`` delta or iceberg): the partition
+    (``{"dt": "2026-01-31"}``), its generation (1 for the first commit of the partition, +1 for
+    each replacing one: the tables' own record of it is what makes two commits of one generation
+    impossible) and each table's version."""
+
+    format: str
+    partition: dict[str, str]
+    generation: int
+    tables: tuple[TableVersion, ...] = ()
+
+    def version(self, kind: str) -> int | None:
+        return next((t.version for t in self.tables if t.kind == kind), None)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Manifest(Record):
     """``_manifest.json``: the commit of a partition (contract §4)."""
 
@@ -154,6 +182,7 @@ class Manifest(Record):
     totals: Totals
     shards: tuple[ShardRecord, ...]
     challengers: tuple[Challenger, ...] = ()
+    table: TableCommit | None = None   # output.format delta / iceberg: the tables' commit
 
     def files(self) -> set[str]:
         """Every data file the partition consists of (relative paths), challengers' included."""
@@ -175,6 +204,8 @@ class Manifest(Record):
         data = super().to_dict()
         if not self.challengers:   # only a job with challengers has the key: a manifest
             del data["challengers"]  # without them reads as before
+        if self.table is None:     # likewise the tables' commit, for files
+            del data["table"]
         return data
 
     @classmethod

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 from fsspec import AbstractFileSystem
 
 from ..errors import StorageError
-from .outputs import ATTEMPT, TMP
+from .outputs import ATTEMPT, Layout
 from .readback import AttemptKeyModel, ShardResultModel, check
 from .records import AttemptKey, ShardResult
 from .storage import join, url_to_fs
@@ -74,12 +74,14 @@ class Resume:
 
 
 def find(url: str, key: AttemptKey, shards: Sequence[tuple[str, str]], *,
-         exclude: str | None = None) -> Resume:
+         exclude: str | None = None, partition: str = "") -> Resume:
     """The shards of ``shards`` ((name, url) by index, as listed now) that an attempt with
-    ``key`` finished under ``url`` (``output.path``) and that may be adopted (the module says
-    when); ``exclude``: this run's own attempt."""
-    fs, root = url_to_fs(url)
-    candidates = finished(fs, root, key, exclude=exclude)
+    ``key`` finished under ``url`` (``output.path``; ``partition``: a table partition's
+    folder, io/outputs.py) and that may be adopted (the module says when); ``exclude``: this
+    run's own attempt."""
+    layout = Layout.for_url(url, "", partition)
+    fs, root = layout.fs, layout.root
+    candidates = finished(fs, layout.scratch(""), key, exclude=exclude)
     wanted = {i: candidates[name] for i, (name, _) in enumerate(shards) if name in candidates}
     if not wanted:
         return Resume()
@@ -101,12 +103,12 @@ def find(url: str, key: AttemptKey, shards: Sequence[tuple[str, str]], *,
     return Resume(adopted, tuple(changed), tuple(damaged))
 
 
-def finished(fs: AbstractFileSystem, root: str, key: AttemptKey, *,
+def finished(fs: AbstractFileSystem, base: str, key: AttemptKey, *,
              exclude: str | None = None) -> dict[str, list[ShardResult]]:
-    """By shard name, the results that attempts with ``key`` left in scratch, newest attempt
-    first; shards that were unreadable are not among them (they are read again). A key or a
-    result that cannot be read or is malformed is skipped (debris, never an error)."""
-    base = join(root, TMP)
+    """By shard name, the results that attempts with ``key`` left in scratch (``base``: the
+    folder of every attempt's scratch), newest attempt first; shards that were unreadable are
+    not among them (they are read again). A key or a result that cannot be read or is
+    malformed is skipped (debris, never an error)."""
     try:
         entries = sorted((e.rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(base, detail=False)),
                          reverse=True) if fs.isdir(base) else []

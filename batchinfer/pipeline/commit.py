@@ -23,6 +23,7 @@ from ..clock import Clock, rfc3339, utc_now
 from ..errors import BatchInferError, DataQualityError, ModelError, PreprocessError, RuntimeFailure
 from ..io.commit import Attempt, CommitOutcome, PartitionCommit
 from ..io.records import Manifest, ModelStats, PreprocessStats, ShardResult, Totals, with_challenger_shards
+from ..io.sinks import FILES, Sink
 from ..redaction import Deferred
 from ..rows.drift import DriftGate
 from .prepare import preprocess_fault
@@ -68,9 +69,10 @@ class CommitPlan:
     # explain.max_incomplete_fraction, for a method whose attributions are checked for
     # completeness (contract §6 "Explanations"); None: no such check.
     max_incomplete: float | None = None
+    sink: Sink = FILES    # how the partition is stored (io/sinks.py)
 
     def begin(self) -> Attempt:
-        return PartitionCommit(self.output_url.value()).begin(self.attempt, replacing=self.replacing,
+        return PartitionCommit(self.output_url.value(), self.sink).begin(self.attempt, replacing=self.replacing,
                                                       clock=self.clock)
 
 

@@ -44,9 +44,10 @@ from ..beam_compat import PredictionResult, RunInference, beam, in_global_window
 from ..errors import SpecError
 from ..handlers.base import BatchModelHandler, Inference, Prepared
 from ..handlers.explain import Attributions, ExplainPlan, explain_rows, grouped, selected, top
-from ..io.outputs import QUARANTINE, Layout, parquet_bytes, write_file, write_json
+from ..io.outputs import QUARANTINE, parquet_bytes, write_file, write_json
 from ..io.records import FileRecord, ModelStats, PreprocessStats
 from ..io.shards import ShardReader, Unreadable
+from ..io.sinks import FILES, Sink
 from ..redaction import Deferred
 from ..rows.arrow_types import plain_array
 from ..rows.columns import (
@@ -139,7 +140,7 @@ class ScoringPlan:
         shard_urls: shard URLs to read, by shard index (secret values as ``${NAME}``, filled in
             by the worker that reads them).
         shard_names: what ``_source_shard`` records for each (``${NAME}`` values put back).
-        output_url: ``output.path`` (the same).
+        output_url: ``output.path`` (the same); ``sink`` says how the partition is stored.
         attempt: this run's attempt id.
         batch_rows: rows per RecordBatch.
         schema: the loaded schema version (its source travels, not the module).
@@ -165,6 +166,7 @@ class ScoringPlan:
     profile_features: tuple[str, ...] = field(default=())
     profile_cuts: dict[str, tuple[float, ...]] = field(default_factory=dict)
     scored: tuple[int, ...] | None = None
+    sink: Sink = FILES    # how the partition is stored (io/sinks.py): where files go
 
     def to_score(self) -> list[tuple[int, Deferred]]:
         """(index, url) of every shard the pipeline reads."""
@@ -417,7 +419,8 @@ class WritePredictions(beam.DoFn):
         self.explain = run.explain
 
     def setup(self):
-        self.layout = Layout.for_url(self.plan.output_url.value(), self.plan.attempt)
+        self.layout = self.plan.sink.layout(self.plan.output_url.value(), self.plan.attempt)
+        self.constants = self.plan.sink.constants()
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="batchinfer-write")
 
     def start_bundle(self):
@@ -526,6 +529,8 @@ class WritePredictions(beam.DoFn):
     def _write(self, kind: str, index: int, number: int, table: pa.Table,
                encoding: dict | None = None) -> FileRecord:
         relative = self.layout.part(kind, index, number)
+        for name, value in self.constants.items():   # Iceberg's partition column (io/sinks.py)
+            table = table.append_column(name, pa.array([value] * table.num_rows, pa.string()))
         data = parquet_bytes(table, **(encoding or {}))
         if faults.armed("mid_write"):
             write_file(self.layout.fs, self.layout.abs(relative), data[: len(data) // 2])
@@ -654,7 +659,7 @@ class FinishShard(beam.DoFn):
         self.challengers = challengers
 
     def setup(self):
-        self.layout = Layout.for_url(self.plan.output_url.value(), self.plan.attempt)
+        self.layout = self.plan.sink.layout(self.plan.output_url.value(), self.plan.attempt)
 
     def process(self, element) -> Iterator[int]:
         index, records = element

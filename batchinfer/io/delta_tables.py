@@ -1,0 +1,200 @@
+"""``output.format: delta``: a partition's commit to Delta Lake tables (delta-rs, no JVM).
+
+Each kind has its own table under ``output.path`` (io/outputs.py: predictions at the root,
+``_quarantine/``, ``_challengers/<name>/``), partitioned by ``output.partition_column``. A
+commit is one transaction per table that removes the partition's files and adds the attempt's,
+where the writers put them (``partition_values`` carry the date; the files do not hold it).
+
+Exactly once: every commit of the partition carries the application transaction
+``batchinfer:<column>=<value>`` with the partition's generation as its version. delta-rs fails
+a commit when a concurrent commit wrote the same application id, so of two runs committing one
+generation at once one gets through (measured on delta-rs 1.6.6: without it two first commits
+of an empty partition both land, and readers see both). A commit whose table holds the
+generation already is a retry, answered from the log. ``commitInfo`` names the attempt, the
+generation and the triple, for ``DESCRIBE HISTORY``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable, Schema
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.transaction import (
+    AddAction,
+    CommitProperties,
+    RemoveAction,
+    Transaction,
+    create_table_with_add_actions,
+)
+
+from ..errors import StorageError
+from .outputs import Layout
+from .records import FileRecord
+from .sinks import LostRace, Sink
+from .storage import join, url_to_fs
+
+ATTEMPT_KEY, GENERATION_KEY, PARTITION_KEY = "batchinfer.attempt", "batchinfer.generation", "batchinfer.partition"
+
+
+class DeltaTables:
+    """The Delta tables of one job's output (``url``: ``output.path``) for one partition."""
+
+    def __init__(self, url: str, sink: Sink):
+        self.url = url.rstrip("/")
+        self.sink = sink
+        self.app = f"batchinfer:{sink.partition}"
+        self.options = storage_options(url)
+
+    def uri(self, layout: Layout, kind: str) -> str:
+        folder = layout.table(kind)
+        return join(self.url, folder) if folder else self.url
+
+    def describe(self, kind: str) -> str:
+        return self.uri(self.sink.layout(self.url, ""), kind)
+
+    def _open(self, uri: str) -> DeltaTable | None:
+        try:
+            return DeltaTable(uri, storage_options=self.options)
+        except TableNotFoundError:
+            return None
+        except (DeltaError, OSError) as exc:
+            raise StorageError(f"cannot read the Delta table {uri}: {exc}") from None
+
+    def generation(self) -> tuple[int, str | None]:
+        table = self._open(self.url)
+        if table is None:
+            return 0, None
+        generation = table.transaction_version(self.app) or 0
+        found = self._commit_of(table, generation) if generation else None
+        return generation, (found or {}).get(ATTEMPT_KEY)
+
+    def _commit_of(self, table: DeltaTable, generation: int) -> dict[str, Any] | None:
+        """The newest ``commitInfo`` of this partition's ``generation``, if the log still has it."""
+        for entry in table.history():
+            if (entry.get(PARTITION_KEY) == self.sink.partition
+                    and str(entry.get(GENERATION_KEY)) == str(generation)):
+                return entry
+        return None
+
+    def commit(self, layout: Layout, kind: str, files: Sequence[FileRecord], *, generation: int,
+               attempt: str, summary: dict[str, str]) -> int | None:
+        uri = self.uri(layout, kind)
+        prefix = layout.table(kind)
+        table = self._open(uri)
+        if table is not None:
+            held = table.transaction_version(self.app) or 0
+            if held >= generation:
+                found = self._commit_of(table, generation)
+                if held > generation or (found and found.get(ATTEMPT_KEY) != attempt):
+                    raise LostRace(f"generation {generation} of {self.sink.partition} in {uri}")
+                return int(found["version"]) if found else table.version()
+        relative = [_within(f.path, prefix) for f in files]
+        sizes = _sizes(layout, files)
+        now = int(time.time() * 1000)
+        value: dict[str, str | None] = {self.sink.column: self.sink.value}
+        adds = [AddAction(path, sizes[f.path], value, now, True, json.dumps({"numRecords": f.rows}))
+                for path, f in zip(relative, files)]
+        properties = CommitProperties(
+            custom_metadata={ATTEMPT_KEY: attempt, GENERATION_KEY: str(generation),
+                             PARTITION_KEY: self.sink.partition, **summary},
+            app_transactions=[Transaction(self.app, generation)])
+        try:
+            if table is None:
+                if not files:
+                    return None
+                schema = _table_schema(layout, files[0], self.sink.column)
+                create_table_with_add_actions(uri, Schema.from_arrow(schema), adds, mode="error",
+                                              partition_by=[self.sink.column],
+                                              storage_options=self.options,
+                                              commit_properties=properties)
+            else:
+                wanted, current = set(relative), self._partition_files(table)
+                removes = [RemoveAction(path, True, now, size, value)
+                           for path, size in current if path not in wanted]
+                have = {path for path, _ in current}
+                table.create_write_transaction([a for a in adds if a.path not in have] + removes,
+                                               mode="append", schema=table.schema(),
+                                               partition_by=[self.sink.column],
+                                               commit_properties=properties)
+        except CommitFailedError as exc:
+            # A concurrent commit of this partition: ours if another process finished this very
+            # attempt (a repair), another attempt's otherwise.
+            after = self._open(uri)
+            found = self._commit_of(after, generation) if after is not None else None
+            if found is not None and found.get(ATTEMPT_KEY) == attempt:
+                return int(found["version"])
+            raise LostRace(f"{uri}: {exc}") from None
+        except (DeltaError, OSError) as exc:
+            if table is None and self._open(uri) is not None:   # another run created it meanwhile
+                return self.commit(layout, kind, files, generation=generation, attempt=attempt,
+                                   summary=summary)
+            raise StorageError(f"cannot commit to the Delta table {uri}: {exc}") from None
+        after = self._open(uri)
+        found = self._commit_of(after, generation) if after is not None else None
+        if found is None or found.get(ATTEMPT_KEY) != attempt:
+            raise LostRace(f"generation {generation} of {self.sink.partition} in {uri}")
+        return int(found["version"])
+
+    def _partition_files(self, table: DeltaTable) -> list[tuple[str, int]]:
+        """(path, size) of the partition's files in the table's current version."""
+        actions = pa.table(table.get_add_actions(flatten=True))
+        column = f"partition.{self.sink.column}"
+        if actions.num_rows == 0 or column not in actions.column_names:
+            return []
+        return [(row["path"], int(row["size_bytes"])) for row in actions.to_pylist()
+                if row[column] == self.sink.value]
+
+
+def _within(path: str, prefix: str) -> str:
+    """A data file's path relative to its table (the manifest's is relative to output.path)."""
+    return path[len(prefix) + 1:] if prefix else path
+
+
+def _sizes(layout: Layout, files: Sequence[FileRecord]) -> dict[str, int]:
+    """Each file's size in bytes, by one listing per folder."""
+    sizes: dict[str, int] = {}
+    for folder in sorted({f.path.rsplit("/", 1)[0] for f in files}):
+        try:
+            for entry in layout.fs.ls(layout.abs(folder), detail=True):
+                name = entry["name"].rstrip("/")
+                sizes[name[len(layout.root):].lstrip("/")] = int(entry["size"])
+        except OSError as exc:
+            raise StorageError(f"cannot list {layout.abs(folder)}: {exc}") from None
+    missing = [f.path for f in files if f.path not in sizes]
+    if missing:
+        raise StorageError(f"{len(missing)} file(s) of the partition are gone (e.g. {missing[0]}): "
+                           f"nothing committed; run the job again")
+    return sizes
+
+
+def _table_schema(layout: Layout, first: FileRecord, column: str) -> pa.Schema:
+    """The table's schema: a data file's, dictionary columns as their values' type (a table's
+    type is logical, the encoding is the file's business), and the partition column."""
+    with layout.fs.open(layout.abs(first.path), "rb") as f:
+        schema = pq.read_schema(f)
+    fields = [pa.field(f.name, f.type.value_type if pa.types.is_dictionary(f.type) else f.type,
+                       nullable=True) for f in schema]
+    return pa.schema([*fields, pa.field(column, pa.string())])
+
+
+def storage_options(url: str) -> dict[str, str]:
+    """delta-rs's object-store options for ``url``: on S3, conditional puts for the log (the
+    store itself makes two commits of one version impossible, no lock table needed) and the
+    endpoint that fsspec's S3 would use."""
+    fs, _ = url_to_fs(url)
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    if protocol not in ("s3", "s3a"):
+        return {}
+    options = {"conditional_put": "etag"}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        options["endpoint_url"] = endpoint
+        if endpoint.startswith("http://"):
+            options["allow_http"] = "true"
+    return options
+

@@ -1,0 +1,78 @@
+"""A committed partition as our readers see it (``inspect``, ``track``, ``report``, ``diff``,
+``profile``): its manifest, where its records are, and each kind's rows read back through the
+manifest, whatever the format (io/sinks.py) — a table's data files are the manifest's files.
+
+A reader names a partition by its folder: ``output.path`` for files; for tables its records
+folder ``<output.path>/_batchinfer/dt=<ds>`` or, the same, its folder in the predictions table
+``<output.path>/dt=<ds>``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import StorageError
+from .manifest import read_manifest
+from .outputs import RECORDS, Layout
+from .records import FileRecord, Manifest
+from .storage import join, url_to_fs
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A committed partition: ``url`` as the reader named it, its manifest and its layout (the
+    data files' root, the records' folder, the table partition)."""
+
+    url: str
+    manifest: Manifest
+    layout: Layout
+
+    def of_kind(self, files: tuple[FileRecord, ...] | list[FileRecord], kind: str) -> list[FileRecord]:
+        """The files of ``files`` that hold ``kind`` (predictions, quarantine, a challenger's
+        folder)."""
+        folder = self.layout.folder(kind) + "/"
+        return [f for f in files if f.path.startswith(folder)]
+
+    def read(self, files: tuple[FileRecord, ...] | list[FileRecord], kind: str,
+             columns: list[str] | None = None) -> pa.Table | None:
+        """The rows of ``files`` that hold ``kind``, concatenated in order (None: none)."""
+        tables = []
+        for f in self.of_kind(files, kind):
+            try:
+                with self.layout.fs.open(self.layout.abs(f.path), "rb") as handle:
+                    tables.append(pq.read_table(handle, columns=columns))
+            except (OSError, pa.ArrowException) as exc:
+                raise StorageError(f"cannot read {self.url}/{f.path}: {exc}") from None
+        return pa.concat_tables(tables) if tables else None
+
+    def record(self, name: str) -> str:
+        """The path of one of its records (``_metrics.json``, ``report.html``…)."""
+        return self.layout.record(name)
+
+
+def open_partition(url: str) -> Committed | None:
+    """The committed partition ``url`` names, or None when nothing is committed there.
+
+    Raises:
+        ContractError: its manifest is malformed (io/readback.py).
+        StorageError: it cannot be read.
+    """
+    fs, path = url_to_fs(url)
+    manifest = read_manifest(fs, path)
+    records = path
+    if manifest is None and "/" in path and "=" in path.rsplit("/", 1)[1]:
+        head, last = path.rsplit("/", 1)   # <output.path>/dt=<ds>: the predictions table's folder
+        records = join(head, RECORDS, last)
+        manifest = read_manifest(fs, records)
+        if manifest is None or manifest.table is None:
+            return None
+    if manifest is None:
+        return None
+    if manifest.table is None:
+        return Committed(url, manifest, Layout(fs, path, manifest.attempt))
+    (column, value), = manifest.table.partition.items()
+    root = records.rsplit("/", 2)[0]
+    return Committed(url, manifest, Layout(fs, root, manifest.attempt, f"{column}={value}", records))
+
