@@ -18,6 +18,7 @@ Points, in the order a run meets them:
     shard_done    a shard's result record was written to _tmp
     before_commit the pipeline finished, thresholds passed, manifest not yet written
     during_commit the manifest's bytes are in scratch, not yet linked into place
+    after_table_commit  tables: the predictions table holds the commit, the manifest not yet
     after_commit  the manifest exists, other attempts not yet cleaned up
 
 One point is not a crash: ``oom:<n>`` makes every model call of more than n rows fail as if the

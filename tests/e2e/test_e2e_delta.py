@@ -1,0 +1,167 @@
+"""``output.format: delta`` as a user runs it (contract §4 "Tables"), read back by readers that
+batchinfer does not write with: deltalake's own table and its pyarrow dataset, polars over the
+Delta log, DuckDB on the Arrow they return.
+
+One module fixture scores a project of three shards (one with two bad rows) into a Delta table
+root, twice for one date (the second run an ``--overwrite``) and once for another date, the two
+dates at the same time; a run killed between the table commit and the manifest is finished by
+the next one; two runs of one new partition at once commit it once. About ten CLI runs.
+"""
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import duckdb
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from deltalake import DeltaTable
+
+from factories import DS, make_shards, numeric_project, one_line_error, run_cli
+from servers import finish_all, start_cli
+
+pytestmark = pytest.mark.slow
+
+OTHER, THIRD = "2026-01-16", "2026-01-17"
+SHARDS, ROWS, BAD = 3, 1000, {1: [5, 600]}
+
+
+def records(root: Path, ds: str) -> Path:
+    return root / "tables" / "_batchinfer" / f"dt={ds}"
+
+
+def manifest(root: Path, ds: str) -> dict:
+    return json.loads((records(root, ds) / "_manifest.json").read_text())
+
+
+def run(root: Path, ds: str, *args: str, env: dict | None = None):
+    return run_cli("run", "job.yaml", "--ds", ds, *args, cwd=root, env=env)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("delta")
+    numeric_project(root, shards=SHARDS, rows=ROWS, batch={"rows": 400},
+                    output={"path": "tables", "format": "delta", "id_columns": ["id"]},
+                    quarantine={"max_bad_fraction": 0.01})
+    data = root / "data" / f"dt={DS}"
+    for shard, rows in BAD.items():
+        path = data / f"part-{shard:05d}.parquet"
+        table = pq.read_table(path)
+        f0 = table["f0"].to_numpy().copy()
+        f0[rows] = 50.0     # out of the schema's range: quarantined
+        pq.write_table(table.set_column(1, "f0", pa.array(f0, pa.float32())), path)
+    for ds, seed in ((OTHER, 3), (THIRD, 4)):
+        make_shards(root / "data" / f"dt={ds}", shards=1, rows=500, seed=seed)
+    first = run(root, DS)
+    assert first.returncode == 0, first.stderr
+    out = {"root": root, "first": first, "first_manifest": manifest(root, DS),
+           "rerun": run(root, DS)}
+    out["version_after_rerun"] = DeltaTable(str(root / "tables")).version()
+    # Another date, and an --overwrite of the first, at the same time: both land.
+    procs = [start_cli("run", "job.yaml", "--ds", OTHER, cwd=root),
+             start_cli("run", "job.yaml", "--ds", DS, "--overwrite", cwd=root)]
+    out["both"] = finish_all(procs)
+    out["second_manifest"] = manifest(root, DS)
+    return out
+
+
+def test_a_run_commits_the_partition_to_a_delta_table_that_other_readers_see(project):
+    root, committed = project["root"], project["first_manifest"]
+    assert project["first"].returncode == 0
+    assert "Delta partition dt=2026-01-15" in project["first"].stdout
+    totals = committed["totals"]
+    assert (totals["rows_scored"], totals["rows_quarantined"]) == (SHARDS * ROWS - 2, 2)
+    table = committed["table"]
+    assert table["format"] == "delta" and table["partition"] == {"dt": DS} and table["generation"] == 1
+    kinds = {t["kind"]: t for t in table["tables"]}
+    assert set(kinds) == {"predictions", "quarantine"}
+    assert kinds["predictions"]["table"] == str(root / "tables")
+    # Time travel to the version the manifest names: exactly the manifest's files and rows.
+    first = DeltaTable(str(root / "tables"), version=kinds["predictions"]["version"])
+    listed = {f["path"] for s in committed["shards"] for f in s["files"] if not f["path"].startswith("_")}
+    assert {Path(u).relative_to(root / "tables").as_posix() for u in first.file_uris()} == listed
+    by_polars = pl.read_delta(str(root / "tables"), version=kinds["predictions"]["version"])
+    assert by_polars.height == totals["rows_scored"]
+    assert set(by_polars["dt"].unique()) == {DS}   # the partition column comes from the log
+    keys = set(zip(by_polars["_source_shard"], by_polars["_source_row"]))
+    assert len(keys) == by_polars.height
+    # The same rows as the manifest's own files, value for value.
+    ours = pa.concat_tables([pq.read_table(root / "tables" / p) for p in sorted(listed)])
+    assert sorted(ours["_input_hash"].to_pylist()) == sorted(by_polars["_input_hash"].to_list())
+    quarantine = DeltaTable(str(root / "tables" / "_quarantine"), version=kinds["quarantine"]["version"])
+    bad = quarantine.to_pyarrow_table()
+    assert bad.num_rows == 2 and set(bad["_source_row"].to_pylist()) == set(BAD[1])
+    assert all("f0" in reason for reason in bad["_reason"].to_pylist())
+    history = {h["version"]: h for h in DeltaTable(str(root / "tables")).history()}
+    assert history[kinds["predictions"]["version"]]["batchinfer.attempt"] == committed["attempt"]
+    assert history[kinds["predictions"]["version"]]["batchinfer.model_version"] == "model:1"
+
+
+def test_a_rerun_is_a_no_op_and_writes_no_table_version(project):
+    rerun = project["rerun"]
+    assert rerun.returncode == 0, rerun.stderr
+    assert "nothing to do" in rerun.stdout
+    assert project["version_after_rerun"] == project["first_manifest"]["table"]["tables"][0]["version"]
+
+
+def test_two_dates_at_once_both_land_and_an_overwrite_replaces_its_partition(project):
+    root = project["root"]
+    assert [rc for rc, _, _ in project["both"]] == [0, 0], project["both"]
+    now = DeltaTable(str(root / "tables"))
+    counts = dict(duckdb.from_arrow(now.to_pyarrow_table()).aggregate("dt, count(*)").fetchall())
+    assert counts == {DS: SHARDS * ROWS - 2, OTHER: 500}       # replaced, never appended
+    before, after = project["first_manifest"], project["second_manifest"]
+    assert after["table"]["generation"] == 2 and after["attempt"] != before["attempt"]
+    # The previous version still reads (time travel): the first attempt's predictions.
+    old = pl.read_delta(str(root / "tables"), version=before["table"]["tables"][0]["version"])
+    assert set(old.filter(pl.col("dt") == DS)["_inference_id"].str.replace(r"-\d{5}-\d{5}$", "")) == {before["attempt"]}
+    new = pl.read_delta(str(root / "tables")).filter(pl.col("dt") == DS)
+    assert set(new["_inference_id"].str.replace(r"-\d{5}-\d{5}$", "")) == {after["attempt"]}
+    # pyarrow's dataset over the Delta log, filtered to one partition.
+    dataset = now.to_pyarrow_dataset()
+    assert dataset.count_rows(filter=pc.field("dt") == OTHER) == 500
+
+
+def test_inspect_names_the_partition_by_its_folder_in_the_table(project):
+    root = project["root"]
+    shown = run_cli("inspect", f"tables/dt={DS}", cwd=root)
+    assert shown.returncode == 0, shown.stderr
+    assert project["second_manifest"]["attempt"] in shown.stdout
+    rebuilt = run_cli("report", f"tables/dt={DS}", cwd=root)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert (records(root, DS) / "report.html").exists()
+
+
+def test_a_run_killed_after_the_table_commit_is_finished_by_the_next_run(project):
+    root = project["root"]
+    killed = run(root, THIRD, env={"BATCHINFER_FAULT": "after_table_commit"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    table = DeltaTable(str(root / "tables"))
+    assert table.transaction_version(f"batchinfer:dt={THIRD}") == 1
+    assert not (records(root, THIRD) / "_manifest.json").exists()
+    version = table.version()
+    again = run(root, THIRD)
+    assert again.returncode == 0, again.stderr
+    assert "nothing to do" in again.stdout        # finished, not scored again
+    finished = manifest(root, THIRD)
+    assert finished["table"]["generation"] == 1
+    assert finished["table"]["tables"][0]["version"] <= version
+    assert DeltaTable(str(root / "tables")).version() == version   # no second write
+    rows = pl.read_delta(str(root / "tables")).filter(pl.col("dt") == THIRD)
+    assert rows.height == 500 and rows["_source_row"].n_unique() == 500
+
+
+def test_a_table_output_refuses_a_date_in_its_path_and_a_run_without_a_date(project, tmp_path):
+    root = project["root"]
+    spec = yaml.safe_load((root / "job.yaml").read_text())
+    spec["output"]["path"] = "tables/dt={ds}"
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+    refused = run_cli("run", str(tmp_path / "job.yaml"), "--ds", DS, cwd=root)
+    assert refused.returncode == 2
+    assert "leave {ds} out" in one_line_error(refused)
