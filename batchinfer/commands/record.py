@@ -78,6 +78,17 @@ def run_tags(job: Job, attempt: str, device: str) -> dict[str, str]:
             "batchinfer.device": device}
 
 
+def table_tags(manifest: Manifest) -> dict[str, str]:
+    """A table output's commit, as MLflow tags: the format, the generation and each table's
+    version (``batchinfer.table.predictions`` → ``/…/tables@3``)."""
+    table = manifest.table
+    if table is None:
+        return {}
+    return {"batchinfer.table.format": table.format,
+            "batchinfer.table.generation": str(table.generation),
+            **{f"batchinfer.table.{t.kind}": f"{t.table}@{t.version}" for t in table.tables}}
+
+
 def run_metrics(totals: Totals, pipeline_s: float, wall_s: float, results: Sequence[ShardResult],
                 load_s: float | None, verdict: DriftVerdict, *,
                 attempt: str | None = None) -> dict[str, Any]:

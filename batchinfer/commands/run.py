@@ -490,9 +490,10 @@ def publish(run: Resolution, launched: Launch, scored: Scored, read: ReadBack,
         tags["batchinfer.drift"] = verdict.level
     kept = record.RunRecord(
         params=record.run_params(job, run.resolved, attempt.attempt, device),
-        metrics=record.run_metrics(totals, scored.pipeline_s, wall_s, read.results,
-                                   launched.load_s, verdict, attempt=attempt.attempt),
-        tags=tags)
+        metrics={**record.run_metrics(totals, scored.pipeline_s, wall_s, read.results,
+                                     launched.load_s, verdict, attempt=attempt.attempt),
+                 "commit_seconds": outcome.seconds},
+        tags={**tags, **record.table_tags(manifest)})
     line = record.publish(job, tracking, attempt.layout, manifest, kept,
                           record.profile_record(job, verdict, launched.baseline, read.results))
     return Outcome("committed", f"committed {run.shown} (attempt {attempt.attempt})", manifest,

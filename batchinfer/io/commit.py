@@ -60,6 +60,7 @@ class CommitOutcome:
         code: the exit code of a refusal (4 or 5); 0 otherwise.
         message: the one-line reason of a refusal.
         results: the per-shard results the commit step read (for the metrics).
+        seconds: how long the commit itself took (the manifest, and the tables' commits).
     """
 
     status: Literal["committed", "lost_race", "conflict", "refused"]
@@ -67,18 +68,20 @@ class CommitOutcome:
     code: int = 0
     message: str | None = None
     results: tuple[ShardResult, ...] = ()
+    seconds: float = 0.0
 
     def to_dict(self) -> dict:
         return {"status": self.status, "code": self.code, "message": self.message,
                 "manifest": self.manifest.to_dict() if self.manifest else None,
-                "results": [r.to_dict() for r in self.results]}
+                "results": [r.to_dict() for r in self.results], "seconds": self.seconds}
 
     @classmethod
     def from_dict(cls, data: dict) -> "CommitOutcome":
         manifest = data.get("manifest")
         return cls(data["status"], Manifest.from_dict(manifest) if manifest else None,
                    int(data.get("code", 0)), data.get("message"),
-                   tuple(ShardResult.from_dict(r) for r in data.get("results", [])))
+                   tuple(ShardResult.from_dict(r) for r in data.get("results", [])),
+                   float(data.get("seconds", 0.0)))
 
 
 # A challenger as a manifest holds it and a run declares it: name, triple, declared options.

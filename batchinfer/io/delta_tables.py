@@ -55,7 +55,7 @@ class DeltaTables:
         return join(self.url, folder) if folder else self.url
 
     def describe(self, kind: str) -> str:
-        return self.uri(self.sink.layout(self.url, ""), kind)
+        return self.sink.layout(self.url, "").table(kind)
 
     def _open(self, uri: str) -> DeltaTable | None:
         try:

@@ -214,6 +214,7 @@ class OutcomeModel(_Checked):
     code: Count = 0
     message: str | None = None
     results: list[ShardResultModel] = Field(default_factory=list)
+    seconds: NonNegative = 0.0
 
 
 # -- profiles (contract §6 "Drift") ----------------------------------------------------------------

@@ -138,8 +138,8 @@ class AttemptKey(Record):
 class TableVersion(Record):
     """One table's commit of a partition: ``kind`` (predictions, quarantine, challengers/<name>),
     the table (Delta: its folder relative to ``output.path``, "" for the predictions table;
-    Iceberg: its identifier), and the version it made (Delta: the log version; Iceberg: the
-    snapshot id)."""
+    Iceberg: its identifier; never a URL), and the version it made (Delta: the log version;
+    Iceberg: the snapshot id)."""
 
     kind: str
     table: str

@@ -126,6 +126,8 @@ class Tables(Protocol):
         ...
 
     def describe(self, kind: str) -> str:
-        """How a reader names ``kind``'s table (a URL, or an Iceberg identifier)."""
+        """How the manifest names ``kind``'s table: Delta, its folder relative to
+        ``output.path`` ("" for the predictions table); Iceberg, its identifier. Never a URL:
+        one may hold a secret's value, and the manifest holds none (contract §3)."""
         ...
 

@@ -15,6 +15,7 @@ picks one.
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Tuple
 
@@ -123,7 +124,10 @@ class CommitPartition(beam.DoFn):
             manifest = dataclasses.replace(plan.header, finished_at=rfc3339(plan.clock()),
                                            totals=Totals.of(records), shards=records,
                                            challengers=with_challenger_shards(plan.header.challengers, results))
-            outcome = dataclasses.replace(attempt.commit(manifest), results=tuple(results))
+            t0 = time.perf_counter()
+            committed = attempt.commit(manifest)
+            outcome = dataclasses.replace(committed, results=tuple(results),
+                                          seconds=time.perf_counter() - t0)
         attempt.record(outcome)
         yield outcome.status
 

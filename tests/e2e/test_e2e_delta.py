@@ -81,7 +81,7 @@ def test_a_run_commits_the_partition_to_a_delta_table_that_other_readers_see(pro
     assert table["format"] == "delta" and table["partition"] == {"dt": DS} and table["generation"] == 1
     kinds = {t["kind"]: t for t in table["tables"]}
     assert set(kinds) == {"predictions", "quarantine"}
-    assert kinds["predictions"]["table"] == str(root / "tables")
+    assert (kinds["predictions"]["table"], kinds["quarantine"]["table"]) == ("", "_quarantine")
     # Time travel to the version the manifest names: exactly the manifest's files and rows.
     first = DeltaTable(str(root / "tables"), version=kinds["predictions"]["version"])
     listed = {f["path"] for s in committed["shards"] for f in s["files"] if not f["path"].startswith("_")}
@@ -99,6 +99,10 @@ def test_a_run_commits_the_partition_to_a_delta_table_that_other_readers_see(pro
     assert bad.num_rows == 2 and set(bad["_source_row"].to_pylist()) == set(BAD[1])
     assert all("f0" in reason for reason in bad["_reason"].to_pylist())
     history = {h["version"]: h for h in DeltaTable(str(root / "tables")).history()}
+    metrics = json.loads((records(root, DS) / "_metrics.json").read_text())   # the last run's
+    latest = project["second_manifest"]["table"]["tables"][0]["version"]
+    assert metrics["metrics"]["commit_seconds"] > 0
+    assert metrics["tags"]["batchinfer.table.predictions"] == f"@{latest}"
     assert history[kinds["predictions"]["version"]]["batchinfer.attempt"] == committed["attempt"]
     assert history[kinds["predictions"]["version"]]["batchinfer.model_version"] == "model:1"
 

@@ -248,3 +248,35 @@ def test_fault_proxy_forwards_faithfully(s3_server, s3_proxy, new_bucket):
     assert s3_server.s3fs(s3_proxy.url).cat_file(f"{new_bucket}/p/x.bin") == body
     assert rule.matched == 1
     assert s3_server.s3fs().cat_file(f"{new_bucket}/p/x.bin") == body  # stored as sent
+
+
+def test_a_delta_output_on_s3_commits_replaces_and_reads_back_with_polars(
+        tmp_path, s3_server, new_bucket, stamped_template):
+    """``output.format: delta`` on the object store (contract §4 "Tables"): the log's commits
+    are conditional puts (no lock table); a rerun is a no-op, ``--overwrite`` replaces the
+    partition (never appends) and the previous version still reads."""
+    import polars as pl
+    from deltalake import DeltaTable
+
+    fs = s3_server.s3fs()
+    job = s3_project(stamped_template, tmp_path, new_bucket, fs)
+    tables = f"s3://{new_bucket}/tables"
+    run = ("run", str(job), "--ds", DS, "--set", "output.format=delta", "--set", f"output.path={tables}")
+    first = run_cli(*run, cwd=tmp_path, env=s3_server.env)
+    assert first.returncode == 0, first.stderr
+    again = run_cli(*run, cwd=tmp_path, env=s3_server.env)
+    assert again.returncode == 0 and "nothing to do" in again.stdout, again.stderr
+    replaced = run_cli(*run, "--overwrite", cwd=tmp_path, env=s3_server.env)
+    assert replaced.returncode == 0, replaced.stderr
+    options = {"endpoint_url": s3_server.env["AWS_ENDPOINT_URL"], "allow_http": "true",
+               "aws_access_key_id": s3_server.env["AWS_ACCESS_KEY_ID"],
+               "aws_secret_access_key": s3_server.env["AWS_SECRET_ACCESS_KEY"],
+               "aws_region": s3_server.env["AWS_DEFAULT_REGION"]}
+    table = DeltaTable(tables, storage_options=options)
+    assert table.version() == 1 and table.transaction_version(f"batchinfer:dt={DS}") == 2
+    now = pl.read_delta(tables, storage_options=options)
+    before = pl.read_delta(tables, version=0, storage_options=options)
+    assert now.height == before.height == SHARDS * ROWS
+    assert set(now["_inference_id"]).isdisjoint(set(before["_inference_id"]))
+    manifest = fs.cat_file(f"{new_bucket}/tables/_batchinfer/dt={DS}/_manifest.json")
+    assert b'"generation": 2' in manifest
