@@ -527,7 +527,9 @@ def cmd_plan(args) -> int:
               f"{challenger.triple.model_digest[:16]}…)")
     print("contract:   ok (declaration matches)" if not resolved.challengers
           else "contract:   ok (declarations match)")
-    print(f"output:     {job.display(spec.output.path)}")
+    from .commands.resolve import shown_partition
+
+    print(f"output:     {shown_partition(job)}")
     print(f"  {'a run would':<16} {planned(job, resolved)}")
     print(f"runner:     {spec.runner.name}")
     return 0
