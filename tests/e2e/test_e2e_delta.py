@@ -22,7 +22,7 @@ import pytest
 import yaml
 from deltalake import DeltaTable
 
-from factories import DS, make_shards, numeric_project, one_line_error, run_cli
+from factories import DS, make_mlp_onnx, make_shards, numeric_project, one_line_error, run_cli
 from servers import finish_all, start_cli
 
 pytestmark = pytest.mark.slow
@@ -58,6 +58,12 @@ def project(tmp_path_factory) -> dict:
         pq.write_table(table.set_column(1, "f0", pa.array(f0, pa.float32())), path)
     for ds, seed in ((OTHER, 3), (THIRD, 4)):
         make_shards(root / "data" / f"dt={ds}", shards=1, rows=500, seed=seed)
+    make_mlp_onnx(root / "models" / "other.onnx", seed=5)
+    stamped = run_cli("stamp", "models/other.onnx", "--job", "job.yaml", "--model-version", "model:2", cwd=root)
+    assert stamped.returncode == 0, stamped.stderr
+    spec = yaml.safe_load((root / "job.yaml").read_text())
+    spec["model"]["challengers"] = [{"name": "other", "uri": "models/other.onnx", "device": "cpu"}]
+    (root / "job.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     first = run(root, DS)
     assert first.returncode == 0, first.stderr
     out = {"root": root, "first": first, "first_manifest": manifest(root, DS),
@@ -80,7 +86,8 @@ def test_a_run_commits_the_partition_to_a_delta_table_that_other_readers_see(pro
     table = committed["table"]
     assert table["format"] == "delta" and table["partition"] == {"dt": DS} and table["generation"] == 1
     kinds = {t["kind"]: t for t in table["tables"]}
-    assert set(kinds) == {"predictions", "quarantine"}
+    assert set(kinds) == {"predictions", "quarantine", "challengers/other"}
+    assert kinds["challengers/other"]["table"] == "_challengers/other"
     assert (kinds["predictions"]["table"], kinds["quarantine"]["table"]) == ("", "_quarantine")
     # Time travel to the version the manifest names: exactly the manifest's files and rows.
     first = DeltaTable(str(root / "tables"), version=kinds["predictions"]["version"])
@@ -130,6 +137,19 @@ def test_two_dates_at_once_both_land_and_an_overwrite_replaces_its_partition(pro
     # pyarrow's dataset over the Delta log, filtered to one partition.
     dataset = now.to_pyarrow_dataset()
     assert dataset.count_rows(filter=pc.field("dt") == OTHER) == 500
+
+
+def test_a_challenger_has_its_own_table_and_diff_reads_it_through_the_manifest(project):
+    root, committed = project["root"], project["second_manifest"]
+    version = {t["kind"]: t["version"] for t in committed["table"]["tables"]}["challengers/other"]
+    challenger = pl.read_delta(str(root / "tables" / "_challengers" / "other"), version=version)
+    assert challenger.filter(pl.col("dt") == DS).height == committed["challengers"][0]["rows_scored"]
+    assert set(challenger["_model_version"]) == {"model:2"}
+    diffed = run_cli("diff", f"tables/dt={DS}", "--challenger", "other", "--json", cwd=root)
+    assert diffed.returncode in (0, 1), diffed.stderr
+    report = json.loads(diffed.stdout)
+    assert report["rows"]["scored_both"] == SHARDS * ROWS - 2
+    assert report["rows"]["scored_only_a"] == report["rows"]["scored_only_b"] == 0
 
 
 def test_inspect_names_the_partition_by_its_folder_in_the_table(project):
