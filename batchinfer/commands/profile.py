@@ -25,7 +25,7 @@ from ..io.storage import join, url_to_fs
 from ..rows.columns import EXPLANATION, attribution_column
 from ..rows.profile import PROFILE_VERSION, baseline_column, numeric_values
 from ..spec import Job
-from .resolve import resolve
+from .resolve import pinned_version, resolve
 
 BATCH_ROWS = 65536   # rows per batch when an input shard is read again
 
@@ -105,11 +105,11 @@ def profile_partition(job: Job, out: str) -> ProfileWritten:
         StorageError: a file of the partition or the profile cannot be read or written.
     """
     spec = job.spec
-    resolved = resolve(job)
     shown = job.display(spec.output.path)
     manifest = PartitionCommit(spec.output.path).committed()
     if manifest is None:
         raise SpecError(f"{shown} is not committed: score it first (batchinfer run), then profile it")
+    resolved = resolve(job, pinned=pinned_version(job, manifest))   # a table: as it was scored
     fs, root = url_to_fs(spec.output.path)
     urls = dict(zip(resolved.shard_names(), (s.url for s in resolved.shards)))
     ids = set(spec.output.id_columns)

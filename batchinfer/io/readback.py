@@ -108,6 +108,13 @@ class ChallengerModel(_Checked):
     shards: list[ChallengerShardModel] = Field(default_factory=list)
 
 
+class InputTableModel(_Checked):
+    format: Literal["delta", "iceberg"]
+    table: Name
+    version: Annotated[int, Field(ge=0)]
+    filter: dict[str, str] = Field(default_factory=dict)
+
+
 class ManifestModel(_Checked):
     manifest_version: Literal[1] = 1
     job: Name
@@ -125,6 +132,7 @@ class ManifestModel(_Checked):
     totals: TotalsModel | None = None
     shards: list[ShardModel]
     challengers: list[ChallengerModel] = Field(default_factory=list)
+    input_table: InputTableModel | None = None
 
 
 class AttemptKeyModel(_Checked):

@@ -135,6 +135,18 @@ class AttemptKey(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class InputTable(Record):
+    """The table a partition's shards were read from (contract §3 ``input``, §4): its format,
+    the Delta table's root (``${NAME}`` values put back) or the Iceberg identifier, the version
+    or snapshot id read, and the partition filter. A rerun reads this version again."""
+
+    format: Literal["delta", "iceberg"]
+    table: str
+    version: int
+    filter: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Manifest(Record):
     """``_manifest.json``: the commit of a partition (contract §4)."""
 
@@ -154,6 +166,7 @@ class Manifest(Record):
     totals: Totals
     shards: tuple[ShardRecord, ...]
     challengers: tuple[Challenger, ...] = ()
+    input_table: InputTable | None = None   # None: shards listed from files
 
     def files(self) -> set[str]:
         """Every data file the partition consists of (relative paths), challengers' included."""
@@ -175,6 +188,8 @@ class Manifest(Record):
         data = super().to_dict()
         if not self.challengers:   # only a job with challengers has the key: a manifest
             del data["challengers"]  # without them reads as before
+        if self.input_table is None:   # nor does one of files
+            del data["input_table"]
         return data
 
     @classmethod
