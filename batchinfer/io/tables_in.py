@@ -196,8 +196,11 @@ def _iceberg(identifier: str, filter: dict[str, str], version: int | None, pinne
         row_filter = expressions.And(row_filter, expressions.EqualTo(column, value))
     try:
         tasks = list(table.scan(row_filter=row_filter, snapshot_id=snapshot.snapshot_id).plan_files())
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         raise StorageError(f"cannot read Iceberg table {shown}: {one_line(exc)}") from None
+    except ValueError as exc:   # what pyiceberg cannot plan (equality deletes): the table's
+        raise SpecError(f"input.path {shown}: cannot read the Iceberg table as plain Parquet "
+                        f"files: {one_line(exc)}") from None
     specs = table.specs()
     for column in filter:
         source_id = schema.find_field(column).field_id

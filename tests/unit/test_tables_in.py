@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -20,7 +21,7 @@ from batchinfer.io.readback import ManifestModel, check
 from batchinfer.io.records import InputTable, Manifest, Totals
 from batchinfer.io.tables_in import list_table
 from batchinfer.spec import load_job
-from factories import DS, write_job
+from factories import DS, write_job, write_schema
 
 OTHER = "2026-01-16"
 
@@ -133,6 +134,27 @@ def iceberg(tmp_path) -> dict:
             "latest": table.current_snapshot().snapshot_id}
 
 
+def _delete_first_row_iceberg(table, dt: str) -> None:
+    """A position delete file (row 0 of ``dt``'s file), as a merge-on-read engine writes one
+    (pyiceberg's own deletes rewrite files); pyiceberg's scan then leaves that row out."""
+    import os
+
+    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+    from pyiceberg.typedef import Record
+
+    target = next(t.file for t in table.scan().plan_files() if t.file.partition[0] == dt)
+    path = Path(table.location().removeprefix("file://")) / "data" / "delete-0.parquet"
+    pq.write_table(pa.table({"file_path": [target.file_path], "pos": pa.array([0], pa.int64())}), path)
+    deletes = DataFile.from_args(content=DataFileContent.POSITION_DELETES, file_path=f"file://{path}",
+                                 file_format=FileFormat.PARQUET, partition=Record(dt), record_count=1,
+                                 file_size_in_bytes=os.path.getsize(path))
+    deletes.spec_id = target.spec_id
+    with table.transaction() as tx, tx.update_snapshot().fast_append() as append:
+        append.append_data_file(deletes)
+    rows_left = table.refresh().scan(row_filter=f"dt = '{dt}'").to_arrow().num_rows
+    assert rows_left == target.record_count - 1
+
+
 def _iceberg(ice: dict, table: str = "feats.daily", filter=None, version=None, pinned=False):
     return list_table("iceberg", table, filter={"dt": DS} if filter is None else filter,
                       version=version, pinned=pinned, catalog=ice["properties"], catalog_name="test")
@@ -164,6 +186,10 @@ def test_iceberg_refusals(iceberg):
     with pytest.raises(NoShardsError, match="no data file where dt = '2030-01-01'"):
         _iceberg(iceberg, filter={"dt": "2030-01-01"})
     table = iceberg["catalog"].load_table("feats.daily")
+    _delete_first_row_iceberg(table, OTHER)
+    with pytest.raises(SpecError, match="1 of the selected files have delete files"):
+        _iceberg(iceberg, filter={"dt": OTHER})
+    assert len(_iceberg(iceberg).shards) == 2   # DS's files have none
     with table.update_schema() as schema:
         schema.rename_column("f0", "feature0")
     with pytest.raises(SpecError, match="'feature0' was renamed from 'f0'"):
@@ -188,9 +214,11 @@ def test_spec_table_keys(tmp_path):
     for inputs, message in [
         ({"path": "data/*.parquet", "filter": {"dt": "{ds}"}}, "input.filter is for a table input"),
         ({"path": "data/*.parquet", "version": 2}, "input.version is for a table input"),
-        ({"path": "t", "format": "delta", "catalog": {"uri": "sqlite:///c.db"}}, "input.catalog is for input.format iceberg"),
+        ({"path": "t", "format": "delta", "catalog": {"uri": "sqlite:///c.db"}},
+         "input.catalog is for input.format iceberg"),
         ({"path": "feats.daily", "format": "iceberg"}, "needs input.catalog"),
-        ({"path": "tables/daily", "format": "iceberg", "catalog": {"uri": "sqlite:///c.db"}}, "not an Iceberg table identifier"),
+        ({"path": "tables/daily", "format": "iceberg", "catalog": {"uri": "sqlite:///c.db"}},
+         "not an Iceberg table identifier"),
         ({"path": "t", "format": "delta", "filter": {"dt = 1 or": "x"}}, "is not a column name"),
         ({"path": "t", "format": "delta", "version": -1}, "input.version"),
     ]:
@@ -223,3 +251,34 @@ def test_manifest_input_table_reads_back_and_is_absent_for_files():
     broken = manifest_bytes(tabled).replace(b'"version": 4', b'"version": "4"')
     with pytest.raises(ContractError, match="input_table.version"):
         check(ManifestModel, broken, "m", ContractError)
+
+
+def test_a_schema_needing_a_delta_partition_column_is_refused(delta, tmp_path):
+    from batchinfer.commands.resolve import check_table_columns, list_job_input
+    from batchinfer.triple.schemas import resolve_schema
+
+    write_schema(tmp_path / "schemas")
+    with_dt = tmp_path / "schemas" / "feats" / "v2.py"
+    with_dt.write_text((tmp_path / "schemas" / "feats" / "v1.py").read_text().replace(
+        '"id": pa.Column(pl.Int64, nullable=False),',
+        '"id": pa.Column(pl.Int64, nullable=False), "dt": pa.Column(pl.String),'))
+    job = load_job(write_job(tmp_path, input={"path": str(delta), "format": "delta",
+                                              "filter": {"dt": "{ds}"}}), ds=DS)
+    listing = list_job_input(job)
+    assert listing.table is not None and listing.table.version == 1
+    check_table_columns(job, resolve_schema(job.spec.schemas.root, "feats@1"), listing)
+    with pytest.raises(SpecError, match="schema feats@2 has dt, a partition column of Delta table"):
+        check_table_columns(job, resolve_schema(job.spec.schemas.root, "feats@2"), listing)
+
+
+def test_a_missing_library_is_exit_5_naming_the_extra(monkeypatch):
+    from batchinfer.errors import RuntimeFailure
+    from batchinfer.io.tables_in import require
+
+    monkeypatch.setitem(sys.modules, "deltalake", None)   # what an uninstalled package looks like
+    with pytest.raises(RuntimeFailure, match=r"needs deltalake, .*pip install 'batchinfer\[delta\]'") as caught:
+        require("delta")
+    assert caught.value.exit_code == 5
+    monkeypatch.setitem(sys.modules, "pyiceberg.catalog", None)
+    with pytest.raises(RuntimeFailure, match=r"batchinfer\[iceberg\]"):
+        list_table("iceberg", "a.b", filter={}, version=None)
