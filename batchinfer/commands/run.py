@@ -410,6 +410,11 @@ def launch(run: Resolution, decision: Decision, resumed: Resume, tracking: "Trac
     if resolved.ignored:
         progress(f"ignoring {len(resolved.ignored)} metadata file(s) that input.path matched "
                  f"(names starting with _ or .; `batchinfer plan` lists them)")
+    table = resolved.input_table()
+    if table is not None:
+        where = " and ".join(f"{k} = {v!r}" for k, v in table.filter.items())
+        progress(f"reading {table.format} table {table.table} at version {table.version}"
+                 + (f" (where {where})" if where else ""))
     total, adopted = len(resolved.shards), adopting(resumed, updated)
     if updated is not None:
         progress(updated.summary(total))

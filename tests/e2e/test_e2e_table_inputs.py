@@ -94,6 +94,8 @@ def test_delta_partition_scored_quarantined_and_pinned(delta):
     assert sorted(s["path"] for s in manifest["shards"]) == sorted(files)   # the table's files
     assert manifest["input_table"] == {"format": "delta", "version": 1, "filter": {"dt": DS},
                                        "table": str(delta["root"] / "tables" / "features")}
+    said = delta["first"].stdout + delta["first"].stderr
+    assert f"reading delta table {delta['root'] / 'tables' / 'features'} at version 1 (where dt = '{DS}')" in said
     assert manifest["totals"]["rows_in"] == 400 and manifest["totals"]["rows_quarantined"] == 1
     bad = [s for s in manifest["shards"] if s["rows_quarantined"]]
     assert len(bad) == 1 and bad[0]["status"] == "scored"
@@ -120,6 +122,7 @@ def test_delta_update_scores_only_the_new_file(delta):
     update, before, after = delta["update"], delta["committed"], delta["updated"]
     assert update.returncode == 0, update.stderr
     assert after["input_table"]["version"] == 2 and after["attempt"] != before["attempt"]
+    assert "at version 2" in update.stdout + update.stderr
     kept = {s["path"]: s for s in before["shards"]}
     new = [s for s in after["shards"] if s["path"] not in kept]
     assert len(after["shards"]) == 3 and len(new) == 1 and new[0]["rows_in"] == 100
