@@ -7,9 +7,9 @@ manifest naming version 1; ``plan`` says the version is pinned. After a version 
 file to DS, a plain rerun is the no-op it is for files and still reads version 1; ``--set
 input.version=2`` is another set of shards (exit 3); ``run --update`` reads version 2 and scores
 only the new file, keeping the other two where they are. An Iceberg table (a SQL catalog on
-sqlite) is scored the same way, its manifest naming the snapshot.
+sqlite) is validated and scored the same way, its manifest naming the snapshot.
 
-Seven CLI runs, forked from the session's fork server, on tables of a few hundred rows.
+Eight CLI runs, forked from the session's fork server, on tables of a few hundred rows.
 """
 from __future__ import annotations
 
@@ -139,7 +139,7 @@ def test_delta_update_scores_only_the_new_file(delta):
 def test_iceberg_partition_scored(tmp_path):
     from pyiceberg.catalog import load_catalog
 
-    numeric_project(tmp_path, shards=1, rows=10)
+    numeric_project(tmp_path, shards=1, rows=10, stamp=False)
     # Iceberg's files hold the partition column too: the schema takes the extra column
     (tmp_path / "schemas" / "feats" / "v1.py").write_text(
         (tmp_path / "schemas" / "feats" / "v1.py").read_text().replace("strict=True", "strict=False"))
@@ -157,6 +157,10 @@ def test_iceberg_partition_scored(tmp_path):
     snapshot = table.current_snapshot().snapshot_id
     use_table(tmp_path, path="feats.daily", format="iceberg", filter={"dt": "{ds}"},
               catalog={"name": "features", "uri": "sqlite:///catalog.db"})
+    checked = run_cli("validate", "job.yaml", "--ds", DS, cwd=tmp_path)
+    assert checked.returncode == 0, checked.stderr
+    assert f"input: iceberg table feats.daily, version {snapshot}, filter dt='{DS}'" in checked.stdout
+    assert "1 shards, 300 rows, 1 bad" in checked.stdout, checked.stdout
     result = run_cli("run", "job.yaml", "--ds", DS, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     out = tmp_path / "out" / f"dt={DS}"
