@@ -508,15 +508,16 @@ def _table_read(table, pinned: int | None) -> str:
 
 
 def cmd_plan(args) -> int:
-    from .commands.resolve import pinned_version, resolve
+    from .commands.resolve import list_partition_input, pinned_version, resolve
     from .commands.run import planned
     from .io.commit import PartitionCommit
 
     job = _load(args)
     spec = job.spec
-    pinned = pinned_version(job, PartitionCommit(spec.output.path).committed()) if (
-        spec.input.format != "files") else None
-    resolved = resolve(job, pinned=pinned)
+    committed = PartitionCommit(spec.output.path).committed() if spec.input.format != "files" else None
+    pinned = pinned_version(job, committed)
+    resolved = resolve(job, listing=list_partition_input(job, committed) if (
+        spec.input.format != "files") else None)
     print(f"job:        {spec.name}  (spec sha256 {job.spec_sha256[:16]}…)")
     print(f"partition:  {job.ds or '-'}")
     ignored = f", {len(resolved.ignored)} metadata file(s) ignored" if resolved.ignored else ""

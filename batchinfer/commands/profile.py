@@ -25,7 +25,7 @@ from ..io.storage import join, url_to_fs
 from ..rows.columns import EXPLANATION, attribution_column
 from ..rows.profile import PROFILE_VERSION, baseline_column, numeric_values
 from ..spec import Job
-from .resolve import pinned_version, resolve
+from .resolve import list_partition_input, resolve
 
 BATCH_ROWS = 65536   # rows per batch when an input shard is read again
 
@@ -109,7 +109,8 @@ def profile_partition(job: Job, out: str) -> ProfileWritten:
     manifest = PartitionCommit(spec.output.path).committed()
     if manifest is None:
         raise SpecError(f"{shown} is not committed: score it first (batchinfer run), then profile it")
-    resolved = resolve(job, pinned=pinned_version(job, manifest))   # a table: as it was scored
+    resolved = resolve(job, listing=list_partition_input(job, manifest, reading=True) if (
+        spec.input.format != "files") else None)   # a table: as it was scored
     fs, root = url_to_fs(spec.output.path)
     urls = dict(zip(resolved.shard_names(), (s.url for s in resolved.shards)))
     ids = set(spec.output.id_columns)

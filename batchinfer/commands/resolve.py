@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass, field
 
 from ..backends import declared_options, implied_options
-from ..errors import ContractError, SpecError
+from ..errors import ContractError, SpecError, TableVersionGone
 from ..io.records import InputTable, Manifest
 from ..io.shards import Listing, Shard, list_input
 from ..spec import ChallengerSpec, Job, ModelFields
@@ -76,6 +76,27 @@ def pinned_version(job: Job, committed: Manifest | None, *, update: bool = False
     return held.version
 
 
+def list_partition_input(job: Job, committed: Manifest | None, *, update: bool = False,
+                         reading: bool = False) -> Listing:
+    """The shards a run of the partition reads (:func:`pinned_version`, then
+    :func:`list_job_input`). When the version the manifest pinned is gone from the table
+    (vacuumed, expired), a run that does not read the shards (``reading`` False: a plain rerun
+    decides reuse, or exit 3, by the shards' names) gets the manifest's shards, so the no-op of
+    a committed partition stays one (a backfill over old dates); one that reads them exits 3.
+
+    Raises:
+        TableVersionGone: the pinned version is gone and ``reading``.
+    """
+    pinned = pinned_version(job, committed, update=update)
+    try:
+        return list_job_input(job, pinned=pinned)
+    except TableVersionGone:
+        if reading or committed is None:
+            raise
+        return Listing([Shard(i, s.path) for i, s in enumerate(committed.shards)],
+                       table=committed.input_table)
+
+
 def list_job_input(job: Job, *, pinned: int | None = None) -> Listing:
     """The job's shards: the files ``input.path`` lists (:func:`~batchinfer.io.shards.list_input`),
     or a table's data files at ``input.version``, else at ``pinned`` (:func:`pinned_version`),
@@ -106,12 +127,12 @@ def resolve_inputs(job: Job) -> tuple[SchemaVersion, tuple[str, ...], Preprocess
 
 
 def resolve(job: Job, *, list_input_files: bool = True, check: bool = True,
-            pinned: int | None = None) -> Resolved:
+            listing: Listing | None = None) -> Resolved:
     """Look up schema, preprocessing, model and shards; compute the triple; check the contract.
 
     Args:
-        pinned: for a table input, the version to read unless the job names one
-            (:func:`pinned_version`).
+        listing: the shards, listed already (:func:`list_partition_input`); by default
+            :func:`list_job_input`'s.
 
     Raises:
         UsageError: the schema, preprocessing, model or shards cannot be found (exit 2).
@@ -127,7 +148,8 @@ def resolve(job: Job, *, list_input_files: bool = True, check: bool = True,
         except ContractError as exc:  # which model: the champion's message would look the same
             raise ContractError(f"challenger {challenger.name}: {exc.message}") from None
         challengers.append(ResolvedChallenger(challenger, found, its_triple))
-    listing = list_job_input(job, pinned=pinned) if list_input_files else None
+    if listing is None and list_input_files:
+        listing = list_job_input(job)
     if listing is not None:
         check_table_columns(job, schema, listing)
     return Resolved(job, schema, preprocessor, features, model, triple,

@@ -59,7 +59,7 @@ from ..rows.drift import Baseline, DriftVerdict, observe
 from ..spec import Job
 from . import models, record, scoring
 from .monitor import load_baseline
-from .resolve import Resolved, list_job_input, pinned_version, resolve
+from .resolve import Resolved, list_job_input, list_partition_input, pinned_version, resolve
 
 if TYPE_CHECKING:
     from ..io.tracking import TrackingRun
@@ -114,7 +114,8 @@ def run_job(job: Job, *, overwrite: bool = False, update: bool = False, dry_run:
 
         tracking = TrackingRun(spec.tracking.uri, spec.tracking.experiment or spec.name)
     try:
-        run = resolve_run(job, started=started, t0=t0, clock=clock, update=update)
+        run = resolve_run(job, started=started, t0=t0, clock=clock, update=update,
+                          overwrite=overwrite)
         decision = decide(run, overwrite, update)
         if decision.action == "reuse":
             return reuse(run, decision, dry_run)
@@ -199,19 +200,20 @@ class ReadBack:
 
 
 def resolve_run(job: Job, *, started: datetime, t0: float, clock: Clock,
-                update: bool = False) -> Resolution:
+                update: bool = False, overwrite: bool = False) -> Resolution:
     """Phase 1: resolve and check the contract, the runner's options and the baseline. A table
     input is read at the version the committed partition's manifest names, unless the job
-    names one or ``update`` (then the latest: :func:`~batchinfer.commands.resolve.pinned_version`).
+    names one or ``update`` (then the latest:
+    :func:`~batchinfer.commands.resolve.list_partition_input`).
 
     Raises:
         BatchInferError: exit 2 (or 3, 5) before any work.
     """
     spec = job.spec
     partition = PartitionCommit(spec.output.path)
-    pinned = pinned_version(job, partition.committed(), update=update) if (
-        spec.input.format != "files") else None
-    resolved = resolve(job, pinned=pinned)
+    listing = list_partition_input(job, partition.committed(), update=update,
+                                   reading=overwrite) if spec.input.format != "files" else None
+    resolved = resolve(job, listing=listing)
     check_runner(spec.runner.name, spec.runner.options)
     # exit 2 before any work when it cannot be read
     baseline = load_baseline(job, resolved.model.declaration)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Mapping
 
-from ..errors import ContractError, NoShardsError, RuntimeFailure, SpecError, StorageError, one_line
+from ..errors import NoShardsError, RuntimeFailure, SpecError, StorageError, TableVersionGone, one_line
 from .records import InputTable
 from .shards import Listing, Shard
 from .storage import local_path
@@ -61,7 +61,7 @@ def list_table(fmt: str, table: str, *, filter: Mapping[str, str], version: int 
 
     Raises:
         SpecError: a refusal (see the module), no such table, version or snapshot.
-        ContractError: a pinned version the table no longer has.
+        TableVersionGone: a pinned version the table no longer has (exit 3).
         NoShardsError: the partition has no data file (not arrived yet).
         StorageError: the table's log or metadata cannot be read.
         RuntimeFailure: the library is not installed.
@@ -77,7 +77,7 @@ def list_table(fmt: str, table: str, *, filter: Mapping[str, str], version: int 
 def _missing_version(fmt: str, shown: str, version: int, pinned: bool, known: str) -> Exception:
     what = "version" if fmt == "delta" else "snapshot"
     if pinned:
-        return ContractError(
+        return TableVersionGone(
             f"the committed partition was scored from {what} {version} of {fmt} table {shown}, "
             f"which the table no longer has ({known}): run with --update to score what changed "
             f"since, or --overwrite --set input.version=N")

@@ -282,3 +282,31 @@ def test_a_missing_library_is_exit_5_naming_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "pyiceberg.catalog", None)
     with pytest.raises(RuntimeFailure, match=r"batchinfer\[iceberg\]"):
         list_table("iceberg", "a.b", filter={}, version=None)
+
+
+def test_a_pinned_version_gone_keeps_a_rerun_a_no_op(delta, tmp_path):
+    """A plain rerun of a partition whose pinned version the table no longer has decides by the
+    manifest's shards (reuse, or exit 3); what reads the shards (--overwrite, profile) exits 3."""
+    from batchinfer.commands.resolve import list_partition_input
+    from batchinfer.errors import TableVersionGone
+    from batchinfer.io.records import ShardRecord
+
+    job = load_job(write_job(tmp_path, input={"path": str(delta), "format": "delta",
+                                              "filter": {"dt": "{ds}"}}), ds=DS)
+    shard = ShardRecord(path=f"{delta}/dt={DS}/gone.parquet", sha256="a" * 64, rows_in=1,
+                        rows_scored=1, rows_quarantined=0, status="scored", reason=None)
+
+    def committed(version: int) -> Manifest:
+        return Manifest(job="j", ds=DS, attempt="A", triple={}, job_spec_sha256="f" * 64,
+                        runner="direct", device="cpu", started_at="t0", finished_at="t1",
+                        mlflow_run_id=None, totals=Totals.of([shard]), shards=(shard,),
+                        input_table=InputTable(format="delta", table=str(delta), version=version,
+                                               filter={"dt": DS}))
+
+    assert list_partition_input(job, committed(0)).table.version == 0   # pinned, still there
+    assert len(list_partition_input(job, committed(0), update=True).shards) == 2   # the latest
+    held = list_partition_input(job, committed(9))
+    assert [s.url for s in held.shards] == [shard.path] and held.table.version == 9
+    with pytest.raises(TableVersionGone, match="scored from version 9") as caught:
+        list_partition_input(job, committed(9), reading=True)
+    assert caught.value.exit_code == 3
