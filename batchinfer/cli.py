@@ -475,6 +475,9 @@ def cmd_validate(args) -> int:
     job = _load(args)
     report = validate_input(job)
     q = job.spec.quarantine
+    if report.table is not None:
+        print(f"input: {report.table.format} table {job.display(report.table.table)}, "
+              f"{_table_read(report.table, None)}")
     print(f"{report.shards} shards, {report.rows_in} rows, {report.rows_bad} bad "
           f"({report.bad_fraction:.2%}; max {q.max_bad_fraction:.2%}), "
           f"{len(report.unreadable)} unreadable (max {q.max_bad_shards})")
@@ -497,17 +500,29 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def _table_read(table, pinned: int | None) -> str:
+    """``version 3 (pinned by the partition's manifest), filter dt='2026-01-31'``."""
+    why = " (pinned by the partition's manifest)" if pinned is not None else ""
+    where = ", ".join(f"{k}={v!r}" for k, v in table.filter.items())
+    return f"version {table.version}{why}" + (f", filter {where}" if where else "")
+
+
 def cmd_plan(args) -> int:
-    from .commands.resolve import resolve
+    from .commands.resolve import list_partition_input, partition_of, pinned_version, resolve
     from .commands.run import planned
 
     job = _load(args)
-    resolved = resolve(job)
     spec = job.spec
+    committed = partition_of(job).committed() if spec.input.format != "files" else None
+    pinned = pinned_version(job, committed)
+    resolved = resolve(job, listing=list_partition_input(job, committed) if (
+        spec.input.format != "files") else None)
     print(f"job:        {spec.name}  (spec sha256 {job.spec_sha256[:16]}…)")
     print(f"partition:  {job.ds or '-'}")
     ignored = f", {len(resolved.ignored)} metadata file(s) ignored" if resolved.ignored else ""
     print(f"input:      {job.display(spec.input.path)}  ({len(resolved.shards)} shards{ignored})")
+    if resolved.table is not None:
+        print(f"  {resolved.table.format} {_table_read(resolved.table, pinned)}")
     for name in resolved.shard_names():
         print(f"  {name}")
     for url in resolved.ignored:

@@ -12,6 +12,8 @@
      │    │                           registry version, a folder, bytes not of the backend's format
      │    └── NoShardsError           no shard matches input.path
      ├── ContractError        → 3   the version triple or declaration does not hold
+ │    └── TableVersionGone        the table version a committed partition was scored from is
+ │                                no longer the table's (vacuumed, expired)
      ├── DataQualityError     → 4   bad rows or unreadable shards above the quarantine thresholds
      └── RuntimeFailure       → 5   the system failed: model load/run, backend, device, storage
           ├── ModelError              includes a model that breaks the batch contract (output rows
@@ -78,6 +80,10 @@ class ContractError(BatchInferError):
     """The version triple, the model declaration or a committed partition disagree."""
 
     exit_code = 3
+
+
+class TableVersionGone(ContractError):
+    """The table version (snapshot) a committed partition's manifest pinned is gone from the table."""
 
 
 class DataQualityError(BatchInferError):

@@ -57,6 +57,7 @@ class _Strict(BaseModel):
 # commit every reader sees atomically (the manifest stays the audit record).
 TableFormat = Literal["files", "delta", "iceberg"]
 PARTITION_COLUMN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+TABLE_IDENTIFIER = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+")
 
 
 class CatalogSpec(_Strict):
@@ -81,8 +82,40 @@ class InputSpec(_Strict):
     filter: dict[str, str] = Field(default_factory=dict)
     # The table version (Delta) or snapshot id (Iceberg) to read; None: the latest, pinned by the
     # partition's manifest once committed (a rerun reads what the commit read).
-    version: int | None = None
+    version: int | None = Field(default=None, ge=0)
     catalog: CatalogSpec | None = None
+
+    @model_validator(mode="after")
+    def _table_keys(self) -> "InputSpec":
+        if self.format == "files":
+            given = [k for k in ("filter", "version", "catalog") if getattr(self, k)
+                     not in (None, {})]
+            if given:
+                raise ValueError(f"input.{given[0]} is for a table input: set input.format "
+                                 f"(delta, iceberg), or leave input.{given[0]} out")
+        elif self.format == "delta" and self.catalog is not None:
+            raise ValueError("input.catalog is for input.format iceberg (a Delta table is its "
+                             "folder: input.path)")
+        elif self.format == "iceberg":
+            if self.catalog is None:
+                raise ValueError("input.format iceberg needs input.catalog (its uri, or type and "
+                                 "properties)")
+            if not TABLE_IDENTIFIER.fullmatch(self.path):
+                raise ValueError(f"input.path {self.path!r} is not an Iceberg table identifier "
+                                 f"(namespace.table)")
+        for column in self.filter:
+            if not PARTITION_COLUMN.fullmatch(column):
+                raise ValueError(f"input.filter {column!r} is not a column name (letters, "
+                                 f"digits, '_')")
+        return self
+
+    def catalog_properties(self) -> dict[str, str]:
+        """``input.catalog`` as pyiceberg's ``load_catalog`` takes its properties."""
+        if self.catalog is None:
+            return {}
+        named = {"uri": self.catalog.uri, "type": self.catalog.type,
+                 "warehouse": self.catalog.warehouse}
+        return {**{k: v for k, v in named.items() if v is not None}, **self.catalog.properties}
 
 
 class SchemasSpec(_Strict):
@@ -481,6 +514,8 @@ def _check_paths(data: dict, spec: "JobSpec", folder: Path, ds: str | None,
                         f"character (* ? [): an output is one folder")
     # Compare the input as it reads *any* date with the output of one date: a run must not be
     # able to read its own (or another date's) predictions as shards, nor write into its input.
+    if spec.input.format == "iceberg":   # an identifier: the catalog says where its files are
+        return
     secrets: dict[str, str] = {}
     any_input = resolve_path(_template(raw_input, ds=ANY_DATE, env=env, secrets=secrets,
                                        where="input.path"), folder)
@@ -613,7 +648,7 @@ def _resolve_paths(spec: JobSpec, folder: Path) -> JobSpec:
     return spec.model_copy(update={
         "monitor": monitor,
         "explain": explain,
-        "input": spec.input.model_copy(update={"path": resolve_path(spec.input.path, folder)}),
+        "input": _resolve_input(spec.input, folder),
         "schemas": spec.schemas.model_copy(update={"root": resolve_path(spec.schemas.root, folder)}),
         "model": spec.model.model_copy(update={
             "uri": resolve_path(spec.model.uri, folder),
@@ -624,6 +659,18 @@ def _resolve_paths(spec: JobSpec, folder: Path) -> JobSpec:
             "uri": _resolve_tracking_uri(spec.tracking.uri, folder),
             "experiment": spec.tracking.experiment or spec.name}),
     })
+
+
+def _resolve_input(spec: InputSpec, folder: Path) -> InputSpec:
+    """An Iceberg input's path is an identifier, not a path; its catalog's sqlite file and
+    local warehouse are relative to the job file like every other path."""
+    if spec.format != "iceberg":
+        return spec.model_copy(update={"path": resolve_path(spec.path, folder)})
+    catalog = spec.catalog
+    assert catalog is not None   # the spec's check
+    return spec.model_copy(update={"catalog": catalog.model_copy(update={
+        "uri": catalog.uri and _resolve_tracking_uri(catalog.uri, folder),
+        "warehouse": catalog.warehouse and resolve_path(catalog.warehouse, folder)})})
 
 
 def _describe(exc: ValidationError) -> str:

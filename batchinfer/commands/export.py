@@ -161,12 +161,12 @@ def _input_names(program) -> list[str]:
 def _job_sample(job, input_names: list[str], rows: int = SAMPLE_ROWS) -> list[np.ndarray]:
     """Up to ``rows`` valid rows of the job's first readable shard, preprocessed as a run
     would (validation, then the job's preprocessing)."""
-    from ..io.shards import ShardReader, Unreadable, list_shards
-    from .resolve import resolve_inputs
+    from ..io.shards import ShardReader, Unreadable
+    from .resolve import list_job_input, resolve_inputs
     from .validate import validated_batches
 
     schema, _, preprocessor = resolve_inputs(job)
-    for shard in list_shards(job.spec.input.path):
+    for shard in list_job_input(job).shards:
         try:
             result = next(validated_batches(ShardReader(shard.url), schema, rows,
                                             shard.url), None)

@@ -24,7 +24,7 @@ from ..io.storage import url_to_fs
 from ..rows.columns import EXPLANATION, attribution_column
 from ..rows.profile import PROFILE_VERSION, baseline_column, numeric_values
 from ..spec import Job
-from .resolve import partition_of, records_url, resolve, shown_partition
+from .resolve import list_partition_input, partition_of, records_url, resolve, shown_partition
 
 BATCH_ROWS = 65536   # rows per batch when an input shard is read again
 
@@ -104,11 +104,12 @@ def profile_partition(job: Job, out: str) -> ProfileWritten:
         StorageError: a file of the partition or the profile cannot be read or written.
     """
     spec = job.spec
-    resolved = resolve(job)
     shown = shown_partition(job)
     manifest = partition_of(job).committed()
     if manifest is None:
         raise SpecError(f"{shown} is not committed: score it first (batchinfer run), then profile it")
+    resolved = resolve(job, listing=list_partition_input(job, manifest, reading=True) if (
+        spec.input.format != "files") else None)   # a table: as it was scored
     partition = open_partition(records_url(job))
     assert partition is not None
     urls = dict(zip(resolved.shard_names(), (s.url for s in resolved.shards)))

@@ -61,7 +61,17 @@ def run_params(job: Job, resolved: "Resolved", attempt: str, device: str) -> dic
             "schema": resolved.schema.ref, "backend": spec.model.backend,
             **{f"model.options.{k}": v for k, v in declared_options(spec.model.backend,
                                                                     spec.model.options).items()},
-            **model_facts(resolved.model.declaration)}
+            **model_facts(resolved.model.declaration), **table_params(resolved)}
+
+
+def table_params(resolved: "Resolved") -> dict[str, str]:
+    """For a table input, what was read: ``input.format``, ``input.table``, ``input.version``
+    (the manifest's ``input_table``)."""
+    table = resolved.input_table()
+    if table is None:
+        return {}
+    return {"input.format": table.format, "input.table": table.table,
+            "input.version": str(table.version)}
 
 
 # What a model's declaration says of how it was made faster (export --quantize): a run reports

@@ -8,10 +8,11 @@ import logging
 from dataclasses import dataclass, field
 
 from ..backends import declared_options, implied_options
-from ..errors import ContractError, SpecError
+from ..errors import ContractError, SpecError, TableVersionGone
 from ..io.commit import PartitionCommit
 from ..io.outputs import RECORDS
-from ..io.shards import Shard, list_input
+from ..io.records import InputTable, Manifest
+from ..io.shards import Listing, Shard, list_input
 from ..io.sinks import FILES, Sink
 from ..io.storage import join, local_path
 from ..redaction import Deferred
@@ -53,10 +54,70 @@ class Resolved:
     shards: list[Shard] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)   # metadata files input.path matched
     challengers: tuple[ResolvedChallenger, ...] = ()
+    table: InputTable | None = None   # a table input: the table and version its shards are of
 
     def shard_names(self) -> tuple[str, ...]:
         """What ``_source_shard`` records for each shard (``${NAME}`` values put back)."""
         return tuple(self.job.display(s.url) for s in self.shards)
+
+    def input_table(self) -> InputTable | None:
+        """What the manifest says was read, for a table input (``${NAME}`` values put back)."""
+        return self.table and InputTable(format=self.table.format,
+                                         table=self.job.display(self.table.table),
+                                         version=self.table.version, filter=self.table.filter)
+
+
+def pinned_version(job: Job, committed: Manifest | None, *, update: bool = False) -> int | None:
+    """The table version a run of the partition reads when ``input.version`` is not set: the
+    one its manifest names (a rerun reads what the commit read, and is a no-op), unless the
+    partition is updated (``--update``: the latest) or was scored from another table or from
+    files (contract §3 ``input``). None: the latest."""
+    spec = job.spec.input
+    held = committed.input_table if committed is not None else None
+    if spec.format == "files" or spec.version is not None or update or held is None:
+        return None
+    if (held.format, held.table, held.filter) != (spec.format, job.display(spec.path), spec.filter):
+        return None
+    return held.version
+
+
+def list_partition_input(job: Job, committed: Manifest | None, *, update: bool = False,
+                         reading: bool = False) -> Listing:
+    """The shards a run of the partition reads (:func:`pinned_version`, then
+    :func:`list_job_input`). When the version the manifest pinned is gone from the table
+    (vacuumed, expired), a run that does not read the shards (``reading`` False: a plain rerun
+    decides reuse, or exit 3, by the shards' names) gets the manifest's shards, so the no-op of
+    a committed partition stays one (a backfill over old dates); one that reads them exits 3.
+
+    Raises:
+        TableVersionGone: the pinned version is gone and ``reading``.
+    """
+    pinned = pinned_version(job, committed, update=update)
+    try:
+        return list_job_input(job, pinned=pinned)
+    except TableVersionGone:
+        if reading or committed is None:
+            raise
+        return Listing([Shard(i, s.path) for i, s in enumerate(committed.shards)],
+                       table=committed.input_table)
+
+
+def list_job_input(job: Job, *, pinned: int | None = None) -> Listing:
+    """The job's shards: the files ``input.path`` lists (:func:`~batchinfer.io.shards.list_input`),
+    or a table's data files at ``input.version``, else at ``pinned`` (:func:`pinned_version`),
+    else at its latest version (:mod:`batchinfer.io.tables_in`). Every command that reads the
+    input lists it here."""
+    spec = job.spec.input
+    if spec.format == "files":
+        return list_input(spec.path)
+    from ..io.tables_in import list_table
+
+    version = spec.version if spec.version is not None else pinned
+    return list_table(spec.format, spec.path, filter=spec.filter, version=version,
+                      pinned=spec.version is None and pinned is not None,
+                      catalog=spec.catalog_properties(),
+                      catalog_name=spec.catalog.name if spec.catalog else "batchinfer",
+                      shown=job.display(spec.path))
 
 
 def sink_of(job: Job) -> Sink:
@@ -136,8 +197,13 @@ def resolve_inputs(job: Job) -> tuple[SchemaVersion, tuple[str, ...], Preprocess
     return schema, features, load_preprocessor(spec.preprocess, job.folder, features)
 
 
-def resolve(job: Job, *, list_input_files: bool = True, check: bool = True) -> Resolved:
+def resolve(job: Job, *, list_input_files: bool = True, check: bool = True,
+            listing: Listing | None = None) -> Resolved:
     """Look up schema, preprocessing, model and shards; compute the triple; check the contract.
+
+    Args:
+        listing: the shards, listed already (:func:`list_partition_input`); by default
+            :func:`list_job_input`'s.
 
     Raises:
         UsageError: the schema, preprocessing, model or shards cannot be found (exit 2).
@@ -153,10 +219,24 @@ def resolve(job: Job, *, list_input_files: bool = True, check: bool = True) -> R
         except ContractError as exc:  # which model: the champion's message would look the same
             raise ContractError(f"challenger {challenger.name}: {exc.message}") from None
         challengers.append(ResolvedChallenger(challenger, found, its_triple))
-    listing = list_input(spec.input.path) if list_input_files else None
+    if listing is None and list_input_files:
+        listing = list_job_input(job)
+    if listing is not None:
+        check_table_columns(job, schema, listing)
     return Resolved(job, schema, preprocessor, features, model, triple,
                     listing.shards if listing else [], listing.ignored if listing else [],
-                    tuple(challengers))
+                    tuple(challengers), listing.table if listing else None)
+
+
+def check_table_columns(job: Job, schema: SchemaVersion, listing: Listing) -> None:
+    """A Delta table's partition columns are in its log, not in its files: a schema that needs
+    one would quarantine every row (exit 2 before any work instead)."""
+    needed = [c for c in listing.absent if c in schema.columns]
+    if needed:
+        raise SpecError(f"schema {schema.ref} has {', '.join(needed)}, a partition column of "
+                        f"Delta table {job.display(job.spec.input.path)}: its value is in the "
+                        f"table's log, not in its data files, which batchinfer reads; leave it "
+                        f"out of the schema (and of output.id_columns)")
 
 
 def _resolve_model(job: Job, model_spec: ModelFields, schema: SchemaVersion,

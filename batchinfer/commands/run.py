@@ -29,6 +29,7 @@ One clock (``run_job``'s) stamps the attempt id, ``started_at`` and, in the comm
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -58,7 +59,16 @@ from ..rows.drift import Baseline, DriftVerdict, observe
 from ..spec import Job
 from . import models, record, scoring
 from .monitor import load_baseline
-from .resolve import Resolved, partition_of, resolve, shown_partition, sink_of
+from .resolve import (
+    Resolved,
+    list_job_input,
+    list_partition_input,
+    partition_of,
+    pinned_version,
+    resolve,
+    shown_partition,
+    sink_of,
+)
 
 if TYPE_CHECKING:
     from ..io.tracking import TrackingRun
@@ -113,7 +123,8 @@ def run_job(job: Job, *, overwrite: bool = False, update: bool = False, dry_run:
 
         tracking = TrackingRun(spec.tracking.uri, spec.tracking.experiment or spec.name)
     try:
-        run = resolve_run(job, started=started, t0=t0, clock=clock)
+        run = resolve_run(job, started=started, t0=t0, clock=clock, update=update,
+                          overwrite=overwrite)
         decision = decide(run, overwrite, update)
         if decision.action == "reuse":
             return reuse(run, decision, dry_run)
@@ -197,19 +208,26 @@ class ReadBack:
     verdict: DriftVerdict
 
 
-def resolve_run(job: Job, *, started: datetime, t0: float, clock: Clock) -> Resolution:
-    """Phase 1: resolve and check the contract, the runner's options and the baseline.
+def resolve_run(job: Job, *, started: datetime, t0: float, clock: Clock,
+                update: bool = False, overwrite: bool = False) -> Resolution:
+    """Phase 1: resolve and check the contract, the runner's options and the baseline. A table
+    input is read at the version the committed partition's manifest names, unless the job
+    names one or ``update`` (then the latest:
+    :func:`~batchinfer.commands.resolve.list_partition_input`).
 
     Raises:
         BatchInferError: exit 2 (or 3, 5) before any work.
     """
     spec = job.spec
-    resolved = resolve(job)
+    partition = partition_of(job)
+    listing = list_partition_input(job, partition.committed(), update=update,
+                                   reading=overwrite) if spec.input.format != "files" else None
+    resolved = resolve(job, listing=listing)
     check_runner(spec.runner.name, spec.runner.options)
     # exit 2 before any work when it cannot be read
     baseline = load_baseline(job, resolved.model.declaration)
     return Resolution(job=job, resolved=resolved, baseline=baseline,
-                      partition=partition_of(job), shown=shown_partition(job),
+                      partition=partition, shown=shown_partition(job),
                       wanted=_identity(job, resolved),
                       started=started, t0=t0, clock=clock)
 
@@ -320,6 +338,11 @@ def planned(job: Job, resolved: Resolved) -> str:
         line = f"committed by attempt {committed.attempt}: " + (
             "a run reuses it (nothing to do)" if plain.action == "reuse"
             else f"a run exits 3 ({plain.reason})")
+        if resolved.table is not None and pinned_version(job, committed) is not None:
+            # --update reads the table's latest version, where a plain run reads the pinned one
+            listing = list_job_input(job)
+            resolved = dataclasses.replace(resolved, shards=listing.shards, table=listing.table)
+            wanted = _identity(job, resolved)
         if decide_partition(committed, wanted, overwrite=False, shown=shown,
                             update=True).action != "update":
             return line
@@ -366,7 +389,8 @@ def rehearse(run: Resolution, decision: Decision, resumed: Resume | None = None,
         challengers = models.load_challengers(resolved, champion)
         attempt = run.partition.begin(new_attempt(started), replacing=decision.manifest,
                                       clock=run.clock)
-        header = scoring.manifest_header(job, attempt, champion, started, None, challengers)
+        header = scoring.manifest_header(job, attempt, champion, started, None, challengers,
+                                         resolved.input_table())
         message += f"\n{scoring.build_job(resolved, champion, attempt, header, challengers, resumed)}"
     return Outcome("dry_run", message, None, run.shown)
 
@@ -398,6 +422,11 @@ def launch(run: Resolution, decision: Decision, resumed: Resume, tracking: "Trac
     if resolved.ignored:
         progress(f"ignoring {len(resolved.ignored)} metadata file(s) that input.path matched "
                  f"(names starting with _ or .; `batchinfer plan` lists them)")
+    table = resolved.input_table()
+    if table is not None:
+        where = " and ".join(f"{k} = {v!r}" for k, v in table.filter.items())
+        progress(f"reading {table.format} table {table.table} at version {table.version}"
+                 + (f" (where {where})" if where else ""))
     total, adopted = len(resolved.shards), adopting(resumed, updated)
     if updated is not None:
         progress(updated.summary(total))
@@ -407,7 +436,8 @@ def launch(run: Resolution, decision: Decision, resumed: Resume, tracking: "Trac
              f"(attempt {attempt.attempt}, {spec.runner.name} runner, {champion.device})")
     # The manifest names the MLflow run, so its id is needed before the pipeline starts (the
     # helper opened it meanwhile).
-    header = scoring.manifest_header(job, attempt, champion, run.started, tracking.wait(), challengers)
+    header = scoring.manifest_header(job, attempt, champion, run.started, tracking.wait(),
+                                     challengers, resolved.input_table())
     return Launch(champion=champion, challengers=challengers, load_s=load_s,
                   baseline=baseline, attempt=attempt, header=header, resume=adopted)
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 from ..clock import rfc3339
 from ..errors import BatchInferError, RuntimeFailure, SpecError
 from ..io.commit import Attempt
-from ..io.records import Challenger, Manifest, Totals
+from ..io.records import Challenger, InputTable, Manifest, Totals
 from ..io.resume import Resume
 from ..redaction import Deferred
 from ..rows.drift import Baseline, DriftGate
@@ -24,9 +24,11 @@ if TYPE_CHECKING:
 
 def manifest_header(job: Job, attempt: Attempt, champion: "ModelRun", started: datetime,
                     mlflow_run_id: str | None,
-                    challengers: "Sequence[ModelRun]" = ()) -> Manifest:
-    """The manifest as known before any work; the commit step adds shards, totals, end time
-    (and each challenger's shards)."""
+                    challengers: "Sequence[ModelRun]" = (),
+                    input_table: InputTable | None = None) -> Manifest:
+    """The manifest as known before any work (``input_table``: the table version a table
+    input's shards are of); the commit step adds shards, totals, end time (and each
+    challenger's shards)."""
     spec = job.spec
     entries = tuple(Challenger(name=c.name, triple=c.triple.as_dict(), backend=c.backend,
                                device=c.device, model_options=c.model_options)
@@ -36,7 +38,7 @@ def manifest_header(job: Job, attempt: Attempt, champion: "ModelRun", started: d
                     runner=spec.runner.name, device=champion.device, backend=champion.backend,
                     model_options=champion.model_options, started_at=rfc3339(started),
                     finished_at="", mlflow_run_id=mlflow_run_id, totals=Totals.of([]), shards=(),
-                    challengers=entries)
+                    challengers=entries, input_table=input_table)
 
 
 def build_job(resolved: Resolved, champion: "ModelRun", attempt: Attempt,

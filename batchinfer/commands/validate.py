@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from ..errors import PreprocessError
-from ..io.records import PreprocessStats
-from ..io.shards import ShardReader, Unreadable, list_input
+from ..io.records import InputTable, PreprocessStats
+from ..io.shards import ShardReader, Unreadable
 from ..pipeline.prepare import prepare_batch, preprocess_fault
 from ..rows.validation import ValidationResult, validate_batch
 from ..spec import Job
 from ..triple.schemas import SchemaVersion
-from .resolve import resolve_inputs
+from .resolve import check_table_columns, list_job_input, resolve_inputs
 
 log = logging.getLogger("batchinfer")
 
@@ -28,6 +28,7 @@ class ValidationReport:
     by_reason: dict[tuple[str, str], int]     # (column, check) → rows whose first failure it is
     ignored: list[str] = field(default_factory=list)   # metadata files input.path matched
     preprocess: PreprocessStats = PreprocessStats()   # the rows it raised on, by exception type
+    table: InputTable | None = None   # a table input: the table and version read
 
     @property
     def bad_fraction(self) -> float:
@@ -74,7 +75,8 @@ def validate_input(job: Job) -> ValidationReport:
     """
     spec = job.spec
     schema, _, preprocessor = resolve_inputs(job)
-    listing = list_input(spec.input.path)
+    listing = list_job_input(job)
+    check_table_columns(job, schema, listing)
     rows_in = rows_bad = 0
     unreadable: list[tuple[str, str]] = []
     by_reason: dict[tuple[str, str], int] = {}
@@ -107,4 +109,5 @@ def validate_input(job: Job) -> ValidationReport:
         for key, n in counts.items():
             by_reason[key] = by_reason.get(key, 0) + n
     return ValidationReport(len(listing.shards), rows_in, rows_bad, unreadable, by_reason,
-                            [job.display(url) for url in listing.ignored], preprocess)
+                            [job.display(url) for url in listing.ignored], preprocess,
+                            listing.table)

@@ -121,6 +121,13 @@ class TableCommitModel(_Checked):
     tables: list[TableVersionModel] = Field(default_factory=list)
 
 
+class InputTableModel(_Checked):
+    format: Literal["delta", "iceberg"]
+    table: Name
+    version: Annotated[int, Field(ge=0)]
+    filter: dict[str, str] = Field(default_factory=dict)
+
+
 class ManifestModel(_Checked):
     manifest_version: Literal[1] = 1
     job: Name
@@ -139,6 +146,7 @@ class ManifestModel(_Checked):
     shards: list[ShardModel]
     challengers: list[ChallengerModel] = Field(default_factory=list)
     table: TableCommitModel | None = None
+    input_table: InputTableModel | None = None
 
 
 class AttemptKeyModel(_Checked):

@@ -163,6 +163,18 @@ class TableCommit(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class InputTable(Record):
+    """The table a partition's shards were read from (contract §3 ``input``, §4): its format,
+    the Delta table's root (``${NAME}`` values put back) or the Iceberg identifier, the version
+    or snapshot id read, and the partition filter. A rerun reads this version again."""
+
+    format: Literal["delta", "iceberg"]
+    table: str
+    version: int
+    filter: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Manifest(Record):
     """``_manifest.json``: the commit of a partition (contract §4)."""
 
@@ -183,6 +195,7 @@ class Manifest(Record):
     shards: tuple[ShardRecord, ...]
     challengers: tuple[Challenger, ...] = ()
     table: TableCommit | None = None   # output.format delta / iceberg: the tables' commit
+    input_table: InputTable | None = None   # None: shards listed from files
 
     def files(self) -> set[str]:
         """Every data file the partition consists of (relative paths), challengers' included."""
@@ -206,6 +219,8 @@ class Manifest(Record):
             del data["challengers"]  # without them reads as before
         if self.table is None:     # likewise the tables' commit, for files
             del data["table"]
+        if self.input_table is None:   # nor does one of files
+            del data["input_table"]
         return data
 
     @classmethod

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
 from ..errors import NoShardsError, StorageError, one_line
+from .records import InputTable
 from .storage import full_url, is_local, url_to_fs
 
 MAX_IN_MEMORY_BYTES = 256 << 20
@@ -54,10 +55,16 @@ class Listing:
     Attributes:
         shards: the data files, sorted by URL, indexed from 0.
         ignored: URLs of metadata files that were matched or found but are not shards.
+        table: for a table input (:mod:`batchinfer.io.tables_in`), the table and the version
+            read; None for files.
+        absent: the table's columns that its files do not hold (a Delta table's partition
+            columns, which are in its log).
     """
 
     shards: list[Shard]
     ignored: list[str] = field(default_factory=list)
+    table: "InputTable | None" = None
+    absent: tuple[str, ...] = ()
 
 
 def list_shards(pattern: str) -> list[Shard]:

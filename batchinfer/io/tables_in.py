@@ -1,0 +1,241 @@
+"""A partition's shards read from a Delta Lake or Apache Iceberg table (contract §3 ``input``).
+
+A table input stands for the table's Parquet data files at one version (Delta) or snapshot
+(Iceberg), those of the partition that ``input.filter`` names: those files *are* the shards, as
+if a glob had listed them, so reading, hashing, quarantine, accounting, resume and ``--update``
+(kept, new and removed by shard name and sha256) are the same as for files. The listing says
+which version it read (:class:`~batchinfer.io.records.InputTable`), for the manifest to pin.
+
+Only what reading each file as plain Parquet gets right is read; the rest is refused before any
+work, with one line (exit 2: the same on every retry):
+
+* Delta: a selected file with a deletion vector (some of its rows are deleted), column mapping
+  (the files' columns are not named as the table's), a filter on a column the table is not
+  partitioned by (a filter on a data column would select files, not rows);
+* Iceberg: a selected file with delete files, a filter on a column that is not an identity
+  partition of every selected file's partition spec, a column renamed since the table was made
+  (older files name it as it was);
+* a table, version or snapshot that does not exist. A version the partition's manifest pinned
+  that the table no longer has (vacuumed, expired) is exit 3: the committed partition can no
+  longer be read as it was scored.
+
+A Delta table's partition columns are in its log, not in its files, so they are not columns of
+the shards (:attr:`~batchinfer.io.shards.Listing.absent`). ``deltalake`` and ``pyiceberg`` are
+imported here only, when a table is read (exit 5 naming the extra when missing).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Mapping
+
+from ..errors import NoShardsError, RuntimeFailure, SpecError, StorageError, TableVersionGone, one_line
+from .records import InputTable
+from .shards import Listing, Shard
+from .storage import local_path
+
+EXTRAS = {"delta": ("deltalake", "pip install 'batchinfer[delta]'"),
+          "iceberg": ("pyiceberg", "pip install 'batchinfer[iceberg]'")}
+
+
+def require(fmt: str, module: str | None = None) -> Any:
+    """The library that reads ``fmt`` tables, or exit 5 saying what to install."""
+    package, install = EXTRAS[fmt]
+    try:
+        return importlib.import_module(module or package)
+    except ImportError:
+        raise RuntimeFailure(f"input.format {fmt} needs {package}, which is not installed: "
+                             f"{install}") from None
+
+
+def list_table(fmt: str, table: str, *, filter: Mapping[str, str], version: int | None,
+               pinned: bool = False, catalog: Mapping[str, str] | None = None,
+               catalog_name: str = "batchinfer", shown: str | None = None) -> Listing:
+    """The data files of ``table``'s partition ``filter`` at ``version`` (None: the latest).
+
+    Args:
+        fmt: ``delta`` (``table`` is the table's root URL) or ``iceberg`` (``table`` is its
+            identifier, ``namespace.table``, in the catalog ``catalog_name`` with properties
+            ``catalog``).
+        pinned: ``version`` is the one the partition's manifest names (not the job's).
+        shown: ``table`` as messages show it.
+
+    Raises:
+        SpecError: a refusal (see the module), no such table, version or snapshot.
+        TableVersionGone: a pinned version the table no longer has (exit 3).
+        NoShardsError: the partition has no data file (not arrived yet).
+        StorageError: the table's log or metadata cannot be read.
+        RuntimeFailure: the library is not installed.
+    """
+    shown = shown or table
+    if fmt == "delta":
+        return _delta(table, dict(filter), version, pinned, shown)
+    if fmt == "iceberg":
+        return _iceberg(table, dict(filter), version, pinned, dict(catalog or {}), catalog_name, shown)
+    raise SpecError(f"input.format {fmt!r} is not a table format (delta, iceberg)")
+
+
+def _missing_version(fmt: str, shown: str, version: int, pinned: bool, known: str) -> Exception:
+    what = "version" if fmt == "delta" else "snapshot"
+    if pinned:
+        return TableVersionGone(
+            f"the committed partition was scored from {what} {version} of {fmt} table {shown}, "
+            f"which the table no longer has ({known}): run with --update to score what changed "
+            f"since, or --overwrite --set input.version=N")
+    return SpecError(f"input.version {version}: {fmt} table {shown} has no such {what} ({known})")
+
+
+def _no_files(fmt: str, shown: str, filter: dict[str, str], version: int) -> NoShardsError:
+    where = " and ".join(f"{k} = {v!r}" for k, v in filter.items()) or "the whole table"
+    return NoShardsError(f"no shard matches input.filter: {fmt} table {shown} has no data file "
+                         f"where {where} at version {version}")
+
+
+# -- Delta Lake -----------------------------------------------------------------------------------
+
+def _delta(root: str, filter: dict[str, str], version: int | None, pinned: bool,
+           shown: str) -> Listing:
+    deltalake = require("delta")
+    try:
+        table = deltalake.DeltaTable(root)
+    except deltalake.exceptions.TableNotFoundError:
+        raise SpecError(f"input.path {shown} is not a Delta table (no _delta_log there)") from None
+    except (OSError, deltalake.exceptions.DeltaError) as exc:
+        raise StorageError(f"cannot read Delta table {shown}: {one_line(exc)}") from None
+    latest = table.version()
+    if version is not None and version != latest:
+        if not 0 <= version <= latest:
+            raise _missing_version("delta", shown, version, pinned, f"its versions are 0 to {latest}")
+        try:
+            table = deltalake.DeltaTable(root, version=version)
+        except (OSError, deltalake.exceptions.DeltaError) as exc:  # its log entry is gone
+            raise _missing_version("delta", shown, version, pinned, one_line(exc)) from None
+    read = table.version()
+    metadata = table.metadata()
+    mapping = metadata.configuration.get("delta.columnMapping.mode", "none")
+    if mapping != "none":
+        raise SpecError(f"input.path {shown}: the Delta table uses column mapping ({mapping}): "
+                        f"its files do not name its columns, which batchinfer reads by name; "
+                        f"write the input without column mapping")
+    partitioned = list(metadata.partition_columns)
+    wrong = [k for k in filter if k not in partitioned]
+    if wrong:
+        raise SpecError(f"input.filter {', '.join(wrong)}: not a partition column of Delta table "
+                        f"{shown} (its partition columns: {', '.join(partitioned) or 'none'}); "
+                        f"filter by partition only")
+    try:
+        files = table.file_uris(file_pruning_predicate=[(k, "=", v) for k, v in filter.items()]
+                                or None)
+        deleted = _with_deletion_vectors(table)
+    except (OSError, deltalake.exceptions.DeltaError) as exc:
+        raise StorageError(f"cannot read Delta table {shown}: {one_line(exc)}") from None
+    shards = sorted(_plain(f) for f in files)
+    marked = [f for f in shards if f in deleted]
+    if marked:
+        raise SpecError(f"input.path {shown}: {len(marked)} of the selected files have deletion "
+                        f"vectors (rows deleted without rewriting the file, e.g. {marked[0]}), "
+                        f"which plain Parquet reading would score; rewrite them (OPTIMIZE / purge) "
+                        f"or disable deletion vectors")
+    if not shards:
+        raise _no_files("delta", shown, filter, read)
+    return Listing([Shard(i, url) for i, url in enumerate(shards)],
+                   table=InputTable(format="delta", table=root, version=read, filter=filter),
+                   absent=tuple(partitioned))
+
+
+def _with_deletion_vectors(table: Any) -> set[str]:
+    """The files of ``table`` that have a deletion vector (only a table whose protocol has the
+    feature can hold one)."""
+    if "deletionVectors" not in (table.protocol().reader_features or []):
+        return set()
+    found: set[str] = set()
+    for batch in table.deletion_vectors():
+        found.update(_plain(str(p)) for p in batch.column("filepath").to_pylist())
+    return found
+
+
+def _plain(url: str) -> str:
+    """A local file as a plain path (as a glob lists it); any other URL as it is."""
+    return local_path(url) if url.startswith("file://") else url   # type: ignore[return-value]
+
+
+# -- Apache Iceberg -------------------------------------------------------------------------------
+
+def _iceberg(identifier: str, filter: dict[str, str], version: int | None, pinned: bool,
+             properties: dict[str, str], catalog_name: str, shown: str) -> Listing:
+    catalog_module = require("iceberg", "pyiceberg.catalog")
+    exceptions = require("iceberg", "pyiceberg.exceptions")
+    expressions = require("iceberg", "pyiceberg.expressions")
+    transforms = require("iceberg", "pyiceberg.transforms")
+    try:
+        catalog = catalog_module.load_catalog(catalog_name, **properties)
+    except Exception as exc:  # pyiceberg raises many types for a catalog it cannot open
+        raise SpecError(f"input.catalog {catalog_name}: cannot open the Iceberg catalog: "
+                        f"{one_line(exc)}") from None
+    try:
+        table = catalog.load_table(identifier)
+    except (exceptions.NoSuchTableError, exceptions.NoSuchNamespaceError):
+        raise SpecError(f"input.path {shown}: no such table in Iceberg catalog {catalog_name}") from None
+    except OSError as exc:
+        raise StorageError(f"cannot read Iceberg table {shown}: {one_line(exc)}") from None
+    if version is None:
+        snapshot = table.current_snapshot()
+        if snapshot is None:
+            raise _no_files("iceberg", shown, filter, 0)
+    else:
+        snapshot = table.snapshot_by_id(version)
+        if snapshot is None:
+            known = ", ".join(str(s.snapshot_id) for s in table.snapshots()[-3:]) or "none"
+            raise _missing_version("iceberg", shown, version, pinned, f"latest snapshots: {known}")
+    _refuse_renames(table, shown)
+    schema = table.schema()
+    for column in filter:
+        if not _has(schema, column):
+            raise SpecError(f"input.filter {column}: not a column of Iceberg table {shown}")
+    row_filter = expressions.AlwaysTrue()
+    for column, value in filter.items():
+        row_filter = expressions.And(row_filter, expressions.EqualTo(column, value))
+    try:
+        tasks = list(table.scan(row_filter=row_filter, snapshot_id=snapshot.snapshot_id).plan_files())
+    except OSError as exc:
+        raise StorageError(f"cannot read Iceberg table {shown}: {one_line(exc)}") from None
+    except ValueError as exc:   # what pyiceberg cannot plan (equality deletes): the table's
+        raise SpecError(f"input.path {shown}: cannot read the Iceberg table as plain Parquet "
+                        f"files: {one_line(exc)}") from None
+    specs = table.specs()
+    for column in filter:
+        source_id = schema.find_field(column).field_id
+        for task in tasks:
+            spec = specs[task.file.spec_id]
+            if not any(f.source_id == source_id and isinstance(f.transform, transforms.IdentityTransform)
+                       for f in spec.fields):
+                raise SpecError(f"input.filter {column}: Iceberg table {shown} is not partitioned by "
+                                f"{column} (identity) in partition spec {spec.spec_id} of "
+                                f"{_plain(task.file.file_path)}; filter by identity partition only")
+    deleting = [t for t in tasks if t.delete_files]
+    if deleting:
+        raise SpecError(f"input.path {shown}: {len(deleting)} of the selected files have delete "
+                        f"files (rows deleted without rewriting the file, e.g. "
+                        f"{_plain(deleting[0].file.file_path)}), which plain Parquet reading would "
+                        f"score; rewrite them (compaction) first")
+    shards = sorted(_plain(t.file.file_path) for t in tasks)
+    if not shards:
+        raise _no_files("iceberg", shown, filter, snapshot.snapshot_id)
+    return Listing([Shard(i, url) for i, url in enumerate(shards)],
+                   table=InputTable(format="iceberg", table=identifier,
+                                    version=snapshot.snapshot_id, filter=filter))
+
+
+def _has(schema: Any, column: str) -> bool:
+    return column in {f.name for f in schema.fields}
+
+
+def _refuse_renames(table: Any, shown: str) -> None:
+    """A column renamed since: files written before name it as it was, and batchinfer reads
+    columns by name (Iceberg's readers by field id)."""
+    current = {f.field_id: f.name for f in table.schema().fields}
+    for older in table.schemas().values():
+        for f in older.fields:
+            if f.field_id in current and current[f.field_id] != f.name:
+                raise SpecError(f"input.path {shown}: Iceberg column {current[f.field_id]!r} was "
+                                f"renamed from {f.name!r}: older files name it as it was; rewrite "
+                                f"the table, or score it under its old name")
