@@ -16,7 +16,6 @@ generation and the triple, for ``DESCRIBE HISTORY``.
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Any, Sequence
 
@@ -36,7 +35,8 @@ from ..errors import StorageError
 from .outputs import Layout
 from .records import FileRecord
 from .sinks import LostRace, Sink
-from .storage import join, url_to_fs
+from .storage import delta_options as storage_options
+from .storage import join
 
 ATTEMPT_KEY, GENERATION_KEY, PARTITION_KEY = "batchinfer.attempt", "batchinfer.generation", "batchinfer.partition"
 
@@ -180,21 +180,3 @@ def _table_schema(layout: Layout, first: FileRecord, column: str) -> pa.Schema:
     fields = [pa.field(f.name, f.type.value_type if pa.types.is_dictionary(f.type) else f.type,
                        nullable=True) for f in schema]
     return pa.schema([*fields, pa.field(column, pa.string())])
-
-
-def storage_options(url: str) -> dict[str, str]:
-    """delta-rs's object-store options for ``url``: on S3, conditional puts for the log (the
-    store itself makes two commits of one version impossible, no lock table needed) and the
-    endpoint that fsspec's S3 would use."""
-    fs, _ = url_to_fs(url)
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    if protocol not in ("s3", "s3a"):
-        return {}
-    options = {"conditional_put": "etag"}
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    if endpoint:
-        options["endpoint_url"] = endpoint
-        if endpoint.startswith("http://"):
-            options["allow_http"] = "true"
-    return options
-

@@ -1,6 +1,7 @@
 """fsspec helpers: one place that turns URLs into (filesystem, path) and back."""
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 
@@ -41,3 +42,21 @@ def join(*parts: str) -> str:
 def _protocols(fs: AbstractFileSystem) -> tuple[str, ...]:
     proto = fs.protocol
     return (proto,) if isinstance(proto, str) else tuple(proto)
+
+
+def delta_options(url: str) -> dict[str, str]:
+    """delta-rs's object-store options for ``url``: on S3, conditional puts for the log (the
+    store itself makes two commits of one version impossible, no lock table needed) and the
+    endpoint that fsspec's S3 would use."""
+    fs, _ = url_to_fs(url)
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    if protocol not in ("s3", "s3a"):
+        return {}
+    options = {"conditional_put": "etag"}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        options["endpoint_url"] = endpoint
+        if endpoint.startswith("http://"):
+            options["allow_http"] = "true"
+    return options
+

@@ -31,7 +31,7 @@ from typing import Any, Mapping
 from ..errors import NoShardsError, RuntimeFailure, SpecError, StorageError, TableVersionGone, one_line
 from .records import InputTable
 from .shards import Listing, Shard
-from .storage import local_path
+from .storage import delta_options, local_path
 
 EXTRAS = {"delta": ("deltalake", "pip install 'batchinfer[delta]'"),
           "iceberg": ("pyiceberg", "pip install 'batchinfer[iceberg]'")}
@@ -96,7 +96,7 @@ def _delta(root: str, filter: dict[str, str], version: int | None, pinned: bool,
            shown: str) -> Listing:
     deltalake = require("delta")
     try:
-        table = deltalake.DeltaTable(root)
+        table = deltalake.DeltaTable(root, storage_options=delta_options(root))
     except deltalake.exceptions.TableNotFoundError:
         raise SpecError(f"input.path {shown} is not a Delta table (no _delta_log there)") from None
     except (OSError, deltalake.exceptions.DeltaError) as exc:
@@ -106,7 +106,7 @@ def _delta(root: str, filter: dict[str, str], version: int | None, pinned: bool,
         if not 0 <= version <= latest:
             raise _missing_version("delta", shown, version, pinned, f"its versions are 0 to {latest}")
         try:
-            table = deltalake.DeltaTable(root, version=version)
+            table = deltalake.DeltaTable(root, version=version, storage_options=delta_options(root))
         except (OSError, deltalake.exceptions.DeltaError) as exc:  # its log entry is gone
             raise _missing_version("delta", shown, version, pinned, one_line(exc)) from None
     read = table.version()

@@ -27,7 +27,7 @@ from servers import finish_all, start_cli
 
 pytestmark = pytest.mark.slow
 
-OTHER, THIRD = "2026-01-16", "2026-01-17"
+OTHER, THIRD, WATCHED = "2026-01-16", "2026-01-17", "2026-01-18"
 SHARDS, ROWS, BAD = 3, 1000, {1: [5, 600]}
 
 
@@ -58,6 +58,7 @@ def project(tmp_path_factory) -> dict:
         pq.write_table(table.set_column(1, "f0", pa.array(f0, pa.float32())), path)
     for ds, seed in ((OTHER, 3), (THIRD, 4)):
         make_shards(root / "data" / f"dt={ds}", shards=1, rows=500, seed=seed)
+    make_shards(root / "data" / f"dt={WATCHED}", shards=SHARDS, rows=ROWS, seed=6)
     make_mlp_onnx(root / "models" / "other.onnx", seed=5)
     stamped = run_cli("stamp", "models/other.onnx", "--job", "job.yaml", "--model-version", "model:2", cwd=root)
     assert stamped.returncode == 0, stamped.stderr
@@ -179,6 +180,20 @@ def test_a_run_killed_after_the_table_commit_is_finished_by_the_next_run(project
     assert DeltaTable(str(root / "tables")).version() == version   # no second write
     rows = pl.read_delta(str(root / "tables")).filter(pl.col("dt") == THIRD)
     assert rows.height == 500 and rows["_source_row"].n_unique() == 500
+
+
+def test_a_reader_during_a_run_sees_the_partition_whole_or_not_at_all(project):
+    root = project["root"]
+    proc = start_cli("run", "job.yaml", "--ds", WATCHED, cwd=root)
+    seen = []
+    while proc.poll() is None:
+        if (root / "tables" / f"dt={WATCHED}").exists():   # the run is writing its files
+            table = DeltaTable(str(root / "tables")).to_pyarrow_dataset()
+            seen.append(table.count_rows(filter=pc.field("dt") == WATCHED))
+    assert finish_all([proc])[0][0] == 0
+    assert seen and set(seen) <= {0, SHARDS * ROWS}, sorted(set(seen))
+    assert DeltaTable(str(root / "tables")).to_pyarrow_dataset().count_rows(
+        filter=pc.field("dt") == WATCHED) == SHARDS * ROWS
 
 
 def test_a_table_output_refuses_a_date_in_its_path_and_a_run_without_a_date(project, tmp_path):

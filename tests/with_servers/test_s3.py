@@ -280,3 +280,37 @@ def test_a_delta_output_on_s3_commits_replaces_and_reads_back_with_polars(
     assert set(now["_inference_id"]).isdisjoint(set(before["_inference_id"]))
     manifest = fs.cat_file(f"{new_bucket}/tables/_batchinfer/dt={DS}/_manifest.json")
     assert b'"generation": 2' in manifest
+
+
+def test_a_delta_table_input_on_s3_is_scored_at_the_version_it_pins(
+        tmp_path, s3_server, new_bucket, stamped_template):
+    """``input.format: delta`` on the object store: the table's files at one version are the
+    shards (read through s3fs), the manifest names the version, a new table version leaves the
+    committed partition as it is (a rerun is a no-op)."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    options = {"endpoint_url": s3_server.env["AWS_ENDPOINT_URL"], "allow_http": "true",
+               "aws_access_key_id": s3_server.env["AWS_ACCESS_KEY_ID"],
+               "aws_secret_access_key": s3_server.env["AWS_SECRET_ACCESS_KEY"],
+               "aws_region": s3_server.env["AWS_DEFAULT_REGION"], "conditional_put": "etag"}
+    features = f"s3://{new_bucket}/features"
+    shards = sorted((stamped_template / "data" / f"dt={DS}").glob("*.parquet"))
+    for shard in shards:
+        table = pq.read_table(shard)
+        write_deltalake(features, table.append_column("dt", pa.array([DS] * table.num_rows)),
+                        mode="append", partition_by=["dt"], storage_options=options)
+    job = copy_project(stamped_template, tmp_path, input={"path": features, "format": "delta",
+                                                          "filter": {"dt": "{ds}"}},
+                       output={"path": f"s3://{new_bucket}/out/dt={{ds}}", "id_columns": ["id"]})
+    first = run_cli("run", str(job), "--ds", DS, cwd=tmp_path, env=s3_server.env)
+    assert first.returncode == 0, first.stderr
+    fs = s3_server.s3fs()
+    preds, _, manifest = read_partition(out_root(new_bucket), fs=fs)
+    assert manifest["input_table"]["version"] == len(shards) - 1
+    assert preds.num_rows == SHARDS * ROWS
+    assert all(s["path"].startswith(f"{features}/dt={DS}/") for s in manifest["shards"])
+    write_deltalake(features, pq.read_table(shards[0]).append_column("dt", pa.array([DS] * ROWS)),
+                    mode="append", partition_by=["dt"], storage_options=options)
+    again = run_cli("run", str(job), "--ds", DS, cwd=tmp_path, env=s3_server.env)
+    assert again.returncode == 0 and "nothing to do" in again.stdout, again.stderr
