@@ -370,3 +370,40 @@ def assert_same_result(out: Path, reference: Path, shard_paths: Sequence[Path]) 
                                   s["rows_quarantined"], s["status"]) for s in m["shards"])
     assert strip(manifest) == strip(ref_manifest)
     return manifest
+
+
+# -- races forced, not hoped for ------------------------------------------------------------------
+
+# A preprocessing module (write it as barrier_prep.py, preprocess barrier_prep:transform) that,
+# with BARRIER set to a folder, says it is there and waits until the test lets every racer go:
+# it runs after a run's decision, so each racer is past its manifest check when any commits.
+BARRIER_SOURCE = '''\
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def transform(batch):
+    folder = os.environ.get("BARRIER")
+    if folder:
+        Path(folder, f"ready-{os.getpid()}").touch()
+        while not Path(folder, "go").exists():
+            time.sleep(0.01)
+    return np.stack([batch.column(f"f{i}").to_numpy(zero_copy_only=False) for i in range(4)],
+                    axis=1).astype(np.float32)
+'''
+
+
+def release_at_barrier(procs: Sequence[Any], barrier: Path, timeout: float = 240) -> None:
+    """Wait until every one of ``procs`` is at ``barrier`` (BARRIER_SOURCE), then let them go."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while len(list(barrier.glob("ready-*"))) < len(procs):
+        assert time.monotonic() < deadline, "not every run reached the barrier"
+        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs if p.poll() is not None]
+        time.sleep(0.02)
+    (barrier / "go").touch()
+

@@ -22,7 +22,16 @@ import pytest
 import yaml
 from deltalake import DeltaTable
 
-from factories import DS, make_mlp_onnx, make_shards, numeric_project, one_line_error, run_cli
+from factories import (
+    BARRIER_SOURCE,
+    DS,
+    make_mlp_onnx,
+    make_shards,
+    numeric_project,
+    one_line_error,
+    release_at_barrier,
+    run_cli,
+)
 from servers import finish_all, start_cli
 
 pytestmark = pytest.mark.slow
@@ -204,3 +213,25 @@ def test_a_table_output_refuses_a_date_in_its_path_and_a_run_without_a_date(proj
     refused = run_cli("run", str(tmp_path / "job.yaml"), "--ds", DS, cwd=root)
     assert refused.returncode == 2
     assert "leave {ds} out" in one_line_error(refused)
+
+
+def test_two_runs_of_one_new_partition_at_once_commit_it_once(tmp_path):
+    """Both past their decision (held at a barrier in the preprocessing) when either commits:
+    the predictions table takes one generation 1, the other run exits 0 and removes its files."""
+    (tmp_path / "barrier_prep.py").write_text(BARRIER_SOURCE)
+    numeric_project(tmp_path, shards=2, rows=500, preprocess="barrier_prep:transform",
+                    output={"path": "tables", "format": "delta", "id_columns": ["id"]})
+    (tmp_path / "barrier").mkdir()
+    procs = [start_cli("run", "job.yaml", "--ds", DS, cwd=tmp_path,
+                       env={"BARRIER": str(tmp_path / "barrier")}) for _ in range(2)]
+    release_at_barrier(procs, tmp_path / "barrier")
+    results = finish_all(procs)
+    assert [rc for rc, _, _ in results] == [0, 0], results
+    lost = [out for _, out, _ in results if "already committed by attempt" in out]
+    assert len(lost) == 1, results
+    winner = json.loads((tmp_path / "tables" / "_batchinfer" / f"dt={DS}" / "_manifest.json").read_text())
+    assert winner["table"]["generation"] == 1
+    table = DeltaTable(str(tmp_path / "tables"))
+    assert table.version() == 0 and table.to_pyarrow_table().num_rows == 1000
+    assert [p.name for p in (tmp_path / "tables" / f"dt={DS}").iterdir()] == [winner["attempt"]]
+

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
+from batchinfer.errors import ContractError
 from batchinfer.io.delta_tables import DeltaTables
 from batchinfer.io.outputs import PREDICTIONS, QUARANTINE
 from batchinfer.io.records import FileRecord
@@ -136,3 +137,43 @@ def test_s3_urls_get_conditional_puts_and_the_endpoint(monkeypatch):
                                                      "endpoint_url": "http://127.0.0.1:9",
                                                      "allow_http": "true"}
     assert storage_options("/local/tables") == {}
+
+
+def test_files_of_other_columns_than_the_table_are_refused(tmp_path):
+    commit(tmp_path, "d1", "A", files(tmp_path, "d1", "A", [3]), 1)
+    layout = sink("d2").layout(str(tmp_path), "B")
+    path = tmp_path / layout.part(PREDICTIONS, 0, 0)
+    path.parent.mkdir(parents=True)
+    pq.write_table(pa.table({"id": pa.array([1], pa.int64()), "score": pa.array([0.5])}), path)
+    with pytest.raises(ContractError, match="other columns than this run writes"):
+        commit(tmp_path, "d2", "B", [FileRecord(layout.part(PREDICTIONS, 0, 0), 1, "-")], 1)
+    assert DeltaTable(str(tmp_path)).version() == 0
+
+
+def test_two_first_commits_at_once_make_one_table(tmp_path):
+    """delta-rs retries a create that lost version 0 as a CREATE TABLE at version 1 over the
+    winner's files; ours is refused and committed into the table made (or loses the race)."""
+    gate = threading.Barrier(2)
+    outcomes: dict[str, object] = {}
+
+    def attempt(ds: str, name: str) -> None:
+        batch = files(tmp_path, ds, name, [2])
+        gate.wait(timeout=30)
+        try:
+            outcomes[name] = commit(tmp_path, ds, name, batch, 1)
+        except LostRace as exc:
+            outcomes[name] = exc
+
+    for dates in (("d1", "d2"), ("d3", "d3")):
+        outcomes.clear()
+        names = ("A" + dates[0], "B" + dates[1])
+        threads = [threading.Thread(target=attempt, args=(ds, n)) for ds, n in zip(dates, names)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        creates = [h for h in DeltaTable(str(tmp_path)).history() if h["operation"] == "CREATE TABLE"]
+        assert len(creates) == 1
+    table = DeltaTable(str(tmp_path)).to_pyarrow_table()
+    counts = {ds: table.filter(pa.compute.field("dt") == ds).num_rows for ds in ("d1", "d2", "d3")}
+    assert counts == {"d1": 2, "d2": 2, "d3": 2}          # two dates both land; one date once
