@@ -189,23 +189,19 @@ def one_line_error(result: subprocess.CompletedProcess, command: str = "run") ->
 
 
 def read_partition(output: Path | str, fs=None) -> tuple[pa.Table, pa.Table, dict]:
-    """(predictions, quarantine, manifest) of a committed output, following the manifest only."""
-    import fsspec
+    """(predictions, quarantine, manifest) of a committed output, following the manifest only,
+    through the product's own reader (io/partitions.py: any format)."""
+    from batchinfer.io.outputs import PREDICTIONS, QUARANTINE
+    from batchinfer.io.partitions import open_partition
 
-    if fs is None:
-        fs, root = fsspec.core.url_to_fs(str(output))
-    else:
-        root = str(output)
-    manifest = json.loads(fs.cat_file(f"{root}/_manifest.json"))
-    preds, quar = [], []
-    for shard in manifest["shards"]:
-        for f in shard["files"]:
-            with fs.open(f"{root}/{f['path']}", "rb") as fh:
-                table = pq.read_table(fh)
-            (preds if f["path"].startswith("predictions/") else quar).append(table)
-    empty = pa.table({})
-    return (pa.concat_tables(preds) if preds else empty,
-            pa.concat_tables(quar, promote_options="permissive") if quar else empty, manifest)
+    committed = open_partition(str(output), fs)
+    assert committed is not None, f"{output} holds no committed partition"
+    manifest = json.loads(committed.layout.fs.cat_file(committed.layout.manifest))
+    files = [f for shard in committed.manifest.shards for f in shard.files]
+    preds = committed.read(files, PREDICTIONS)
+    quar = committed.read(files, QUARANTINE)
+    return (preds if preds is not None else pa.table({}),
+            quar if quar is not None else pa.table({}), manifest)
 
 
 def all_input_rows(paths: Sequence[Path]) -> set[tuple[str, int]]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from fsspec import AbstractFileSystem
 
 from ..errors import StorageError
 from .manifest import read_manifest
@@ -45,21 +46,25 @@ class Committed:
                     tables.append(pq.read_table(handle, columns=columns))
             except (OSError, pa.ArrowException) as exc:
                 raise StorageError(f"cannot read {self.url}/{f.path}: {exc}") from None
-        return pa.concat_tables(tables) if tables else None
+        return pa.concat_tables(tables, promote_options="permissive") if tables else None
 
     def record(self, name: str) -> str:
         """The path of one of its records (``_metrics.json``, ``report.html``…)."""
         return self.layout.record(name)
 
 
-def open_partition(url: str) -> Committed | None:
-    """The committed partition ``url`` names, or None when nothing is committed there.
+def open_partition(url: str, fs: AbstractFileSystem | None = None) -> Committed | None:
+    """The committed partition ``url`` names (``fs``: the filesystem to read it with, ``url``
+    then a path on it; default: the URL's), or None when nothing is committed there.
 
     Raises:
         ContractError: its manifest is malformed (io/readback.py).
         StorageError: it cannot be read.
     """
-    fs, path = url_to_fs(url)
+    if fs is None:
+        fs, path = url_to_fs(url)
+    else:
+        path = url.rstrip("/")
     manifest = read_manifest(fs, path)
     records = path
     if manifest is None and "/" in path and "=" in path.rsplit("/", 1)[1]:
