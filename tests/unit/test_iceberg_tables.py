@@ -15,7 +15,7 @@ from pyiceberg.catalog import load_catalog
 from pyiceberg.expressions import EqualTo
 from pyiceberg.transforms import IdentityTransform
 
-from batchinfer.io.iceberg_tables import IcebergTables
+from batchinfer.io.iceberg_tables import IcebergTables, catalog_properties
 from batchinfer.io.outputs import QUARANTINE, Layout, challenger_folder, parquet_bytes, write_file
 from batchinfer.io.records import FileRecord
 from batchinfer.io.sinks import LostRace, Sink
@@ -255,3 +255,20 @@ def test_of_two_attempts_at_one_generation_exactly_one_lands(tmp_path, existing)
     got = rows(reader(tmp_path))
     assert got.num_rows == (5 if winner == A else 7)
     assert set(got["_inference_id"].to_pylist()) == {f"{winner}-0"}
+
+
+def test_catalog_properties_fill_in_secrets_and_the_s3_endpoint(monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
+    monkeypatch.setenv("CATALOG_TOKEN", "s3cr3t")
+    given = {"name": "prod", "type": "rest", "uri": "https://catalog.example", "token": "${CATALOG_TOKEN}"}
+    deferred = tuple((k, Deferred(v, ("CATALOG_TOKEN",) if "$" in v else ())) for k, v in given.items())
+    s3 = Sink(format="iceberg", column="dt", value="2026-01-15", table="a.b", catalog=deferred)
+    name, properties = catalog_properties(s3, "s3://bucket/tables")
+    assert name == "prod" and "name" not in properties
+    assert properties == {"type": "rest", "uri": "https://catalog.example", "token": "s3cr3t",
+                          "s3.endpoint": "http://127.0.0.1:9000", "s3.region": "eu-west-1"}
+    mine = Sink(format="iceberg", column="dt", value="2026-01-15", table="a.b",
+                catalog=(*deferred, ("s3.endpoint", Deferred("http://minio:9000"))))
+    assert catalog_properties(mine, "s3://bucket/tables")[1]["s3.endpoint"] == "http://minio:9000"
+    assert "s3.endpoint" not in catalog_properties(s3, "/local/tables")[1]
