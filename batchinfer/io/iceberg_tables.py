@@ -189,7 +189,7 @@ class IcebergTables:
                                        f"moving under concurrent commits for {PATIENCE_S:.0f} s") from None
                 time.sleep(min(2.0, 0.02 * 2 ** min(tries, 7)) * (0.5 + random.random()))
                 continue
-            except LostRace:
+            except StorageError:
                 raise
             except Exception as exc:
                 raise StorageError(f"cannot commit to the Iceberg table {identifier}: {_one_line(exc)}") from None

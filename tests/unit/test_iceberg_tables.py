@@ -37,7 +37,7 @@ def tables(root: Path, ds: str = "2026-01-15") -> IcebergTables:
 
 
 def write(root: Path, ds: str, attempt: str, shard: int, rows: int,
-          kind: str = "predictions") -> tuple[Layout, FileRecord]:
+          kind: str = "predictions", extra: dict | None = None) -> tuple[Layout, FileRecord]:
     """One data file as the writer makes it: the audit columns dictionary-encoded, statistics on
     some columns only, the partition column as a constant."""
     layout = sink(root, ds).layout(str(root), attempt)
@@ -48,6 +48,7 @@ def write(root: Path, ds: str, attempt: str, shard: int, rows: int,
         "_model_version": pa.array(["model:1"] * rows).dictionary_encode(),
         "_inference_id": pa.array([f"{attempt}-{shard}"] * rows),
         "_explanation": pa.array([[{"feature": "f0", "value": 0.25}]] * rows, EXPLANATION),
+        **{name: pa.array([value] * rows) for name, value in (extra or {}).items()},
         "dt": pa.array([ds] * rows),
     })
     data = parquet_bytes(table, dictionary=["_model_version"], statistics=["id", "dt"])
@@ -158,6 +159,17 @@ def test_an_update_keeps_the_files_it_keeps(tmp_path):
     entries = table.inspect.entries().to_pylist()
     kept = [e for e in entries if e["data_file"]["file_path"].endswith(a0.path)]
     assert [e["status"] for e in kept] == [0], "the kept file was removed and added again"
+
+
+def test_a_column_that_a_later_run_adds_is_added_to_the_table(tmp_path):
+    t = tables(tmp_path)
+    layout_a, fa = write(tmp_path, "2026-01-15", A, 0, 5)
+    first = commit(t, layout_a, [fa], 1, A)
+    layout_b, fb = write(tmp_path, "2026-01-15", B, 0, 3, extra={"_explanation_baseline": 0.5})
+    commit(t, layout_b, [fb], 2, B)
+    table = reader(tmp_path)
+    assert rows(table)["_explanation_baseline"].to_pylist() == [0.5] * 3
+    assert rows(table, snapshot_id=first).num_rows == 5
 
 
 def test_no_files_and_no_table_make_no_table_but_an_existing_partition_is_emptied(tmp_path):
