@@ -416,6 +416,9 @@ class WritePredictions(beam.DoFn):
         self.prediction_names = run.prediction_names
         self.quarantines = run.rejects == "quarantine"
         self.encoding = prediction_encoding(plan.id_columns)
+        # Iceberg reads a file's partition from its partition column's min/max: without them
+        # the file would land in the null partition.
+        self.encoding["statistics"] += list(plan.sink.constants())
         self.explain = run.explain
 
     def setup(self):
