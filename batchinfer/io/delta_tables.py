@@ -123,7 +123,7 @@ class DeltaTables:
                 return self.commit(layout, kind, files, generation=generation, attempt=attempt,
                                    summary=summary)
         if files and table is not None:
-            _check_schema(uri, table, _table_schema(layout, files[0], self.sink.column))
+            table = _fit_schema(uri, table, _table_schema(layout, files[0], self.sink.column))
         try:
             if table is not None:
                 wanted, current = set(relative), self._partition_files(table)
@@ -182,17 +182,23 @@ def _sizes(layout: Layout, files: Sequence[FileRecord]) -> dict[str, int]:
     return sizes
 
 
-def _check_schema(uri: str, table: DeltaTable, ours: pa.Schema) -> None:
-    """Refuse files whose columns are not the table's (the job's outputs changed since the table
-    was made: a reader would get files of two shapes under one schema)."""
-    if Schema.from_arrow(ours).to_json() == table.schema().to_json():
-        return
-    theirs = {f.name: str(f.type) for f in table.schema().fields}
-    mine = {f.name: str(f.type) for f in Schema.from_arrow(ours).fields}
-    diff = sorted(set(theirs) ^ set(mine)) or sorted(n for n in mine if theirs.get(n) != mine[n])
-    raise ContractError(f"the Delta table {uri} has other columns than this run writes (e.g. "
-                        f"{diff[0] if diff else 'a nested field'}): write to another output.path, "
-                        f"or change the table first; nothing committed")
+def _fit_schema(uri: str, table: DeltaTable, ours: pa.Schema) -> DeltaTable:
+    """The table, able to take files of ``ours``, as the Iceberg tables are: columns the run
+    writes that the table lacks are added first (nullable: earlier rows read them as null; one
+    metadata commit of its own); a column the run no longer writes reads as null in its rows; a
+    column it writes with another type is refused (exit 3): one column, two types."""
+    mine = {f.name: f for f in Schema.from_arrow(ours).fields}
+    theirs = {f.name: f for f in table.schema().fields}
+    changed = sorted(n for n in theirs if n in mine and str(mine[n].type) != str(theirs[n].type))
+    if changed:
+        raise ContractError(f"the Delta table {uri} has a column this run writes with another "
+                            f"type ({changed[0]}: {theirs[changed[0]].type} in the table): write to "
+                            f"another output.path, or change the table first; nothing committed")
+    added = [mine[n] for n in mine if n not in theirs]
+    if added:
+        table.alter.add_columns(added)
+        table = DeltaTable(uri, storage_options=storage_options(uri))
+    return table
 
 
 def _table_schema(layout: Layout, first: FileRecord, column: str) -> pa.Schema:

@@ -37,6 +37,7 @@ from pyiceberg.exceptions import (
     NoSuchNamespaceError,
     NoSuchTableError,
     TableAlreadyExistsError,
+    ValidationError,
 )
 from pyiceberg.expressions import EqualTo
 from pyiceberg.io.pyarrow import parquet_file_to_data_file
@@ -48,7 +49,7 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 from pyiceberg.utils.concurrent import ExecutorFactory
 
-from ..errors import StorageError
+from ..errors import ContractError, StorageError
 from .outputs import CHALLENGERS, PREDICTIONS, QUARANTINE, Layout
 from .sinks import LostRace, Sink
 from .storage import is_local, join, local_path, url_to_fs
@@ -189,7 +190,7 @@ class IcebergTables:
                                        f"moving under concurrent commits for {PATIENCE_S:.0f} s") from None
                 time.sleep(min(2.0, 0.02 * 2 ** min(tries, 7)) * (0.5 + random.random()))
                 continue
-            except StorageError:
+            except (StorageError, ContractError):
                 raise
             except Exception as exc:
                 raise StorageError(f"cannot commit to the Iceberg table {identifier}: {_one_line(exc)}") from None
@@ -221,9 +222,16 @@ class IcebergTables:
     def _fit_schema(self, tx: Transaction, layout: Layout, files: Sequence["FileRecord"]) -> None:
         """Columns the attempt's files have and the table has not yet are added (a job that
         now explains, say); types widen as Iceberg allows (float → double), others fail."""
-        if files:
+        if not files:
+            return
+        try:
             with tx.update_schema() as update:
                 update.union_by_name(_arrow_schema(layout, files[0]))
+        except (ValidationError, ValueError, TypeError) as exc:
+            raise ContractError(f"the Iceberg table {tx.table_metadata.location} has a column this "
+                                f"run writes with another type ({_one_line(exc)}): write to another "
+                                f"output.path or table, or change the table first; nothing "
+                                f"committed") from None
 
     def _replace(self, tx: Transaction, table: Table | None, wanted: list[str],
                  properties: dict[str, str]) -> None:

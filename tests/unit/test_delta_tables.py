@@ -139,15 +139,32 @@ def test_s3_urls_get_conditional_puts_and_the_endpoint(monkeypatch):
     assert storage_options("/local/tables") == {}
 
 
-def test_files_of_other_columns_than_the_table_are_refused(tmp_path):
-    commit(tmp_path, "d1", "A", files(tmp_path, "d1", "A", [3]), 1)
-    layout = sink("d2").layout(str(tmp_path), "B")
-    path = tmp_path / layout.part(PREDICTIONS, 0, 0)
+def other_file(root: Path, ds: str, attempt: str, columns: dict) -> list[FileRecord]:
+    layout = sink(ds).layout(str(root), attempt)
+    path = root / layout.part(PREDICTIONS, 0, 0)
     path.parent.mkdir(parents=True)
-    pq.write_table(pa.table({"id": pa.array([1], pa.int64()), "score": pa.array([0.5])}), path)
-    with pytest.raises(ContractError, match="other columns than this run writes"):
-        commit(tmp_path, "d2", "B", [FileRecord(layout.part(PREDICTIONS, 0, 0), 1, "-")], 1)
-    assert DeltaTable(str(tmp_path)).version() == 0
+    pq.write_table(pa.table(columns), path)
+    return [FileRecord(layout.part(PREDICTIONS, 0, 0), 1, "-")]
+
+
+def test_a_column_the_run_adds_is_added_one_it_drops_reads_null_one_it_retypes_is_refused(tmp_path):
+    commit(tmp_path, "d1", "A", files(tmp_path, "d1", "A", [3]), 1)
+    wider = {"id": pa.array([1], pa.int64()), "y": pa.array([0.5], pa.float32()),
+             "_inference_id": pa.array(["B"]), "why": pa.array([2.0])}
+    commit(tmp_path, "d2", "B", other_file(tmp_path, "d2", "B", wider), 1)
+    table = DeltaTable(str(tmp_path)).to_pyarrow_table()
+    assert "why" in table.column_names
+    assert table.filter(pa.compute.field("dt") == "d2")["why"].to_pylist() == [2.0]
+    assert table.filter(pa.compute.field("dt") == "d1")["why"].to_pylist() == [None] * 3
+    narrower = {"id": pa.array([7], pa.int64()), "y": pa.array([0.5], pa.float32())}
+    commit(tmp_path, "d4", "D", other_file(tmp_path, "d4", "D", narrower), 1)
+    assert DeltaTable(str(tmp_path)).to_pyarrow_table().filter(
+        pa.compute.field("dt") == "d4")["_inference_id"].to_pylist() == [None]
+    retyped = {"id": pa.array(["1"]), "y": pa.array([0.5], pa.float32()), "_inference_id": pa.array(["C"])}
+    version = DeltaTable(str(tmp_path)).version()
+    with pytest.raises(ContractError, match="has a column this run writes with another type"):
+        commit(tmp_path, "d3", "C", other_file(tmp_path, "d3", "C", retyped), 1)
+    assert DeltaTable(str(tmp_path)).version() == version
 
 
 def test_two_first_commits_at_once_make_one_table(tmp_path):

@@ -15,6 +15,7 @@ from pyiceberg.catalog import load_catalog
 from pyiceberg.expressions import EqualTo
 from pyiceberg.transforms import IdentityTransform
 
+from batchinfer.errors import ContractError
 from batchinfer.io.iceberg_tables import IcebergTables, catalog_properties
 from batchinfer.io.outputs import QUARANTINE, Layout, challenger_folder, parquet_bytes, write_file
 from batchinfer.io.records import FileRecord
@@ -170,6 +171,16 @@ def test_a_column_that_a_later_run_adds_is_added_to_the_table(tmp_path):
     table = reader(tmp_path)
     assert rows(table)["_explanation_baseline"].to_pylist() == [0.5] * 3
     assert rows(table, snapshot_id=first).num_rows == 5
+
+
+def test_a_column_a_later_run_writes_with_another_type_is_refused(tmp_path):
+    t = tables(tmp_path)
+    layout_a, fa = write(tmp_path, "2026-01-15", A, 0, 5)
+    first = commit(t, layout_a, [fa], 1, A)
+    layout_b, fb = write(tmp_path, "2026-01-15", B, 0, 3, extra={"score": "high"})
+    with pytest.raises(ContractError, match="has a column this run writes with another type"):
+        commit(t, layout_b, [fb], 2, B)
+    assert reader(tmp_path).current_snapshot().snapshot_id == first
 
 
 def test_no_files_and_no_table_make_no_table_but_an_existing_partition_is_emptied(tmp_path):
