@@ -52,7 +52,7 @@ from pyiceberg.utils.concurrent import ExecutorFactory
 from ..errors import ContractError, StorageError
 from .outputs import CHALLENGERS, PREDICTIONS, QUARANTINE, Layout
 from .sinks import LostRace, Sink
-from .storage import is_local, join, local_path, url_to_fs
+from .storage import iceberg_s3_options, is_local, join, local_path, url_to_fs
 
 if TYPE_CHECKING:
     from pyiceberg.manifest import DataFile
@@ -307,12 +307,7 @@ def catalog_properties(sink: Sink, url: str) -> tuple[str, dict[str, str]]:
     fs, _ = url_to_fs(url)
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     if protocol in ("s3", "s3a"):
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        if endpoint:
-            properties.setdefault("s3.endpoint", endpoint)
-        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        if region:
-            properties.setdefault("s3.region", region)
+        properties = {**iceberg_s3_options(), **properties}
     return name, properties
 
 

@@ -60,3 +60,17 @@ def delta_options(url: str) -> dict[str, str]:
             options["allow_http"] = "true"
     return options
 
+
+def iceberg_s3_options() -> dict[str, str]:
+    """pyiceberg's S3 FileIO properties for the endpoint and region that fsspec's S3 would use
+    (from ``AWS_ENDPOINT_URL`` and ``AWS_REGION``): without them it resolves every bucket at
+    amazonaws.com."""
+    options = {}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        options["s3.endpoint"] = endpoint
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        options["s3.region"] = region
+    return options
+

@@ -31,7 +31,7 @@ from typing import Any, Mapping
 from ..errors import NoShardsError, RuntimeFailure, SpecError, StorageError, TableVersionGone, one_line
 from .records import InputTable
 from .shards import Listing, Shard
-from .storage import delta_options, local_path
+from .storage import delta_options, iceberg_s3_options, local_path
 
 EXTRAS = {"delta": ("deltalake", "pip install 'batchinfer[delta]'"),
           "iceberg": ("pyiceberg", "pip install 'batchinfer[iceberg]'")}
@@ -167,7 +167,9 @@ def _iceberg(identifier: str, filter: dict[str, str], version: int | None, pinne
     expressions = require("iceberg", "pyiceberg.expressions")
     transforms = require("iceberg", "pyiceberg.transforms")
     try:
-        catalog = catalog_module.load_catalog(catalog_name, **properties)
+        # A table on S3 reads its files through pyiceberg's FileIO, at fsspec's endpoint unless
+        # the catalog's properties say otherwise.
+        catalog = catalog_module.load_catalog(catalog_name, **{**iceberg_s3_options(), **properties})
     except Exception as exc:  # pyiceberg raises many types for a catalog it cannot open
         raise SpecError(f"input.catalog {catalog_name}: cannot open the Iceberg catalog: "
                         f"{one_line(exc)}") from None

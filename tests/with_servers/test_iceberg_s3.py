@@ -51,3 +51,35 @@ def test_iceberg_tables_on_s3(tmp_path, s3_server):
     then = table.scan(row_filter=EqualTo("dt", DS), snapshot_id=previous.snapshot_id).to_arrow()
     assert then.num_rows == 600
     assert not set(then["_inference_id"].to_pylist()) & set(rows["_inference_id"].to_pylist())
+
+
+def test_an_iceberg_table_input_on_s3_is_read_through_the_catalog(tmp_path, s3_server):
+    """``input.format: iceberg`` with the table's files on S3: pyiceberg's FileIO gets the
+    endpoint from ``AWS_ENDPOINT_URL`` (as the output does); the shards are the snapshot's files,
+    read through s3fs, and the manifest names the snapshot."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    bucket = s3_server.make_bucket()
+    numeric_project(tmp_path, shards=2, rows=300)
+    database = tmp_path / "catalog" / "features.db"
+    database.parent.mkdir()
+    catalog = load_catalog("features", type="sql", uri=f"sqlite:///{database}",
+                           warehouse=f"s3://{bucket}/warehouse",
+                           **{"s3.endpoint": s3_server.endpoint, "s3.region": "us-east-1",
+                              "s3.access-key-id": "testing", "s3.secret-access-key": "testing"})
+    catalog.create_namespace("feats")
+    data = pa.concat_tables([pq.read_table(p) for p in sorted((tmp_path / "data" / f"dt={DS}").glob("*.parquet"))])
+    # Unpartitioned: the job's schema is strict, and an Iceberg file holds its partition columns.
+    table = catalog.create_table("feats.raw", schema=data.schema)
+    table.append(data)
+    snapshot = catalog.load_table("feats.raw").current_snapshot().snapshot_id
+    run = ("run", "job.yaml", "--ds", DS, "--set",
+           f'input={{format: iceberg, path: feats.raw, '
+           f'catalog: {{name: features, uri: "sqlite:///{database}"}}}}')
+    done = run_cli(*run, cwd=tmp_path, env=s3_server.env)
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((tmp_path / "out" / f"dt={DS}" / "_manifest.json").read_text())
+    assert manifest["input_table"]["version"] == snapshot
+    assert manifest["totals"]["rows_scored"] == 600
+    assert all(s["path"].startswith(f"s3://{bucket}/warehouse/") for s in manifest["shards"])
