@@ -81,6 +81,16 @@ def make_shards(folder: Path, shards: int = 3, rows: int = 1000, n_features: int
     return paths
 
 
+def spoil_rows(shard: Path, rows: Sequence[int], column: str = "f0") -> None:
+    """Put a value out of the schema's range (50.0; feats allows [-10, 10]) in ``rows`` of
+    ``column`` of a shard: those rows are quarantined."""
+    table = pq.read_table(shard)
+    values = table[column].to_numpy().copy()
+    values[list(rows)] = 50.0
+    index = table.column_names.index(column)
+    pq.write_table(table.set_column(index, column, pa.array(values, pa.float32())), shard)
+
+
 def write_schema(root: Path, name: str = "feats", version: int = 1, n_features: int = 4,
                  strict: bool = True, low: float = -10, high: float = 10) -> Path:
     """A pandera-polars schema module: id Int64 plus f0.. Float32 in [low, high]."""

@@ -31,6 +31,7 @@ from factories import (
     one_line_error,
     release_at_barrier,
     run_cli,
+    spoil_rows,
 )
 from servers import finish_all, start_cli
 
@@ -60,11 +61,7 @@ def project(tmp_path_factory) -> dict:
                     quarantine={"max_bad_fraction": 0.01})
     data = root / "data" / f"dt={DS}"
     for shard, rows in BAD.items():
-        path = data / f"part-{shard:05d}.parquet"
-        table = pq.read_table(path)
-        f0 = table["f0"].to_numpy().copy()
-        f0[rows] = 50.0     # out of the schema's range: quarantined
-        pq.write_table(table.set_column(1, "f0", pa.array(f0, pa.float32())), path)
+        spoil_rows(data / f"part-{shard:05d}.parquet", rows)
     for ds, seed in ((OTHER, 3), (THIRD, 4)):
         make_shards(root / "data" / f"dt={ds}", shards=1, rows=500, seed=seed)
     make_shards(root / "data" / f"dt={WATCHED}", shards=SHARDS, rows=ROWS, seed=6)

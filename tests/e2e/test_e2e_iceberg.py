@@ -17,13 +17,12 @@ from pathlib import Path
 
 import duckdb
 import polars as pl
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog import load_catalog
 from pyiceberg.expressions import EqualTo
 
-from factories import DS, numeric_project, run_cli
+from factories import DS, numeric_project, run_cli, spoil_rows
 
 pytestmark = pytest.mark.slow
 
@@ -57,11 +56,7 @@ def project(tmp_path_factory, monkeypatch_module) -> dict:
     numeric_project(root, shards=2, rows=400, batch={"rows": 200})
     data = root / "data" / f"dt={DS}"
     for shard, rows in BAD.items():
-        path = data / f"part-{shard:05d}.parquet"
-        table = pq.read_table(path)
-        f0 = table["f0"].to_numpy().copy()
-        f0[rows] = 50.0
-        pq.write_table(table.set_column(1, "f0", pa.array(f0, pa.float32())), path)
+        spoil_rows(data / f"part-{shard:05d}.parquet", rows)
     shutil.copytree(data, root / "data" / f"dt={DS2}")
 
     out: dict = {"root": root, "first": run_cli(*run_args(DS), cwd=root)}

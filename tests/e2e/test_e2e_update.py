@@ -28,6 +28,7 @@ from factories import (
     numeric_project,
     one_line_error,
     run_cli,
+    spoil_rows,
 )
 
 pytestmark = pytest.mark.slow
@@ -47,11 +48,7 @@ def updated(tmp_path_factory) -> dict:
     numeric_project(root, shards=SHARDS, rows=ROWS, batch={"rows": BATCH})
     data = root / "data" / f"dt={DS}"
     for shard, rows in BAD.items():
-        path = data / f"part-{shard:05d}.parquet"
-        table = pq.read_table(path)
-        f0 = table["f0"].to_numpy().copy()
-        f0[rows] = 50.0
-        pq.write_table(table.set_column(1, "f0", pa.array(f0, pa.float32())), path)
+        spoil_rows(data / f"part-{shard:05d}.parquet", rows)
     make_mlp_onnx(root / "models" / "other.onnx", seed=5)
     stamped = run_cli("stamp", "models/other.onnx", "--job", "job.yaml", "--model-version", "model:2", cwd=root)
     assert stamped.returncode == 0, stamped.stderr
