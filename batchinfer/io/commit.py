@@ -242,10 +242,12 @@ class PartitionCommit:
         pending = _pending(self.layout(attempt))
         if pending is None:   # its scratch is gone: nothing to finish from
             return
+        finishing = Attempt(self, attempt)
         try:
-            Attempt(self, attempt).publish(pending, generation)
+            committed = finishing.publish(pending, generation)
         except LostRace:   # the run itself (or another repair) is finishing it right now
-            pass
+            return
+        finishing._clean(committed)   # its scratch goes: it is a committed attempt now
 
     def decide(self, wanted: Identity, *, overwrite: bool, shown: str,
                update: bool = False) -> Decision:
@@ -387,7 +389,11 @@ class Attempt:
         assert tables is not None
         held, by = tables.generation()
         if held > expected and by != self.attempt:
-            return self._lost(manifest)
+            if by is not None and _pending(self.partition.layout(by)) is not None:
+                return self._lost(manifest)   # a run that is finishing it, or will be finished
+            # An orphan: a commit to the tables whose run left nothing to finish it from (its
+            # scratch gone or damaged). This attempt replaces it, as the next generation.
+            expected = held
         layout = self.layout
         write_json(layout.fs, join(layout.scratch(), MANIFEST), manifest.to_dict())
         try:
@@ -496,7 +502,6 @@ class Attempt:
         else:
             remove_attempt(self.layout, self.attempt)
 
-
     def _in_tables(self) -> bool:
         """Whether this attempt committed the predictions table (best effort: a table that
         cannot be read now is taken to hold it, so its files are kept)."""
@@ -521,14 +526,13 @@ def kinds(manifest: Manifest, layout: Layout) -> list[tuple[str, list[FileRecord
 
 
 def _pending(layout: Layout) -> Manifest | None:
-    """The manifest an attempt left in its scratch before committing to tables, or None."""
+    """The manifest an attempt left in its scratch before committing to tables, or None (none
+    there, or damaged: then nothing can finish that commit, and the next run replaces it)."""
     path = join(layout.scratch(), MANIFEST)
     try:
-        data = layout.fs.cat_file(path)
-    except OSError:
+        checked = check(ManifestModel, layout.fs.cat_file(path), path, StorageError, "damaged")
+    except (OSError, StorageError):
         return None
-    checked = check(ManifestModel, data, path, StorageError,
-                    "the run's pending manifest is damaged: run the job with --overwrite")
     return Manifest.from_dict(checked.model_dump())
 
 

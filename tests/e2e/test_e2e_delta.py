@@ -10,6 +10,7 @@ the next one; two runs of one new partition at once commit it once. About ten CL
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 from pathlib import Path
 
@@ -37,7 +38,7 @@ from servers import finish_all, start_cli
 
 pytestmark = pytest.mark.slow
 
-OTHER, THIRD, WATCHED = "2026-01-16", "2026-01-17", "2026-01-18"
+OTHER, THIRD, WATCHED, ORPHAN = "2026-01-16", "2026-01-17", "2026-01-18", "2026-01-19"
 SHARDS, ROWS, BAD = 3, 1000, {1: [5, 600]}
 
 
@@ -62,7 +63,7 @@ def project(tmp_path_factory) -> dict:
     data = root / "data" / f"dt={DS}"
     for shard, rows in BAD.items():
         spoil_rows(data / f"part-{shard:05d}.parquet", rows)
-    for ds, seed in ((OTHER, 3), (THIRD, 4)):
+    for ds, seed in ((OTHER, 3), (THIRD, 4), (ORPHAN, 7)):
         make_shards(root / "data" / f"dt={ds}", shards=1, rows=500, seed=seed)
     make_shards(root / "data" / f"dt={WATCHED}", shards=SHARDS, rows=ROWS, seed=6)
     make_mlp_onnx(root / "models" / "other.onnx", seed=5)
@@ -186,6 +187,23 @@ def test_a_run_killed_after_the_table_commit_is_finished_by_the_next_run(project
     assert DeltaTable(str(root / "tables")).version() == version   # no second write
     rows = pl.read_delta(str(root / "tables")).filter(pl.col("dt") == THIRD)
     assert rows.height == 500 and rows["_source_row"].n_unique() == 500
+    assert not (records(root, THIRD) / "_tmp").exists()   # finished: a committed attempt's
+
+
+def test_a_table_commit_whose_run_left_nothing_to_finish_it_is_replaced(project):
+    """Killed after the table commit, its scratch then lost: no pending manifest to finish it
+    from. The next run commits the next generation over it (never stuck, never doubled)."""
+    root = project["root"]
+    killed = run(root, ORPHAN, env={"BATCHINFER_FAULT": "after_table_commit"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    shutil.rmtree(records(root, ORPHAN) / "_tmp")
+    again = run(root, ORPHAN)
+    assert again.returncode == 0, again.stderr
+    finished = manifest(root, ORPHAN)
+    assert finished["table"]["generation"] == 2
+    rows = pl.read_delta(str(root / "tables")).filter(pl.col("dt") == ORPHAN)
+    assert rows.height == 500 and rows["_source_row"].n_unique() == 500
+    assert set(rows["_inference_id"].str.replace(r"-\d{5}-\d{5}$", "")) == {finished["attempt"]}
 
 
 def test_a_reader_during_a_run_sees_the_partition_whole_or_not_at_all(project):
