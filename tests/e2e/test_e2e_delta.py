@@ -38,7 +38,7 @@ from servers import finish_all, start_cli
 
 pytestmark = pytest.mark.slow
 
-OTHER, THIRD, WATCHED, ORPHAN = "2026-01-16", "2026-01-17", "2026-01-18", "2026-01-19"
+OTHER, THIRD, WATCHED, ORPHAN, LATE = "2026-01-16", "2026-01-17", "2026-01-18", "2026-01-19", "2026-01-20"
 SHARDS, ROWS, BAD = 3, 1000, {1: [5, 600]}
 
 
@@ -63,7 +63,7 @@ def project(tmp_path_factory) -> dict:
     data = root / "data" / f"dt={DS}"
     for shard, rows in BAD.items():
         spoil_rows(data / f"part-{shard:05d}.parquet", rows)
-    for ds, seed in ((OTHER, 3), (THIRD, 4), (ORPHAN, 7)):
+    for ds, seed in ((OTHER, 3), (THIRD, 4), (ORPHAN, 7), (LATE, 8)):
         make_shards(root / "data" / f"dt={ds}", shards=1, rows=500, seed=seed)
     make_shards(root / "data" / f"dt={WATCHED}", shards=SHARDS, rows=ROWS, seed=6)
     make_mlp_onnx(root / "models" / "other.onnx", seed=5)
@@ -188,6 +188,27 @@ def test_a_run_killed_after_the_table_commit_is_finished_by_the_next_run(project
     rows = pl.read_delta(str(root / "tables")).filter(pl.col("dt") == THIRD)
     assert rows.height == 500 and rows["_source_row"].n_unique() == 500
     assert not (records(root, THIRD) / "_tmp").exists()   # finished: a committed attempt's
+
+
+def test_an_update_adds_the_late_shard_and_keeps_the_committed_files_in_the_table(project):
+    root = project["root"]
+    assert run(root, LATE).returncode == 0
+    before = manifest(root, LATE)
+    make_shards(root / "late", shards=1, rows=200, seed=9)
+    (root / "late" / "part-00000.parquet").rename(root / "data" / f"dt={LATE}" / "part-00001.parquet")
+    updated = run(root, LATE, "--update")
+    assert updated.returncode == 0, updated.stderr
+    after = manifest(root, LATE)
+    assert after["table"]["generation"] == 2
+    kept = {f["path"] for f in before["shards"][0]["files"]}
+    assert {f["path"] for f in after["shards"][0]["files"]} == kept   # where they were
+    version = after["table"]["tables"][0]["version"]
+    held = {Path(u).relative_to(root / "tables").as_posix() for u in
+            DeltaTable(str(root / "tables"), version=version).file_uris()
+            if f"dt={LATE}/" in u}
+    assert held == {f["path"] for s in after["shards"] for f in s["files"]}
+    rows = pl.read_delta(str(root / "tables")).filter(pl.col("dt") == LATE)
+    assert rows.height == 700
 
 
 def test_a_table_commit_whose_run_left_nothing_to_finish_it_is_replaced(project):
