@@ -140,7 +140,7 @@ def challenger_folder(name: str) -> str:
 
 
 def parquet_bytes(table: pa.Table, *, dictionary: list[str] | None = None,
-                  statistics: list[str] | None = None) -> bytes:
+                  statistics: list[str] | None = None, arrow_schema: bool = True) -> bytes:
     """Serialise ``table`` as Parquet.
 
     Args:
@@ -148,11 +148,15 @@ def parquet_bytes(table: pa.Table, *, dictionary: list[str] | None = None,
             high-cardinality columns (hashes, scores) only to give up costs more than writing.
         statistics: columns to keep min/max statistics for (default: all); statistics of
             long unique strings cost time and help no reader.
+        arrow_schema: keep the Arrow schema in the file's metadata (pyarrow then reads the
+            triple's columns as dictionaries). Iceberg's files leave it out: Iceberg has no
+            dictionary type, and its readers warned once per file for each such column.
     """
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink,
                    use_dictionary=True if dictionary is None else dictionary,
-                   write_statistics=True if statistics is None else statistics)
+                   write_statistics=True if statistics is None else statistics,
+                   store_schema=arrow_schema)
     return sink.getvalue().to_pybytes()
 
 

@@ -424,6 +424,7 @@ class WritePredictions(beam.DoFn):
     def setup(self):
         self.layout = self.plan.sink.layout(self.plan.output_url.value(), self.plan.attempt)
         self.constants = self.plan.sink.constants()
+        self.arrow_schema = self.plan.sink.format != "iceberg"
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="batchinfer-write")
 
     def start_bundle(self):
@@ -534,7 +535,7 @@ class WritePredictions(beam.DoFn):
         relative = self.layout.part(kind, index, number)
         for name, value in self.constants.items():   # Iceberg's partition column (io/sinks.py)
             table = table.append_column(name, pa.array([value] * table.num_rows, pa.string()))
-        data = parquet_bytes(table, **(encoding or {}))
+        data = parquet_bytes(table, **(encoding or {}), arrow_schema=self.arrow_schema)
         if faults.armed("mid_write"):
             write_file(self.layout.fs, self.layout.abs(relative), data[: len(data) // 2])
             faults.point("mid_write")
