@@ -274,3 +274,17 @@ def test_a_worker_fills_in_the_secrets_from_its_own_environment():
     with pytest.raises(RuntimeFailure, match=r"environment has no \$\{BI_TOKEN\}, which s3://bucket/"
                                              r"out-\$\{BI_TOKEN\}/dt=.* uses: give every worker"):
         deferred.value({})
+
+
+def test_a_table_sink_travels_without_its_catalogs_secret(project, monkeypatch, tmp_path):
+    """``output.format: iceberg``: the sink (io/sinks.py) pickles into the job with the
+    catalog's properties as ``${NAME}`` templates, filled in by the worker that commits."""
+    job_path, env, needles = project
+    monkeypatch.setenv("BI_TOKEN", TOKEN)    # the launcher's own environment, as the CLI's
+    catalog = f"sqlite:///{tmp_path}/cat-${{BI_TOKEN}}.db"
+    found = dataflow_hits(dataflow_job(
+        job_path, env, monkeypatch, "output.format=iceberg",
+        f"output.path={STORE}/tables-${{BI_TOKEN}}",
+        f'output.catalog={{uri: "{catalog}", properties: {{token: "${{BI_TOKEN}}"}}}}'),
+        {k: v for k, v in needles.items() if k != "the job's folder"})
+    assert found == [], "\n".join(found)
