@@ -1,6 +1,11 @@
 """A fork server for the CLI: ``batchinfer`` runs as forked children of an interpreter that has
 already imported Beam, ONNX Runtime, pandera, polars and MLflow (about 3-5 s of imports per plain
-``python -m batchinfer``), so each run in the test suite costs only its own work.
+``python -m batchinfer``), so each run in the test suite costs only its own work. Once a run has
+imported torch, the server imports it too, before the next fork, with what loading a program and
+explaining it import (about 2.5 s of CPU a torch run): sessions that run no torch job never pay
+for it. torch is imported there as batchinfer imports it (``OMP_WAIT_POLICY=PASSIVE`` for the
+import unless set), so a run whose own environment set ``OMP_WAIT_POLICY`` would not see it
+applied: no test's does.
 
 A child is a real process: its own cwd, environment, stdin/stdout/stderr, exit code, and
 ``BATCHINFER_FAULT`` kills it with SIGKILL like any ``python -m`` process. It runs
@@ -34,6 +39,22 @@ except ImportError:
 import threading
 assert threading.active_count() == 1, "the fork server must not run threads"
 out = os.fdopen(os.dup(1), "w")
+TORCH_USED = os.path.join(sys.argv[1], "torch-used")   # a child touches it: it imported torch
+
+
+def _import_torch():
+    """What a torch run imports: torch (as batchinfer does, see _passive_openmp), what
+    torch.export.load and captum import. Imported only: no operator runs here (an OpenMP pool
+    would not survive the fork)."""
+    try:
+        import batchinfer.handlers.pytorch
+        with batchinfer.handlers.pytorch._passive_openmp():
+            import torch
+        import torch.export, torch.export._trace, torch._dynamo, torch._export.serde.serialize
+        import captum.attr
+    except ImportError:
+        pass
+    assert threading.active_count() == 1, "the fork server must not run threads"
 
 
 class _ForkedHelper:
@@ -77,6 +98,8 @@ print("ready", file=out, flush=True)
 for line in sys.stdin:
     req = json.loads(line)
     if req["op"] == "start":
+        if "torch" not in sys.modules and os.path.exists(TORCH_USED):
+            _import_torch()
         pid = os.fork()
         if pid == 0:
             try:
@@ -105,6 +128,8 @@ for line in sys.stdin:
                 print(f"fork server child: {exc!r}", file=sys.stderr)
             sys.stdout.flush()
             sys.stderr.flush()
+            if "torch" in sys.modules:
+                open(TORCH_USED, "a").close()
             os._exit(rc)
         print(json.dumps({"pid": pid}), file=out, flush=True)
     elif req["op"] == "wait":
@@ -172,7 +197,7 @@ class ForkServer:
     def __init__(self, logs: Path):
         self.logs = logs
         self.count = 0
-        self.proc = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-c", _SERVER, str(logs)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True,
                                      env={k: v for k, v in os.environ.items() if k != "BATCHINFER_FAULT"})
         line = self.proc.stdout.readline()
