@@ -209,19 +209,24 @@ class ForkServer:
         return json.loads(self.proc.stdout.readline())
 
     def start(self, *argv: str, cwd: Path, fault: str | None = None, track: bool = True,
-              env: dict[str, str] | None = None) -> Run:
+              env: dict[str, str] | None = None, terminal: str | None = None) -> Run:
         """Start ``batchinfer ARGV`` in ``cwd`` with ``env`` (default: this process's, without
         ``BATCHINFER_FAULT``); ``fault`` sets ``BATCHINFER_FAULT``; ``track=False`` replaces
-        MLflow tracking by a stub (its helper process imports MLflow, about 2 s of CPU a run)."""
+        MLflow tracking by a stub (its helper process imports MLflow, about 2 s of CPU a run);
+        ``terminal``, the path of a pseudo-terminal's follower, is the run's stdout instead of
+        a file (the run's ``stdout`` is then what the caller reads from the leader)."""
         self.count += 1
         out, err = self.logs / f"{self.count}.out", self.logs / f"{self.count}.err"
+        if terminal is not None:
+            out.write_text("")   # what Run.stdout reads: the run writes to the terminal
         if env is None:
             env = {k: v for k, v in os.environ.items() if k != "BATCHINFER_FAULT"}
         env = dict(env)
         if fault:
             env["BATCHINFER_FAULT"] = fault
         pid = self._call({"op": "start", "argv": list(argv), "cwd": str(cwd), "env": env,
-                          "stdout": str(out), "stderr": str(err), "stub_tracking": not track})["pid"]
+                          "stdout": terminal or str(out), "stderr": str(err),
+                          "stub_tracking": not track})["pid"]
         return Run(self, pid, out, err)
 
     def run(self, *argv: str, cwd: Path, fault: str | None = None, track: bool = True,
