@@ -55,6 +55,9 @@ def _import_torch():
     except ImportError:
         pass
     assert threading.active_count() == 1, "the fork server must not run threads"
+    # A CUDA context does not survive a fork either: none of these imports makes one (checked
+    # on CPU: none calls torch.cuda.is_available or device_count); this says so if one does.
+    assert "torch" not in sys.modules or not sys.modules["torch"].cuda.is_initialized()
 
 
 class _ForkedHelper:
