@@ -180,7 +180,7 @@ def main(argv=None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gpu_check: no CUDA device visible to torch (use --device cpu)")
     if args.quick:
-        batches, rows, shards, repeats, models = [4096, 16384], 65_536, 4, 2, {"bench": 256, "large": 512}
+        batches, rows, shards, repeats, models = [1024, 4096], 16_384, 4, 2, {"bench": 256, "large": 512}
     elif args.device == "cpu":
         batches, rows, shards, repeats, models = [16384, 65536], 1_000_000, 8, 3, {"bench": 256, "large": 1024}
     else:

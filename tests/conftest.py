@@ -15,7 +15,8 @@ pytest_plugins = ["servers", "factories", "outcomes"]
 LONGEST_FIRST = [
     "with_servers/test_distributed_runners.py", "with_servers/test_isolated_workers.py",
     "faults/test_crash.py", "with_servers/test_tracking.py",
-    "e2e/test_airflow.py", "with_servers/test_s3.py", "conformance/test_gpu_check.py",
+    "e2e/test_airflow.py", "e2e/test_e2e_explain.py", "with_servers/test_s3.py",
+    "conformance/test_gpu_check.py",
     "faults/test_concurrency.py", "e2e/test_text_embeddings.py", "conformance/test_backends.py",
     "with_servers/test_secrets.py", "with_servers/test_model_store.py", "e2e/test_hardening.py",
     "e2e/test_monitoring.py",

@@ -1,6 +1,11 @@
 """A fork server for the CLI: ``batchinfer`` runs as forked children of an interpreter that has
 already imported Beam, ONNX Runtime, pandera, polars and MLflow (about 3-5 s of imports per plain
-``python -m batchinfer``), so each run in the test suite costs only its own work.
+``python -m batchinfer``), so each run in the test suite costs only its own work. Once a run has
+imported torch, the server imports it too, before the next fork, with what loading a program and
+explaining it import (about 2.5 s of CPU a torch run): sessions that run no torch job never pay
+for it. torch is imported there as batchinfer imports it (``OMP_WAIT_POLICY=PASSIVE`` for the
+import unless set), so a run whose own environment set ``OMP_WAIT_POLICY`` would not see it
+applied: no test's does.
 
 A child is a real process: its own cwd, environment, stdin/stdout/stderr, exit code, and
 ``BATCHINFER_FAULT`` kills it with SIGKILL like any ``python -m`` process. It runs
@@ -19,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 _SERVER = r'''
-import importlib, json, os, sys, time
+import gc, importlib, json, os, sys, time
 import batchinfer.cli, batchinfer.commands.run, batchinfer.pipeline.transforms, batchinfer.faults
 import batchinfer.io.tracking, batchinfer.handlers.onnx, batchinfer.io.manifest
 import apache_beam
@@ -34,6 +39,25 @@ except ImportError:
 import threading
 assert threading.active_count() == 1, "the fork server must not run threads"
 out = os.fdopen(os.dup(1), "w")
+TORCH_USED = os.path.join(sys.argv[1], "torch-used")   # a child touches it: it imported torch
+
+
+def _import_torch():
+    """What a torch run imports: torch (as batchinfer does, see _passive_openmp), what
+    torch.export.load and captum import. Imported only: no operator runs here (an OpenMP pool
+    would not survive the fork)."""
+    try:
+        import batchinfer.handlers.pytorch
+        with batchinfer.handlers.pytorch._passive_openmp():
+            import torch
+        import torch.export, torch.export._trace, torch._dynamo, torch._export.serde.serialize
+        import captum.attr
+    except ImportError:
+        pass
+    assert threading.active_count() == 1, "the fork server must not run threads"
+    # A CUDA context does not survive a fork either: none of these imports makes one (checked
+    # on CPU: none calls torch.cuda.is_available or device_count); this says so if one does.
+    assert "torch" not in sys.modules or not sys.modules["torch"].cuda.is_initialized()
 
 
 class _ForkedHelper:
@@ -77,6 +101,12 @@ print("ready", file=out, flush=True)
 for line in sys.stdin:
     req = json.loads(line)
     if req["op"] == "start":
+        if "torch" not in sys.modules and os.path.exists(TORCH_USED):
+            _import_torch()
+        # What the server has imported is never garbage: frozen, the child's collections skip
+        # it (a full collection of ~400,000 objects, 700,000 with torch, costs 0.25-0.45 s of
+        # CPU and copies the pages it touches; a run makes several).
+        gc.freeze()
         pid = os.fork()
         if pid == 0:
             try:
@@ -105,6 +135,8 @@ for line in sys.stdin:
                 print(f"fork server child: {exc!r}", file=sys.stderr)
             sys.stdout.flush()
             sys.stderr.flush()
+            if "torch" in sys.modules:
+                open(TORCH_USED, "a").close()
             os._exit(rc)
         print(json.dumps({"pid": pid}), file=out, flush=True)
     elif req["op"] == "wait":
@@ -172,7 +204,7 @@ class ForkServer:
     def __init__(self, logs: Path):
         self.logs = logs
         self.count = 0
-        self.proc = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-c", _SERVER, str(logs)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True,
                                      env={k: v for k, v in os.environ.items() if k != "BATCHINFER_FAULT"})
         line = self.proc.stdout.readline()
@@ -184,19 +216,24 @@ class ForkServer:
         return json.loads(self.proc.stdout.readline())
 
     def start(self, *argv: str, cwd: Path, fault: str | None = None, track: bool = True,
-              env: dict[str, str] | None = None) -> Run:
+              env: dict[str, str] | None = None, terminal: str | None = None) -> Run:
         """Start ``batchinfer ARGV`` in ``cwd`` with ``env`` (default: this process's, without
         ``BATCHINFER_FAULT``); ``fault`` sets ``BATCHINFER_FAULT``; ``track=False`` replaces
-        MLflow tracking by a stub (its helper process imports MLflow, about 2 s of CPU a run)."""
+        MLflow tracking by a stub (its helper process imports MLflow, about 2 s of CPU a run);
+        ``terminal``, the path of a pseudo-terminal's follower, is the run's stdout instead of
+        a file (the run's ``stdout`` is then what the caller reads from the leader)."""
         self.count += 1
         out, err = self.logs / f"{self.count}.out", self.logs / f"{self.count}.err"
+        if terminal is not None:
+            out.write_text("")   # what Run.stdout reads: the run writes to the terminal
         if env is None:
             env = {k: v for k, v in os.environ.items() if k != "BATCHINFER_FAULT"}
         env = dict(env)
         if fault:
             env["BATCHINFER_FAULT"] = fault
         pid = self._call({"op": "start", "argv": list(argv), "cwd": str(cwd), "env": env,
-                          "stdout": str(out), "stderr": str(err), "stub_tracking": not track})["pid"]
+                          "stdout": terminal or str(out), "stderr": str(err),
+                          "stub_tracking": not track})["pid"]
         return Run(self, pid, out, err)
 
     def run(self, *argv: str, cwd: Path, fault: str | None = None, track: bool = True,

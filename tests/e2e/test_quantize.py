@@ -122,6 +122,8 @@ def test_quantize_usage_errors(tmp_path, args, message):
 
 
 # -- the text job's model: all-MiniLM-L6-v2, judged by cosine ---------------------------------
+# Marked slow (end-to-end runs of the CLI, seconds each): these took about 20 s of the
+# `-m "not slow"` dev loop, which the MiniLM model's copy and its two quantizations dominate.
 
 # The recipe bench/README.md measured on bench/embeddings.py's documents: SmoothQuant at 0.7, then
 # dynamic INT8 of every MatMul but the FFN output layers of the first and last encoder layers.
@@ -161,6 +163,7 @@ def _minilm_export(job: Path, out: str, *extra: str):
                    env={"HF_HUB_OFFLINE": "1"})
 
 
+@pytest.mark.slow
 def test_minilm_int8_passes_the_cosine_gate_and_runs(minilm):
     """At the default bound (0.99) the recipe passes, judged as an embedding by cosine; the INT8
     model then runs the job (token-sized calls) and its embeddings keep that cosine with FP32's."""
@@ -203,6 +206,7 @@ def test_minilm_int8_passes_the_cosine_gate_and_runs(minilm):
     assert len(cosines) == 40 and cosines.min() >= 0.99 and np.abs(a - b).max() > 0
 
 
+@pytest.mark.slow
 def test_minilm_impossible_cosine_bound_refuses_and_writes_nothing(minilm):
     result = _minilm_export(minilm, "model/refused.onnx", *MINILM_RECIPE, "--min-cosine", "0.999999")
     assert result.returncode == 5, result.stderr
@@ -214,6 +218,7 @@ def test_minilm_impossible_cosine_bound_refuses_and_writes_nothing(minilm):
         "a refused model (or its smoothed scratch) left files behind"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["--keep-fp32", "node_MatMul_"], "--keep-fp32 'node_MatMul_' matches none of all-MiniLM-L6-v2.onnx's"),
     (["--keep-fp32", "layer.(0"], "--keep-fp32 'layer.(0' is not a regular expression"),

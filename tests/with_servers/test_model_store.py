@@ -255,7 +255,7 @@ def test_a_worker_refuses_a_model_that_changed_after_the_launcher_checked_it(
     served.write_bytes(changed)
     # Its mtime put back: the server's listing (size, Last-Modified, ETag) says nothing changed.
     os.utime(served, ns=(before.st_atime_ns, before.st_mtime_ns))
-    scored = run_cli("run", str(job), "--ds", DS, cwd=tmp_path / "job", env=env, fresh=True)
+    scored = run_cli("run", str(job), "--ds", DS, cwd=tmp_path / "job", env=env, track=True)
     assert scored.returncode != 0, scored.stdout
     line = scored.stderr.strip().splitlines()[-1]
     print(f"exit {scored.returncode}: {line}")
