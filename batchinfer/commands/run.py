@@ -590,7 +590,8 @@ def _lost(winner: Manifest | None, run: Resolution) -> Outcome:
             f"{run.shown} was committed meanwhile by attempt {attempt} without challenger "
             f"{', '.join(missing)}; this run's files were removed: rerun it with --overwrite to "
             f"score the partition with this run's challengers")
-    return Outcome("lost_race", f"{run.shown} was already committed by attempt {attempt}; this "
-                                f"run's files were removed", winner, run.shown)
+    by = f"attempt {attempt}" if winner else "another run (its manifest still being written)"
+    return Outcome("lost_race", f"{run.shown} was already committed by {by}; this run's files "
+                                f"were removed", winner, run.shown)
 
 

@@ -15,7 +15,9 @@ generation and the triple, for ``DESCRIBE HISTORY``.
 """
 from __future__ import annotations
 
+import itertools
 import json
+import random
 import time
 from typing import Any, Sequence
 
@@ -39,6 +41,13 @@ from .storage import delta_options as storage_options
 from .storage import join
 
 ATTEMPT_KEY, GENERATION_KEY, PARTITION_KEY = "batchinfer.attempt", "batchinfer.generation", "batchinfer.partition"
+
+
+PATIENCE_S = 120.0   # how long a commit keeps going on top of other partitions' commits
+
+
+class _Refused(Exception):
+    """A commit that another commit of the table got ahead of: decide again and retry."""
 
 
 class DeltaTables:
@@ -84,71 +93,94 @@ class DeltaTables:
     def commit(self, layout: Layout, kind: str, files: Sequence[FileRecord], *, generation: int,
                attempt: str, summary: dict[str, str]) -> int | None:
         uri = self.uri(layout, kind)
-        prefix = layout.table(kind)
-        table = self._open(uri)
-        if table is not None:
-            held = table.transaction_version(self.app) or 0
-            if held >= generation:
-                found = self._commit_of(table, generation)
-                if held > generation or (found and found.get(ATTEMPT_KEY) != attempt):
-                    raise LostRace(f"generation {generation} of {self.sink.partition} in {uri}")
-                return int(found["version"]) if found else table.version()
-        relative = [_within(f.path, prefix) for f in files]
+        relative = [_within(f.path, layout.table(kind)) for f in files]
         sizes = _sizes(layout, files)
-        now = int(time.time() * 1000)
         value: dict[str, str | None] = {self.sink.column: self.sink.value}
-        adds = [AddAction(path, sizes[f.path], value, now, True, json.dumps({"numRecords": f.rows}))
-                for path, f in zip(relative, files)]
         metadata = {ATTEMPT_KEY: attempt, GENERATION_KEY: str(generation),
                     PARTITION_KEY: self.sink.partition, **summary}
-        properties = CommitProperties(custom_metadata=metadata,
-                                      app_transactions=[Transaction(self.app, generation)])
-        if table is None:
-            if not files:
+        deadline = time.monotonic() + PATIENCE_S
+        for tries in itertools.count():
+            table = self._open(uri)
+            settled = self._settled(table, generation, attempt) if table is not None else None
+            if settled is not None:
+                return settled
+            if table is None and not files:
                 return None
-            schema = _table_schema(layout, files[0], self.sink.column)
+            now = int(time.time() * 1000)
+            adds = [AddAction(path, sizes[f.path], value, now, True, json.dumps({"numRecords": f.rows}))
+                    for path, f in zip(relative, files)]
             try:
-                # No retry: delta-rs 1.6.6 retries a create that lost the race for version 0
-                # as a second CREATE TABLE at version 1, over the winner's files (measured: 8
-                # of 10 forced races). Refused instead, this commit goes into the table made.
-                create_table_with_add_actions(
-                    uri, Schema.from_arrow(schema), adds, mode="error",
-                    partition_by=[self.sink.column], storage_options=self.options,
-                    commit_properties=CommitProperties(
-                        custom_metadata=metadata, max_commit_retries=0,
-                        app_transactions=[Transaction(self.app, generation)]))
+                if table is None:
+                    self._create(uri, layout, files[0], adds, metadata, generation)
+                else:
+                    table = _fit_schema(uri, table, _table_schema(layout, files[0], self.sink.column)) \
+                        if files else table
+                    current = self._partition_files(table)
+                    have, wanted = {path for path, _ in current}, set(relative)
+                    removes = [RemoveAction(path, True, now, size, value)
+                               for path, size in current if path not in wanted]
+                    table.create_write_transaction(
+                        [a for a in adds if a.path not in have] + removes, mode="append",
+                        schema=table.schema(), partition_by=[self.sink.column],
+                        commit_properties=CommitProperties(
+                            custom_metadata=metadata,
+                            app_transactions=[Transaction(self.app, generation)]))
+            except (CommitFailedError, _Refused) as exc:
+                # The table moved since it was read. This partition's generation taken: the
+                # settled check above says by whom. Another partition's commit (which delta-rs
+                # takes for a conflict when it removed files, as an --overwrite does): commit
+                # again on top of it, so that both land.
+                if time.monotonic() > deadline:
+                    raise StorageError(f"cannot commit to the Delta table {uri}: it kept moving "
+                                       f"under concurrent commits for {PATIENCE_S:.0f} s ({exc})") from None
+                time.sleep(min(2.0, 0.02 * 2 ** min(tries, 7)) * (0.5 + random.random()))
+                continue
             except (DeltaError, OSError) as exc:
-                if self._open(uri) is None:
-                    raise StorageError(f"cannot create the Delta table {uri}: {exc}") from None
-                return self.commit(layout, kind, files, generation=generation, attempt=attempt,
-                                   summary=summary)
-        if files and table is not None:
-            table = _fit_schema(uri, table, _table_schema(layout, files[0], self.sink.column))
-        try:
-            if table is not None:
-                wanted, current = set(relative), self._partition_files(table)
-                removes = [RemoveAction(path, True, now, size, value)
-                           for path, size in current if path not in wanted]
-                have = {path for path, _ in current}
-                table.create_write_transaction([a for a in adds if a.path not in have] + removes,
-                                               mode="append", schema=table.schema(),
-                                               partition_by=[self.sink.column],
-                                               commit_properties=properties)
-        except CommitFailedError as exc:
-            # A concurrent commit of this partition: ours if another process finished this very
-            # attempt (a repair), another attempt's otherwise.
+                raise StorageError(f"cannot commit to the Delta table {uri}: {exc}") from None
             after = self._open(uri)
             found = self._commit_of(after, generation) if after is not None else None
-            if found is not None and found.get(ATTEMPT_KEY) == attempt:
-                return int(found["version"])
-            raise LostRace(f"{uri}: {exc}") from None
+            if found is None or found.get(ATTEMPT_KEY) != attempt:
+                raise LostRace(f"generation {generation} of {self.sink.partition} in {uri}")
+            return int(found["version"])
+        raise AssertionError("unreachable")
+
+    def _settled(self, table: DeltaTable, generation: int, attempt: str) -> int | None:
+        """The version of this attempt's commit of ``generation`` if the table holds it (a
+        retry: nothing to write), None if the table holds an older generation (commit it).
+
+        Raises:
+            LostRace: the table holds ``generation`` by another attempt, or a later one.
+        """
+        held = table.transaction_version(self.app) or 0
+        if held < generation:
+            return None
+        found = self._commit_of(table, generation)
+        if held > generation or (found and found.get(ATTEMPT_KEY) != attempt):
+            raise LostRace(f"generation {generation} of {self.sink.partition} in {table.table_uri}")
+        return int(found["version"]) if found else table.version()
+
+    def _create(self, uri: str, layout: Layout, first: FileRecord, adds: list[AddAction],
+                metadata: dict[str, str], generation: int) -> None:
+        """Make the table with the partition's first files in its first commit.
+
+        Raises:
+            _Refused: another commit made the table meanwhile (commit into it).
+        """
+        schema = _table_schema(layout, first, self.sink.column)
+        try:
+            # No retry: delta-rs 1.6.6 retries a create that lost the race for version 0 as a
+            # second CREATE TABLE at version 1, over the winner's files (measured: 8 of 10
+            # forced races). Refused instead, this commit goes into the table made.
+            create_table_with_add_actions(
+                uri, Schema.from_arrow(schema), adds, mode="error",
+                partition_by=[self.sink.column], storage_options=self.options,
+                commit_properties=CommitProperties(
+                    custom_metadata=metadata, max_commit_retries=0,
+                    app_transactions=[Transaction(self.app, generation)]))
         except (DeltaError, OSError) as exc:
-            raise StorageError(f"cannot commit to the Delta table {uri}: {exc}") from None
-        after = self._open(uri)
-        found = self._commit_of(after, generation) if after is not None else None
-        if found is None or found.get(ATTEMPT_KEY) != attempt:
-            raise LostRace(f"generation {generation} of {self.sink.partition} in {uri}")
-        return int(found["version"])
+            if self._open(uri) is None:
+                raise StorageError(f"cannot create the Delta table {uri}: {exc}") from None
+            raise _Refused(str(exc)) from None
 
     def _partition_files(self, table: DeltaTable) -> list[tuple[str, int]]:
         """(path, size) of the partition's files in the table's current version."""

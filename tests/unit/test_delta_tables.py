@@ -194,3 +194,39 @@ def test_two_first_commits_at_once_make_one_table(tmp_path):
     table = DeltaTable(str(tmp_path)).to_pyarrow_table()
     counts = {ds: table.filter(pa.compute.field("dt") == ds).num_rows for ds in ("d1", "d2", "d3")}
     assert counts == {"d1": 2, "d2": 2, "d3": 2}          # two dates both land; one date once
+
+
+def test_a_first_commit_lands_beside_another_partitions_overwrite_at_once(tmp_path):
+    """An --overwrite of one date removes files; delta-rs takes a concurrent append of another
+    date for a conflict with it. The append commits again on top: both land (seen in the full
+    suite: the other date's run lost its rows and said 'already committed')."""
+    commit(tmp_path, "d1", "A", files(tmp_path, "d1", "A", [3]), 1)
+    gate = threading.Barrier(2)
+    outcomes: dict[str, object] = {}
+
+    class Held(DeltaTables):
+        opened = 0
+
+        def _open(self, uri):
+            table = super()._open(uri)
+            Held.opened += 1
+            if Held.opened <= 2:
+                gate.wait(timeout=30)
+            return table
+
+    def attempt(ds: str, name: str, generation: int) -> None:
+        batch = files(tmp_path, ds, name, [2])
+        try:
+            outcomes[name] = Held(str(tmp_path), sink(ds)).commit(
+                sink(ds).layout(str(tmp_path), name), PREDICTIONS, batch, generation=generation,
+                attempt=name, summary={})
+        except LostRace as exc:
+            outcomes[name] = exc
+
+    threads = [threading.Thread(target=attempt, args=args) for args in (("d1", "B", 2), ("d2", "C", 1))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(isinstance(o, LostRace) for o in outcomes.values()), outcomes
+    assert rows(tmp_path, "d1") == ["B"] * 2 and rows(tmp_path, "d2") == ["C"] * 2
