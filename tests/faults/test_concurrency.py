@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,12 +18,14 @@ import pyarrow as pa
 import pytest
 
 from factories import (
+    BARRIER_SOURCE,
     DS,
     NoTracking,
     make_mlp_onnx,
     make_shards,
     partition_files,
     read_partition,
+    release_at_barrier,
     write_job,
     write_schema,
 )
@@ -41,25 +42,6 @@ SHARDS, ROWS = 3, 4_000
 # (which runs only after the run's manifest check) says it is there, then waits until the test
 # lets all of them go. Every racer is then past its manifest check when any of them commits.
 BARRIER_PREP = "barrier_prep"
-BARRIER_SOURCE = '''\
-import os
-import time
-from pathlib import Path
-
-import numpy as np
-
-COLUMNS = ("f0", "f1", "f2", "f3")
-
-
-def transform(batch):
-    folder = os.environ.get("BARRIER")
-    if folder:
-        Path(folder, f"ready-{os.getpid()}").touch()
-        while not Path(folder, "go").exists():
-            time.sleep(0.01)
-    return np.stack([batch.column(n).to_numpy(zero_copy_only=False) for n in COLUMNS],
-                    axis=1).astype(np.float32)
-'''
 
 
 def make_project(folder: Path) -> tuple[Path, list[Path]]:
@@ -80,13 +62,7 @@ def start(folder: Path, *args: str) -> "forkserver.Run":
 
 def release(procs: list["forkserver.Run"], folder: Path) -> None:
     """Wait until every process of ``folder`` is at the barrier, then let them all go."""
-    barrier = folder / "barrier"
-    deadline = time.monotonic() + 240
-    while len(list(barrier.glob("ready-*"))) < len(procs):
-        assert time.monotonic() < deadline, "not every run reached the barrier"
-        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs if p.poll() is not None]
-        time.sleep(0.02)
-    (barrier / "go").touch()
+    release_at_barrier(procs, folder / "barrier")
 
 
 def finish(proc: "forkserver.Run") -> tuple[int, str, str]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 
 import forkserver
 import pyarrow as pa
@@ -24,12 +23,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from factories import (
+    BARRIER_SOURCE,
     DS,
     assert_same_result,
     finished_shards,
     make_mlp_onnx,
     make_shards,
     partition_files,
+    release_at_barrier,
     write_job,
     write_schema,
 )
@@ -38,25 +39,8 @@ pytestmark = pytest.mark.slow
 
 SHARDS, ROWS, BATCH = 4, 1500, 500
 FAULTS = ["read", "shard_done", "before_commit", "during_commit", "after_commit"]
-# Held at a barrier in the preprocessing (after the run's decision) while BARRIER is set, as in
-# test_concurrency.py: both updates are past their decision when either commits.
-BARRIER_SOURCE = '''\
-import os
-import time
-from pathlib import Path
-
-import numpy as np
-
-
-def transform(batch):
-    folder = os.environ.get("BARRIER")
-    if folder:
-        Path(folder, f"ready-{os.getpid()}").touch()
-        while not Path(folder, "go").exists():
-            time.sleep(0.01)
-    return np.stack([batch.column(f"f{i}").to_numpy(zero_copy_only=False) for i in range(4)],
-                    axis=1).astype(np.float32)
-'''
+# The race: both updates held at a barrier in the preprocessing (factories.BARRIER_SOURCE), so
+# both are past their decision when either commits.
 
 
 def run_args(out: str, *more: str) -> tuple[str, ...]:
@@ -162,12 +146,7 @@ def test_two_updates_at_once_one_commits_the_other_exits_0_and_nothing_is_lost(p
     env = {"BARRIER": str(barrier)}
     racers = [server.start(*run_args("out_race", "--update"), cwd=folder, track=False, env=env)
               for _ in range(2)]
-    deadline = time.monotonic() + 240
-    while len(list(barrier.glob("ready-*"))) < 2:
-        assert time.monotonic() < deadline, "not every run reached the barrier"
-        assert all(r.poll() is None for r in racers), [r.wait().stderr for r in racers]
-        time.sleep(0.02)
-    (barrier / "go").touch()
+    release_at_barrier(racers, barrier)
     results = [r.wait() for r in racers]
     for r in results:
         assert r.returncode == 0, r.stderr

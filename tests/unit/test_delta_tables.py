@@ -89,38 +89,43 @@ def test_a_kind_without_files_and_without_a_table_makes_none(tmp_path):
     assert not (tmp_path / "_quarantine").exists()
 
 
-@pytest.mark.parametrize("same_partition", [True, False])
-def test_two_attempts_at_once_one_generation_lands_once_two_partitions_both(tmp_path, same_partition):
-    commit(tmp_path, "d0", "Z", files(tmp_path, "d0", "Z", [1]), 1)   # the table exists
-    dates = ("d1", "d1") if same_partition else ("d1", "d2")
-    batches = [files(tmp_path, ds, name, [2]) for ds, name in zip(dates, "AB")]
-    gate = threading.Barrier(2)
+def race(root: Path, racers: list[tuple[str, str, int, list[FileRecord]]]) -> dict[str, object]:
+    """Commit each (date, attempt, generation, files) in its own thread, every racer past its
+    first read of the table before any commits; by attempt, its version or its LostRace."""
+    gate = threading.Barrier(len(racers))
     outcomes: dict[str, object] = {}
 
     class Held(DeltaTables):
-        """Both attempts read the table before either commits."""
         opened = 0
 
         def _open(self, uri):
             table = super()._open(uri)
             Held.opened += 1
-            if Held.opened <= 2:
+            if Held.opened <= len(racers):
                 gate.wait(timeout=30)
             return table
 
-    def attempt(ds: str, name: str, batch: list[FileRecord]) -> None:
-        tables = Held(str(tmp_path), sink(ds))
+    def attempt(ds: str, name: str, generation: int, batch: list[FileRecord]) -> None:
         try:
-            outcomes[name] = tables.commit(sink(ds).layout(str(tmp_path), name), PREDICTIONS, batch,
-                                           generation=1, attempt=name, summary={})
+            outcomes[name] = Held(str(root), sink(ds)).commit(
+                sink(ds).layout(str(root), name), PREDICTIONS, batch, generation=generation,
+                attempt=name, summary={})
         except LostRace as exc:
             outcomes[name] = exc
 
-    threads = [threading.Thread(target=attempt, args=(ds, n, b)) for ds, n, b in zip(dates, "AB", batches)]
+    threads = [threading.Thread(target=attempt, args=r) for r in racers]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
+    return outcomes
+
+
+@pytest.mark.parametrize("same_partition", [True, False])
+def test_two_attempts_at_once_one_generation_lands_once_two_partitions_both(tmp_path, same_partition):
+    commit(tmp_path, "d0", "Z", files(tmp_path, "d0", "Z", [1]), 1)   # the table exists
+    dates = ("d1", "d1") if same_partition else ("d1", "d2")
+    outcomes = race(tmp_path, [(ds, name, 1, files(tmp_path, ds, name, [2])) for ds, name in zip(dates, "AB")])
     lost = [n for n, o in outcomes.items() if isinstance(o, LostRace)]
     if same_partition:
         assert len(lost) == 1, outcomes
@@ -201,32 +206,7 @@ def test_a_first_commit_lands_beside_another_partitions_overwrite_at_once(tmp_pa
     date for a conflict with it. The append commits again on top: both land (seen in the full
     suite: the other date's run lost its rows and said 'already committed')."""
     commit(tmp_path, "d1", "A", files(tmp_path, "d1", "A", [3]), 1)
-    gate = threading.Barrier(2)
-    outcomes: dict[str, object] = {}
-
-    class Held(DeltaTables):
-        opened = 0
-
-        def _open(self, uri):
-            table = super()._open(uri)
-            Held.opened += 1
-            if Held.opened <= 2:
-                gate.wait(timeout=30)
-            return table
-
-    def attempt(ds: str, name: str, generation: int) -> None:
-        batch = files(tmp_path, ds, name, [2])
-        try:
-            outcomes[name] = Held(str(tmp_path), sink(ds)).commit(
-                sink(ds).layout(str(tmp_path), name), PREDICTIONS, batch, generation=generation,
-                attempt=name, summary={})
-        except LostRace as exc:
-            outcomes[name] = exc
-
-    threads = [threading.Thread(target=attempt, args=args) for args in (("d1", "B", 2), ("d2", "C", 1))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    outcomes = race(tmp_path, [("d1", "B", 2, files(tmp_path, "d1", "B", [2])),
+                               ("d2", "C", 1, files(tmp_path, "d2", "C", [2]))])
     assert not any(isinstance(o, LostRace) for o in outcomes.values()), outcomes
     assert rows(tmp_path, "d1") == ["B"] * 2 and rows(tmp_path, "d2") == ["C"] * 2
