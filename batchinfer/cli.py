@@ -174,6 +174,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"batchinfer {args.command}: {redact(exc.message)}", file=sys.stderr)
         _record_error(exc.exit_code, type(exc).__name__, redact(exc.message))
         return exc.exit_code
+    except BrokenPipeError:
+        # The reader of our output went away (`batchinfer inspect OUT | head`): as a pipe's
+        # writer does, stop without a word (exit 128 + SIGPIPE). Nothing more reaches stdout.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:
         print(f"batchinfer {args.command}: interrupted; nothing was committed by this run", file=sys.stderr)
         _record_error(130, "KeyboardInterrupt", "interrupted; nothing was committed by this run")
@@ -660,6 +665,9 @@ def run() -> None:
     """
     code = main()
     logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BrokenPipeError:   # the pipe's reader is gone: so is what was left to say
+            code = code or 141
     os._exit(code)
