@@ -513,15 +513,14 @@ def _table_read(table, pinned: int | None) -> str:
 
 
 def cmd_plan(args) -> int:
-    from .commands.resolve import list_partition_input, partition_of, pinned_version, resolve
+    from .commands.resolve import partition_listing, partition_of, pinned_version, resolve, shown_partition
     from .commands.run import planned
 
     job = _load(args)
     spec = job.spec
-    committed = partition_of(job).committed() if spec.input.format != "files" else None
-    pinned = pinned_version(job, committed)
-    resolved = resolve(job, listing=list_partition_input(job, committed) if (
-        spec.input.format != "files") else None)
+    partition = partition_of(job)
+    resolved = resolve(job, listing=partition_listing(job, partition))
+    pinned = pinned_version(job, partition.committed()) if resolved.table is not None else None
     print(f"job:        {spec.name}  (spec sha256 {job.spec_sha256[:16]}…)")
     print(f"partition:  {job.ds or '-'}")
     ignored = f", {len(resolved.ignored)} metadata file(s) ignored" if resolved.ignored else ""
@@ -547,8 +546,6 @@ def cmd_plan(args) -> int:
               f"{challenger.triple.model_digest[:16]}…)")
     print("contract:   ok (declaration matches)" if not resolved.challengers
           else "contract:   ok (declarations match)")
-    from .commands.resolve import shown_partition
-
     print(f"output:     {shown_partition(job)}")
     print(f"  {'a run would':<16} {planned(job, resolved)}")
     print(f"runner:     {spec.runner.name}")

@@ -17,14 +17,14 @@ import pyarrow.compute as pc
 
 from ..errors import ContractError, SpecError, StorageError
 from ..io.outputs import PREDICTIONS, write_json
-from ..io.partitions import open_partition
+from ..io.partitions import Committed
 from ..io.records import ShardRecord
 from ..io.shards import ShardReader, Unreadable
 from ..io.storage import url_to_fs
 from ..rows.columns import EXPLANATION, attribution_column
 from ..rows.profile import PROFILE_VERSION, baseline_column, numeric_values
 from ..spec import Job
-from .resolve import list_partition_input, partition_of, records_url, resolve, shown_partition
+from .resolve import list_partition_input, partition_of, resolve, shown_partition
 
 BATCH_ROWS = 65536   # rows per batch when an input shard is read again
 
@@ -105,13 +105,13 @@ def profile_partition(job: Job, out: str) -> ProfileWritten:
     """
     spec = job.spec
     shown = shown_partition(job)
-    manifest = partition_of(job).committed()
+    committed = partition_of(job)
+    manifest = committed.committed()
     if manifest is None:
         raise SpecError(f"{shown} is not committed: score it first (batchinfer run), then profile it")
-    resolved = resolve(job, listing=list_partition_input(job, manifest, reading=True) if (
-        spec.input.format != "files") else None)   # a table: as it was scored
-    partition = open_partition(records_url(job))
-    assert partition is not None
+    # a table input as it was scored: the version the manifest pinned
+    resolved = resolve(job, listing=list_partition_input(job, manifest, reading=True))
+    partition = Committed(shown, manifest, committed.layout(manifest.attempt))
     urls = dict(zip(resolved.shard_names(), (s.url for s in resolved.shards)))
     ids = set(spec.output.id_columns)
     features = list(resolved.features)

@@ -90,7 +90,7 @@ def run_tags(job: Job, attempt: str, device: str) -> dict[str, str]:
 
 def table_tags(manifest: Manifest) -> dict[str, str]:
     """A table output's commit, as MLflow tags: the format, the generation and each table's
-    version (``batchinfer.table.predictions`` → ``/…/tables@3``)."""
+    folder or identifier and version (``batchinfer.table.quarantine`` → ``_quarantine@3``)."""
     table = manifest.table
     if table is None:
         return {}

@@ -102,6 +102,15 @@ def list_partition_input(job: Job, committed: Manifest | None, *, update: bool =
                        table=committed.input_table)
 
 
+def partition_listing(job: Job, partition: PartitionCommit, *, update: bool = False,
+                      reading: bool = False) -> Listing | None:
+    """For a table input, the shards a run of ``partition`` reads (:func:`list_partition_input`
+    on its committed manifest); None for files (:func:`resolve` lists them)."""
+    if job.spec.input.format == "files":
+        return None
+    return list_partition_input(job, partition.committed(), update=update, reading=reading)
+
+
 def list_job_input(job: Job, *, pinned: int | None = None) -> Listing:
     """The job's shards: the files ``input.path`` lists (:func:`~batchinfer.io.shards.list_input`),
     or a table's data files at ``input.version``, else at ``pinned`` (:func:`pinned_version`),

@@ -62,7 +62,7 @@ from .monitor import load_baseline
 from .resolve import (
     Resolved,
     list_job_input,
-    list_partition_input,
+    partition_listing,
     partition_of,
     pinned_version,
     resolve,
@@ -220,9 +220,8 @@ def resolve_run(job: Job, *, started: datetime, t0: float, clock: Clock,
     """
     spec = job.spec
     partition = partition_of(job)
-    listing = list_partition_input(job, partition.committed(), update=update,
-                                   reading=overwrite) if spec.input.format != "files" else None
-    resolved = resolve(job, listing=listing)
+    resolved = resolve(job, listing=partition_listing(job, partition, update=update,
+                                                      reading=overwrite))
     check_runner(spec.runner.name, spec.runner.options)
     # exit 2 before any work when it cannot be read
     baseline = load_baseline(job, resolved.model.declaration)
