@@ -535,7 +535,8 @@ def parse_spec(data: Any, *, source: str = "job spec") -> JobSpec:
     except ValidationError as exc:
         raise SpecError(f"{source}: {_describe(exc)}") from None
     try:
-        check_output_columns(spec.output.id_columns, spec.output.predictions or {})
+        check_output_columns(spec.output.id_columns, spec.output.predictions or {},
+                             partition=spec.output.partition_column if spec.output.format != "files" else None)
     except SpecError as exc:
         raise SpecError(f"{source}: {exc.message}") from None
     return spec

@@ -97,7 +97,7 @@ def prediction_encoding(id_columns: Sequence[str]) -> dict[str, list[str]]:
 
 
 def check_output_columns(id_columns: Sequence[str], predictions: Mapping[str, str], *,
-                         source: str = "output.predictions") -> None:
+                         source: str = "output.predictions", partition: str | None = None) -> None:
     """Refuse id and prediction column names that collide with each other or with ours.
 
     Args:
@@ -106,12 +106,20 @@ def check_output_columns(id_columns: Sequence[str], predictions: Mapping[str, st
             each model output under its own name when the job maps none).
         source: what ``predictions`` is, for the message (``output.predictions``, or the
             model's outputs).
+        partition: a table output's partition column (``output.partition_column``), which
+            the tables hold beside the columns of the files.
 
     Raises:
         SpecError: an empty name, an id column listed twice, two outputs mapped to one column, a
-            prediction column that is also an id column, or either named like an audit column.
+            prediction column that is also an id column, either named like an audit column, or
+            like the tables' partition column.
     """
     seen: set[str] = set()
+    for column in [*id_columns, *predictions.values()]:
+        if partition is not None and column == partition:
+            raise SpecError(f"output.partition_column {partition!r} is also a column the job "
+                            f"writes (an id or prediction column): the tables would hold two "
+                            f"columns of that name; set output.partition_column to another name")
     for column in id_columns:
         if not column:
             raise SpecError("output.id_columns: a column name cannot be empty")

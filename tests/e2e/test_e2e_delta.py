@@ -249,6 +249,14 @@ def test_a_table_output_refuses_a_date_in_its_path_and_a_run_without_a_date(proj
     refused = run_cli("run", str(tmp_path / "job.yaml"), "--ds", DS, cwd=root)
     assert refused.returncode == 2
     assert "leave {ds} out" in one_line_error(refused)
+    # The tables' partition column named like a column the job writes: the model's output y
+    # (known once the model loads), or an id column (known from the spec). Nothing written.
+    for column in ("y", "id"):
+        collides = run(root, OTHER, "--set", f"output.partition_column={column}")
+        assert collides.returncode == 2, collides.stderr
+        assert f"output.partition_column {column!r} is also a column the job writes" in one_line_error(collides)
+        assert not (root / "tables" / f"{column}={OTHER}").exists()
+        assert not (root / "tables" / "_batchinfer" / f"{column}={OTHER}").exists()
 
 
 def test_two_runs_of_one_new_partition_at_once_commit_it_once(tmp_path):

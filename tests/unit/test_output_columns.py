@@ -147,3 +147,13 @@ def test_the_writer_does_not_carry_the_handler():
         schema=None, preprocessor=None, id_columns=()),  # type: ignore[arg-type]
         dataclasses.replace(_run("count"), handler=object()))  # type: ignore[arg-type]
     assert not any(v is not None and type(v) is object for v in vars(writer).values())
+
+
+def test_a_table_outputs_partition_column_may_not_be_a_column_the_job_writes():
+    with pytest.raises(SpecError, match="output.partition_column 'dt' is also a column"):
+        columns.check_output_columns(["id", "dt"], {}, partition="dt")
+    with pytest.raises(SpecError, match="output.partition_column 'dt' is also a column"):
+        columns.check_output_columns(["id"], {"y": "dt"}, partition="dt")
+    columns.check_output_columns(["id", "dt"], {"y": "score"})            # files: no such column
+    columns.check_output_columns(["id"], {"y": "score"}, partition="dt")
+
