@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from ..errors import RuntimeFailure
 from ..redaction import Deferred
@@ -38,6 +38,17 @@ FORMATS: dict[str, str | None] = {
     "iceberg": "batchinfer.io.iceberg_tables:IcebergTables",
 }
 EXTRAS = {"delta": ("deltalake", "batchinfer[delta]"), "iceberg": ("pyiceberg", "batchinfer[iceberg]")}
+
+
+def require(fmt: str, key: str, module: str | None = None) -> Any:
+    """The library of ``fmt`` tables (or ``module`` of it), for ``key`` (``input.format`` or
+    ``output.format``), or exit 5 saying what to install."""
+    library, extra = EXTRAS[fmt]
+    try:
+        return importlib.import_module(module or library)
+    except ImportError:
+        raise RuntimeFailure(f"{key} {fmt} needs {library}, which is not installed: "
+                             f"pip install '{extra}'") from None
 
 
 class LostRace(Exception):
@@ -90,13 +101,8 @@ class Sink:
         target = FORMATS[self.format]
         if target is None:
             return None
-        library, extra = EXTRAS[self.format]
+        require(self.format, "output.format")
         module_name, class_name = target.split(":")
-        try:
-            importlib.import_module(library)
-        except ImportError:
-            raise RuntimeFailure(f"output.format {self.format} needs {library}, which is not "
-                                 f"installed: pip install '{extra}'") from None
         cls = getattr(importlib.import_module(module_name), class_name)
         return cls(url, self)
 

@@ -25,26 +25,18 @@ imported here only, when a table is read (exit 5 naming the extra when missing).
 """
 from __future__ import annotations
 
-import importlib
 from typing import Any, Mapping
 
-from ..errors import NoShardsError, RuntimeFailure, SpecError, StorageError, TableVersionGone, one_line
+from ..errors import NoShardsError, SpecError, StorageError, TableVersionGone, one_line
+from . import sinks
 from .records import InputTable
 from .shards import Listing, Shard
 from .storage import delta_options, iceberg_s3_options, local_path
 
-EXTRAS = {"delta": ("deltalake", "pip install 'batchinfer[delta]'"),
-          "iceberg": ("pyiceberg", "pip install 'batchinfer[iceberg]'")}
-
 
 def require(fmt: str, module: str | None = None) -> Any:
-    """The library that reads ``fmt`` tables, or exit 5 saying what to install."""
-    package, install = EXTRAS[fmt]
-    try:
-        return importlib.import_module(module or package)
-    except ImportError:
-        raise RuntimeFailure(f"input.format {fmt} needs {package}, which is not installed: "
-                             f"{install}") from None
+    """The library that reads ``fmt`` tables, or exit 5 saying what to install (io/sinks.py)."""
+    return sinks.require(fmt, "input.format", module)
 
 
 def list_table(fmt: str, table: str, *, filter: Mapping[str, str], version: int | None,
