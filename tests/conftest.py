@@ -8,18 +8,24 @@ from pathlib import Path
 
 pytest_plugins = ["servers", "factories", "outcomes"]
 
-# The modules that take longest (seconds of a whole run, measured with --junitxml), run first:
-# with ``-n 2 --dist loadscope`` each module goes to one worker, in collection order, so a long
-# module collected last would leave one worker alone at the end. Only the modules' order changes;
-# each module's own order is kept (test_backends.py's last test reads what the ones before ran).
+# The modules that take longest (seconds of a whole `pytest -n 2 --durations=0` run, summed per
+# module), run first: with ``-n 2 --dist loadscope`` each module goes to one worker, in collection
+# order (``--no-loadscope-reorder`` in pyproject.toml: xdist otherwise reorders the modules by their
+# number of tests, which sent the one-test gpu_check module, 33 s, to the very end and left the other
+# worker idle meanwhile), so a long module collected last would leave one worker alone at the end.
+# Only the modules' order changes; each module's own order is kept (test_backends.py's last test
+# reads what the ones before ran).
 LONGEST_FIRST = [
-    "with_servers/test_distributed_runners.py", "with_servers/test_isolated_workers.py",
-    "faults/test_crash.py", "with_servers/test_tracking.py",
-    "e2e/test_airflow.py", "e2e/test_e2e_explain.py", "with_servers/test_s3.py",
-    "conformance/test_gpu_check.py",
-    "faults/test_concurrency.py", "e2e/test_text_embeddings.py", "conformance/test_backends.py",
-    "with_servers/test_secrets.py", "with_servers/test_model_store.py", "e2e/test_hardening.py",
-    "e2e/test_monitoring.py",
+    "e2e/test_airflow.py", "with_servers/test_distributed_runners.py", "with_servers/test_isolated_workers.py",
+    "e2e/test_text_embeddings.py", "with_servers/test_s3.py", "e2e/test_e2e_explain.py",
+    "with_servers/test_model_store.py", "conformance/test_gpu_check.py", "faults/test_crash.py",
+    "e2e/test_quantize.py", "with_servers/test_tracking.py", "e2e/test_monitoring.py",
+    "conformance/test_backends.py", "e2e/test_hardening.py", "faults/test_concurrency.py",
+    "unit/test_registries.py", "e2e/test_e2e_challengers.py", "unit/test_property.py",
+    "e2e/test_backfill_diff.py", "e2e/test_e2e_delta.py", "faults/test_update_faults.py",
+    "e2e/test_e2e_preprocess_faults.py", "e2e/test_e2e_token_batches.py", "with_servers/test_secrets.py",
+    "with_servers/test_iceberg_s3.py", "e2e/test_triple_code.py", "e2e/test_e2e_errors.py",
+    "faults/test_interrupt.py", "e2e/test_export.py", "unit/test_speed_paths.py",
 ]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -239,6 +240,19 @@ class NoTracking:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def ctrl_c_reaches_children() -> Iterator[None]:
+    """A suite started in the background by a script (``pytest … &`` without job control)
+    inherits SIGINT ignored, and so would every process it starts: Python installs its
+    KeyboardInterrupt handler only where SIGINT is not ignored, so the tests that press Ctrl-C
+    on a run (test_interrupt.py, the Dask launcher's) would wait for a process that never
+    hears it. A handled SIGINT is reset to the default in a child, an ignored one is not: the
+    handler here gives every child the disposition a terminal's process has."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+
+
+@pytest.fixture(scope="session", autouse=True)
 def model_cache(tmp_path_factory) -> Iterator[Path]:
     """The session's model cache (``$BATCHINFER_MODEL_CACHE``): models fetched from a store by a
     test's jobs land here, never in ``~/.cache``. A test that counts downloads sets its own."""
@@ -385,6 +399,7 @@ def assert_same_result(out: Path, reference: Path, shard_paths: Sequence[Path]) 
 # it runs after a run's decision, so each racer is past its manifest check when any commits.
 BARRIER_SOURCE = '''\
 import os
+import signal
 import time
 from pathlib import Path
 
