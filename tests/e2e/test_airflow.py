@@ -53,7 +53,8 @@ UNSET = "BATCHINFER_TEST_NEVER_SET"
 def airflow(tmp_path_factory) -> dict:
     """A jobs folder holding the stamped demo job, a second job without nightly.yaml, a third
     whose nightly.yaml is wrong, a fourth (``setup``) for the tests to break, and an AIRFLOW_HOME
-    with a migrated sqlite database; returns the environment for Airflow commands."""
+    with a migrated sqlite database; returns the environment for Airflow commands, and the DAG
+    file's parses (:func:`parse_then_migrate`: the interpreter that migrates parses first)."""
     from batchinfer.commands.stamp import stamp
     from batchinfer.demo import write_demo
     from batchinfer.spec import load_job
@@ -76,10 +77,11 @@ def airflow(tmp_path_factory) -> dict:
     env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
            "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "BATCHINFER_JOBS_DIR": str(root / "jobs")}
     env.pop(UNSET, None)
-    migrated = subprocess.run([str(AIRFLOW), "db", "migrate"], env=env, capture_output=True, text=True,
-                              timeout=300)
-    assert migrated.returncode == 0, migrated.stdout + migrated.stderr
-    return {"env": env, "job": job, "home": home, "data": paths["data"], "setup": setup}
+    bad = write_bad_jobs(root / "bad-jobs", job)
+    jobs_dirs = {"demo": env["BATCHINFER_JOBS_DIR"], "default": None, "bad": str(bad)}
+    parses = dict(zip(jobs_dirs, parse_then_migrate(env, list(jobs_dirs.values()))))
+    return {"env": env, "job": job, "home": home, "data": paths["data"], "setup": setup,
+            "parses": {"bad folder": bad, **parses}}
 
 
 def write_nightly(job: Path, settings: dict) -> None:
@@ -241,29 +243,35 @@ PARSE = textwrap.dedent("""\
         heavy = sorted({m.split(".")[0] for m in sys.modules} & set(sys.argv[2].split(",")))
         return {"errors": {k: str(v) for k, v in bag.import_errors.items()}, "dags": dags, "heavy": heavy}
 
-    print(json.dumps([parse(jobs_dir) for jobs_dir in json.loads(sys.argv[3])]))
+    parsed = [parse(jobs_dir) for jobs_dir in json.loads(sys.argv[3])]
+    from airflow.__main__ import main
+
+    sys.argv = ["airflow", "db", "migrate"]
+    main()
+    print(json.dumps(parsed))
     """)
 
 
-def parse(env: dict, jobs_dirs: list[str | None]) -> list[dict]:
+def parse_then_migrate(env: dict, jobs_dirs: list[str | None]) -> list[dict]:
     """The DAG folder parsed by Airflow's DagBag once per jobs folder (``None``: with
-    BATCHINFER_JOBS_DIR unset), in order, all in one fresh interpreter."""
+    BATCHINFER_JOBS_DIR unset), in order, then ``airflow db migrate``, all in one fresh
+    interpreter: Airflow's import (3-4 s) once for the three parses and the migration, which
+    comes last, not to add its imports to those of the parses.
+
+    Each DagBag imports the file anew (Airflow's Python importer drops its module from
+    sys.modules and executes the file again), so each parse builds its own folder's DAGs: their
+    ids, different in each folder, are asserted."""
     result = subprocess.run([sys.executable, "-c", PARSE, str(DAGS), ",".join(HEAVY), json.dumps(jobs_dirs)],
                             env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 0, result.stdout + result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
-def parses(airflow, tmp_path_factory) -> dict:
+def parses(airflow) -> dict:
     """The DAG file parsed with the jobs folder of :func:`airflow` (``demo``), with
-    BATCHINFER_JOBS_DIR unset (``default``) and with the jobs of :data:`BAD_JOBS` (``bad``):
-    Airflow's import (3-4 s) once for the three. Each DagBag imports the file anew (Airflow's
-    Python importer drops its module from sys.modules and executes the file again), so each
-    parse builds its own folder's DAGs: their ids, different in each folder, are asserted."""
-    bad = write_bad_jobs(tmp_path_factory.mktemp("bad-jobs"), airflow["job"])
-    jobs_dirs = {"demo": airflow["env"]["BATCHINFER_JOBS_DIR"], "default": None, "bad": str(bad)}
-    return {"bad folder": bad, **dict(zip(jobs_dirs, parse(airflow["env"], list(jobs_dirs.values()))))}
+    BATCHINFER_JOBS_DIR unset (``default``) and with the jobs of :data:`BAD_JOBS` (``bad``)."""
+    return airflow["parses"]
 
 
 @pytest.fixture(scope="module")
@@ -339,10 +347,11 @@ for number, bad in enumerate(BAD_MARKERS):
 
 
 def write_bad_jobs(jobs: Path, demo: Path) -> Path:
-    """In ``jobs``, every bad job of :data:`BAD_JOBS` and two good ones, from the demo's job.yaml."""
+    """In ``jobs`` (a new folder), every bad job of :data:`BAD_JOBS` and two good ones, from the demo's job.yaml."""
     import yaml
 
     spec = yaml.safe_load((demo / "job.yaml").read_text())
+    jobs.mkdir()
     for folder, nightly, changes, _ in [("good", None, {}, ""), ("dotted", '{"marker": ".done"}', {}, ""),
                                         *BAD_JOBS.values()]:
         (jobs / folder).mkdir()
@@ -354,7 +363,7 @@ def write_bad_jobs(jobs: Path, demo: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def bad_jobs(parses) -> dict:
-    """The jobs folder of :func:`write_bad_jobs`, parsed once (by :func:`parses`)."""
+    """The jobs folder of :func:`write_bad_jobs`, parsed once (:func:`parse_then_migrate`)."""
     return {"folder": parses["bad folder"], **parses["bad"]}
 
 
