@@ -347,7 +347,8 @@ for number, bad in enumerate(BAD_MARKERS):
 
 
 def write_bad_jobs(jobs: Path, demo: Path) -> Path:
-    """In ``jobs`` (a new folder), every bad job of :data:`BAD_JOBS` and two good ones, from the demo's job.yaml."""
+    """In ``jobs`` (a new folder), every bad job of :data:`BAD_JOBS` and two good ones, made
+    from the demo's job.yaml."""
     import yaml
 
     spec = yaml.safe_load((demo / "job.yaml").read_text())
@@ -417,13 +418,13 @@ def in_a_fork(work, timeout: int) -> tuple[int, str]:
             os._exit(code)
     os.close(write)
     status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-    with os.fdopen(read) as answer:
+    with os.fdopen(read, errors="replace") as answer:
         return status, answer.read()
 
 
 def sigterm_while_waiting(nightly) -> str:
     """What stop_child_on_sigterm makes of a SIGTERM while its process waits for batchinfer."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as in a task's process: pytest's is not
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as in a fresh task process, whatever pytest set
     child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline() == "ready\n"
     threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()  # as Airflow stops a task
