@@ -18,11 +18,14 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+import traceback
 import warnings
 from pathlib import Path
 
@@ -50,7 +53,8 @@ UNSET = "BATCHINFER_TEST_NEVER_SET"
 def airflow(tmp_path_factory) -> dict:
     """A jobs folder holding the stamped demo job, a second job without nightly.yaml, a third
     whose nightly.yaml is wrong, a fourth (``setup``) for the tests to break, and an AIRFLOW_HOME
-    with a migrated sqlite database; returns the environment for Airflow commands."""
+    with a migrated sqlite database; returns the environment for Airflow commands, and the DAG
+    file's parses (:func:`parse_then_migrate`: the interpreter that migrates parses first)."""
     from batchinfer.commands.stamp import stamp
     from batchinfer.demo import write_demo
     from batchinfer.spec import load_job
@@ -73,10 +77,11 @@ def airflow(tmp_path_factory) -> dict:
     env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
            "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "BATCHINFER_JOBS_DIR": str(root / "jobs")}
     env.pop(UNSET, None)
-    migrated = subprocess.run([str(AIRFLOW), "db", "migrate"], env=env, capture_output=True, text=True,
-                              timeout=300)
-    assert migrated.returncode == 0, migrated.stdout + migrated.stderr
-    return {"env": env, "job": job, "home": home, "data": paths["data"], "setup": setup}
+    bad = write_bad_jobs(root / "bad-jobs", job)
+    jobs_dirs = {"demo": env["BATCHINFER_JOBS_DIR"], "default": None, "bad": str(bad)}
+    parses = dict(zip(jobs_dirs, parse_then_migrate(env, list(jobs_dirs.values()))))
+    return {"env": env, "job": job, "home": home, "data": paths["data"], "setup": setup,
+            "parses": {"bad folder": bad, **parses}}
 
 
 def write_nightly(job: Path, settings: dict) -> None:
@@ -216,36 +221,62 @@ def shards_of(folder: Path) -> list[Path]:
 # -- parsing --------------------------------------------------------------------------------------
 
 PARSE = textwrap.dedent("""\
-    import json, sys
+    import json, os, sys
     from airflow.dag_processing.dagbag import DagBag
 
-    bag = DagBag(dag_folder=sys.argv[1])
-    dags = {}
-    for dag_id, dag in bag.dags.items():
-        dags[dag_id] = {
-            "schedule": repr(dag.timetable), "catchup": dag.catchup,
-            "start": dag.start_date and dag.start_date.isoformat(), "description": dag.description,
-            "max_active_runs": dag.max_active_runs,
-            "tasks": {t.task_id: {"retries": t.retries, "retry_delay": t.retry_delay.total_seconds(),
-                                  "downstream": sorted(t.downstream_task_ids),
-                                  "mode": getattr(t, "mode", None)} for t in dag.tasks}}
-    heavy = sorted({m.split(".")[0] for m in sys.modules} & set(sys.argv[2].split(",")))
-    print(json.dumps({"errors": {k: str(v) for k, v in bag.import_errors.items()}, "dags": dags,
-                      "heavy": heavy}))
+    def parse(jobs_dir):
+        if jobs_dir is None:
+            os.environ.pop("BATCHINFER_JOBS_DIR", None)
+        else:
+            os.environ["BATCHINFER_JOBS_DIR"] = jobs_dir
+        bag = DagBag(dag_folder=sys.argv[1])  # imports the DAG file anew: it reads the variable
+        dags = {}
+        for dag_id, dag in bag.dags.items():
+            dags[dag_id] = {
+                "schedule": repr(dag.timetable), "catchup": dag.catchup,
+                "start": dag.start_date and dag.start_date.isoformat(), "description": dag.description,
+                "max_active_runs": dag.max_active_runs,
+                "tasks": {t.task_id: {"retries": t.retries, "retry_delay": t.retry_delay.total_seconds(),
+                                      "downstream": sorted(t.downstream_task_ids),
+                                      "mode": getattr(t, "mode", None)} for t in dag.tasks}}
+        # Imported so far: by this parse or an earlier one (sys.modules only grows).
+        heavy = sorted({m.split(".")[0] for m in sys.modules} & set(sys.argv[2].split(",")))
+        return {"errors": {k: str(v) for k, v in bag.import_errors.items()}, "dags": dags, "heavy": heavy}
+
+    parsed = [parse(jobs_dir) for jobs_dir in json.loads(sys.argv[3])]
+    from airflow.__main__ import main
+
+    sys.argv = ["airflow", "db", "migrate"]
+    main()
+    print(json.dumps(parsed))
     """)
 
 
-def parse(env: dict) -> dict:
-    """The DAG folder parsed by Airflow's DagBag in a fresh interpreter."""
-    result = subprocess.run([sys.executable, "-c", PARSE, str(DAGS), ",".join(HEAVY)], env=env,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
+def parse_then_migrate(env: dict, jobs_dirs: list[str | None]) -> list[dict]:
+    """The DAG folder parsed by Airflow's DagBag once per jobs folder (``None``: with
+    BATCHINFER_JOBS_DIR unset), in order, then ``airflow db migrate``, all in one fresh
+    interpreter: Airflow's import (3-4 s) once for the three parses and the migration, which
+    comes last, not to add its imports to those of the parses.
+
+    Each DagBag imports the file anew (Airflow's Python importer drops its module from
+    sys.modules and executes the file again), so each parse builds its own folder's DAGs: their
+    ids, different in each folder, are asserted."""
+    result = subprocess.run([sys.executable, "-c", PARSE, str(DAGS), ",".join(HEAVY), json.dumps(jobs_dirs)],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
-def parsed(airflow) -> dict:
-    return parse(airflow["env"])
+def parses(airflow) -> dict:
+    """The DAG file parsed with the jobs folder of :func:`airflow` (``demo``), with
+    BATCHINFER_JOBS_DIR unset (``default``) and with the jobs of :data:`BAD_JOBS` (``bad``)."""
+    return airflow["parses"]
+
+
+@pytest.fixture(scope="module")
+def parsed(parses) -> dict:
+    return parses["demo"]
 
 
 def test_dagbag_has_one_dag_per_job_with_retries_schedule_and_catchup(parsed):
@@ -263,14 +294,14 @@ def test_dagbag_has_one_dag_per_job_with_retries_schedule_and_catchup(parsed):
         assert dag["start"] == "2026-01-01T00:00:00+00:00"
 
 
-def test_parsing_the_dag_file_imports_no_heavy_library(parsed):
-    assert parsed["dags"]  # something was parsed
-    assert parsed["heavy"] == []
+def test_parsing_the_dag_file_imports_no_heavy_library(parses):
+    assert parses["demo"]["dags"]  # something was parsed
+    assert parses["demo"]["heavy"] == []  # the first parse: its own imports
+    assert parses["default"]["heavy"] == parses["bad"]["heavy"] == []  # and after all three
 
 
-def test_the_repository_jobs_folder_is_the_default(airflow):
-    env = {k: v for k, v in airflow["env"].items() if k != "BATCHINFER_JOBS_DIR"}
-    parsed = parse(env)
+def test_the_repository_jobs_folder_is_the_default(parses):
+    parsed = parses["default"]
     assert parsed["errors"] == {}
     assert sorted(parsed["dags"]) == ["nightly_credit_risk", "nightly_text_embeddings"]
     assert sorted(parsed["dags"]["nightly_credit_risk"]["tasks"]) == ["score", "wait_for_marker"]
@@ -315,20 +346,26 @@ for number, bad in enumerate(BAD_MARKERS):
                                    "nightly.yaml: marker: must be one file name such as _SUCCESS")
 
 
-@pytest.fixture(scope="module")
-def bad_jobs(airflow, tmp_path_factory) -> dict:
-    """One jobs folder with every bad job of :data:`BAD_JOBS` and two good ones, parsed once."""
+def write_bad_jobs(jobs: Path, demo: Path) -> Path:
+    """In ``jobs`` (a new folder), every bad job of :data:`BAD_JOBS` and two good ones, made
+    from the demo's job.yaml."""
     import yaml
 
-    jobs = tmp_path_factory.mktemp("bad-jobs")
-    demo = yaml.safe_load((airflow["job"] / "job.yaml").read_text())
+    spec = yaml.safe_load((demo / "job.yaml").read_text())
+    jobs.mkdir()
     for folder, nightly, changes, _ in [("good", None, {}, ""), ("dotted", '{"marker": ".done"}', {}, ""),
                                         *BAD_JOBS.values()]:
         (jobs / folder).mkdir()
-        (jobs / folder / "job.yaml").write_text(json.dumps({**demo, **changes}))
+        (jobs / folder / "job.yaml").write_text(json.dumps({**spec, **changes}))
         if nightly is not None:
             (jobs / folder / "nightly.yaml").write_text(nightly)
-    return {"folder": jobs, **parse({**airflow["env"], "BATCHINFER_JOBS_DIR": str(jobs)})}
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def bad_jobs(parses) -> dict:
+    """The jobs folder of :func:`write_bad_jobs`, parsed once (:func:`parse_then_migrate`)."""
+    return {"folder": parses["bad folder"], **parses["bad"]}
 
 
 def test_bad_jobs_do_not_stop_the_good_ones(bad_jobs):
@@ -355,30 +392,54 @@ def test_a_bad_job_gets_a_dag_that_names_its_error(bad_jobs, case):
         assert dag_id.startswith("nightly_") and dag_id != "nightly_my_job"
 
 
-STOP = textwrap.dedent("""\
-    import importlib.util, os, signal, subprocess, sys, threading
-
-    spec = importlib.util.spec_from_file_location("nightly_scoring", sys.argv[1])
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    child = subprocess.Popen([sys.executable, "-c", sys.argv[2]], stdout=subprocess.PIPE, text=True)
-    assert child.stdout.readline() == "ready\\n"
-    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()  # as Airflow stops a task
-    with module.stop_child_on_sigterm(child):
-        child.wait()
-    print("child exit", child.returncode)
-    """)
 # Stands in for batchinfer, whose own answer to Ctrl-C is tested in tests/faults/test_interrupt.py.
 CHILD = ("import sys, time\nprint('ready', flush=True)\ntry:\n    time.sleep(60)\n"
          "except KeyboardInterrupt:\n    sys.exit(130)\n")
 
 
-def test_sigterm_to_the_task_reaches_batchinfer_as_ctrl_c(airflow):
+def in_a_fork(work, timeout: int) -> tuple[int, str]:
+    """``work()`` in a child forked from this process: its exit code (``-N``: killed by signal
+    N) and what ``work`` returned, or its traceback. The child never returns into pytest, and
+    SIGALRM ends it after ``timeout`` seconds (its default action, not pytest-timeout's)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(read)
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            signal.alarm(timeout)
+            try:
+                said, code = work(), 0
+            except BaseException:
+                said = traceback.format_exc()
+            os.write(write, said.encode()[-16000:])  # within the pipe's buffer: read after the exit
+        finally:
+            os._exit(code)
+    os.close(write)
+    status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    with os.fdopen(read, errors="replace") as answer:
+        return status, answer.read()
+
+
+def sigterm_while_waiting(nightly) -> str:
+    """What stop_child_on_sigterm makes of a SIGTERM while its process waits for batchinfer."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as in a fresh task process, whatever pytest set
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "ready\n"
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()  # as Airflow stops a task
+    with nightly.stop_child_on_sigterm(child):
+        child.wait()
+    return f"child exit {child.returncode}"
+
+
+def test_sigterm_to_the_task_reaches_batchinfer_as_ctrl_c(nightly):
+    """In a child forked from this process, which has imported the DAG file (:func:`nightly`):
+    a fresh interpreter would import Airflow again (~2 s)."""
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-c", STOP, str(DAGS / "nightly_scoring.py"), CHILD],
-                            env=airflow["env"], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr  # SIGTERM did not kill the task's process
-    assert result.stdout.strip().splitlines()[-1] == "child exit 130"
+    code, said = in_a_fork(lambda: sigterm_while_waiting(nightly), timeout=120)
+    assert code == 0, said  # SIGTERM did not kill the task's process
+    assert said == "child exit 130"
     assert time.monotonic() - started < 60  # the child was stopped, not waited out
 
 
