@@ -18,14 +18,11 @@ import json
 import logging
 import os
 import shutil
-import signal
 import sqlite3
 import subprocess
 import sys
 import textwrap
-import threading
 import time
-import traceback
 import warnings
 from pathlib import Path
 
@@ -392,54 +389,30 @@ def test_a_bad_job_gets_a_dag_that_names_its_error(bad_jobs, case):
         assert dag_id.startswith("nightly_") and dag_id != "nightly_my_job"
 
 
+STOP = textwrap.dedent("""\
+    import importlib.util, os, signal, subprocess, sys, threading
+
+    spec = importlib.util.spec_from_file_location("nightly_scoring", sys.argv[1])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    child = subprocess.Popen([sys.executable, "-c", sys.argv[2]], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "ready\\n"
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()  # as Airflow stops a task
+    with module.stop_child_on_sigterm(child):
+        child.wait()
+    print("child exit", child.returncode)
+    """)
 # Stands in for batchinfer, whose own answer to Ctrl-C is tested in tests/faults/test_interrupt.py.
 CHILD = ("import sys, time\nprint('ready', flush=True)\ntry:\n    time.sleep(60)\n"
          "except KeyboardInterrupt:\n    sys.exit(130)\n")
 
 
-def in_a_fork(work, timeout: int) -> tuple[int, str]:
-    """``work()`` in a child forked from this process: its exit code (``-N``: killed by signal
-    N) and what ``work`` returned, or its traceback. The child never returns into pytest, and
-    SIGALRM ends it after ``timeout`` seconds (its default action, not pytest-timeout's)."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.close(read)
-            signal.signal(signal.SIGALRM, signal.SIG_DFL)
-            signal.alarm(timeout)
-            try:
-                said, code = work(), 0
-            except BaseException:
-                said = traceback.format_exc()
-            os.write(write, said.encode()[-16000:])  # within the pipe's buffer: read after the exit
-        finally:
-            os._exit(code)
-    os.close(write)
-    status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-    with os.fdopen(read, errors="replace") as answer:
-        return status, answer.read()
-
-
-def sigterm_while_waiting(nightly) -> str:
-    """What stop_child_on_sigterm makes of a SIGTERM while its process waits for batchinfer."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as in a fresh task process, whatever pytest set
-    child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
-    assert child.stdout.readline() == "ready\n"
-    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()  # as Airflow stops a task
-    with nightly.stop_child_on_sigterm(child):
-        child.wait()
-    return f"child exit {child.returncode}"
-
-
-def test_sigterm_to_the_task_reaches_batchinfer_as_ctrl_c(nightly):
-    """In a child forked from this process, which has imported the DAG file (:func:`nightly`):
-    a fresh interpreter would import Airflow again (~2 s)."""
+def test_sigterm_to_the_task_reaches_batchinfer_as_ctrl_c(airflow):
     started = time.monotonic()
-    code, said = in_a_fork(lambda: sigterm_while_waiting(nightly), timeout=120)
-    assert code == 0, said  # SIGTERM did not kill the task's process
-    assert said == "child exit 130"
+    result = subprocess.run([sys.executable, "-c", STOP, str(DAGS / "nightly_scoring.py"), CHILD],
+                            env=airflow["env"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr  # SIGTERM did not kill the task's process
+    assert result.stdout.strip().splitlines()[-1] == "child exit 130"
     assert time.monotonic() - started < 60  # the child was stopped, not waited out
 
 
