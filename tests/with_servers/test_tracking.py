@@ -397,19 +397,19 @@ def test_runs_in_one_process_share_one_helper_and_each_gets_its_own_mlflow_run(t
     assert client.get_run(second[1]).info.start_time >= client.get_run(first[1]).info.end_time
 
 
-def test_a_changed_environment_or_a_failed_run_gets_a_new_helper(tmp_path, stamped_template, monkeypatch):
+def test_a_changed_environment_gets_a_new_helper_and_a_failed_run_hands_none_on(
+        tmp_path, stamped_template, monkeypatch):
     """A helper is reused only by a run that would start the same one, and only after a run
-    that ended well: else it is stopped (its stdout ends) and the next run starts its own."""
+    that ended well: else it is stopped (it exits: its stdin was closed)."""
     uri = sqlite_store(stamped_template, tmp_path)
     first = tracked(uri, "new-helper", "first")
     monkeypatch.setenv("BATCHINFER_TEST_HELPER", "changed")
-    changed = tracked(uri, "new-helper", "changed", status="FAILED")
+    changed = tracked(uri, "new-helper", "changed")
     assert changed[0] is not first[0] and changed[1] and changed[2]
-    assert first[0].wait(timeout=30) == 0   # stopped: its stdin was closed
-    after_failed = tracked(uri, "new-helper", "after-failed")
-    assert after_failed[0] is not changed[0] and after_failed[2]
-    assert changed[0].wait(timeout=30) == 0
-    assert tracked(uri, "new-helper", "again")[0] is after_failed[0]   # and that one is reused
+    assert first[0].wait(timeout=30) == 0
+    failed = tracked(uri, "new-helper", "failed", status="FAILED")
+    assert failed[0] is changed[0] and failed[1] and failed[2]   # the same environment: reused
+    assert failed[0].wait(timeout=30) == 0                        # then stopped, not kept
 
 
 def test_a_run_whose_tracking_failed_does_not_hand_its_helper_on(tmp_path, stamped_template):
