@@ -175,8 +175,8 @@ class TrackingRun:
     its stdin/stdout (see :func:`_serve`).
 
     The helper starts at construction (or the process's kept one is taken: :func:`_take_helper`)
-    and imports MLflow; :meth:`prepare` lets it connect to
-    the store (creating the experiment if missing); no run exists in MLflow until :meth:`open`.
+    and imports MLflow; :meth:`prepare` lets it connect to the store (creating the experiment if
+    missing); no run exists in MLflow until :meth:`open`.
     A job that fails its pre-flight checks never calls either, and leaves nothing behind.
 
     Args:
