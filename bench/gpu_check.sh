@@ -23,15 +23,37 @@ while [ $# -gt 0 ]; do
   esac
 done
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
-if ! "$PY" -c "import apache_beam, pandera.polars, polars, pydantic" 2>/dev/null && [ -f .whl/site.tar.xz ]; then
+# The packages and torch's version line in one interpreter (Beam's import and torch's cost
+# seconds each): exit 3 if Beam, pandera, polars or pydantic failed to import (then the carried
+# packages are extracted and it runs once more), 4 if torch did.
+check='import sys, traceback
+try:
+    import apache_beam, pandera.polars, polars, pydantic
+except Exception:
+    traceback.print_exc()
+    sys.exit(3)
+try:
+    import torch
+except Exception:
+    traceback.print_exc()
+    sys.exit(4)
+print("torch", torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count())'
+rc=0
+{ errors=$("$PY" -c "$check" 2>&1 >&3) || rc=$?; } 3>&1   # its stderr held back: see below
+if [ "$rc" = 3 ] && [ -f .whl/site.tar.xz ]; then   # its stderr dropped: the second try's shows
   mkdir -p /tmp/site && tar -xJf .whl/site.tar.xz -C /tmp/site   # the carried packages
   export PYTHONPATH="/tmp/site:$PYTHONPATH"
+  rc=0
+  "$PY" -c "$check" || rc=$?
+elif [ -n "$errors" ]; then
+  printf '%s\n' "$errors" >&2
 fi
-"$PY" -c "import apache_beam, pandera.polars, polars, pydantic, torch" || {
+if [ "$rc" = 3 ] || [ "$rc" = 4 ]; then
   echo "gpu_check.sh: packages missing: run bench/gpu_wheels.sh on the build machine and carry .whl" >&2
   exit 2
-}
-"$PY" -c "import torch, sys; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'devices', torch.cuda.device_count())"
+elif [ "$rc" != 0 ]; then   # the imports passed, the version line failed: its exit code
+  exit "$rc"
+fi
 if [ "$device" = cuda ]; then
   selection=(-m gpu -k torch)        # the GPU cases of the conformance suite, torch backend
 else

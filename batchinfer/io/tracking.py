@@ -95,6 +95,77 @@ def start_helper(env: Mapping[str, str]) -> Helper:
                             stderr=subprocess.DEVNULL, text=True, bufsize=1, env=dict(env))
 
 
+# A process that runs jobs one after another (`batchinfer backfill`, a run per date; callers of
+# batchinfer.cli.main such as bench/gpu_check.py) would start a helper per run and pay MLflow's
+# import each time: 2.5 s of CPU, most of it waited for before the manifest's header. So a
+# helper whose run ended well, or that was never asked anything, is kept for the process's next
+# run (_serve takes another prepare/open after a finish). At most one is kept, and only for a run
+# that would start an identical one; it exits with the process, whose end closes its stdin.
+_kept_lock = threading.Lock()
+_kept: list[tuple[tuple, Helper]] = []   # (what it was started with, the helper): one at most
+
+
+# Set in this process, where unset, by its first run's imports (polars: its allocator's
+# settings; pandera: pyspark's), to these values. A helper behaves alike with or without them
+# (MLflow's import sets polars' the same; it never imports pyspark), so they do not stop one
+# started before from being reused.
+_SET_BY_IMPORTS = {"_RJEM_MALLOC_CONF": "dirty_decay_ms:500,muzzy_decay_ms:1000",
+                   "SPARK_LOCAL_IP": "127.0.0.1", "PYARROW_IGNORE_TIMEZONE": "1"}
+
+
+def _helper_key(env: Mapping[str, str]) -> tuple:
+    """What a helper is started with: its environment (but :data:`_SET_BY_IMPORTS`); the pid: a
+    forked child must not share its parent's pipes; the working directory: a relative sqlite or
+    folder store is the helper's cwd's; the starter: tests/forkserver.py puts its own."""
+    cwd: object
+    try:
+        cwd = os.getcwd()
+    except OSError:  # removed: no helper matches
+        cwd = object()
+    started_with = sorted((k, v) for k, v in env.items() if _SET_BY_IMPORTS.get(k) != v)
+    return os.getpid(), start_helper, cwd, tuple(started_with)
+
+
+def _take_helper(env: Mapping[str, str]) -> Helper:
+    """The kept helper, if it was started with ``env`` here and is still there; else a new one
+    (the kept one is stopped)."""
+    key = _helper_key(env)
+    with _kept_lock:
+        kept, _kept[:] = list(_kept), []
+    for started_with, helper in kept:
+        if started_with == key and _idle(helper):
+            return helper
+        _stop(helper)
+    return start_helper(env)
+
+
+def _keep(helper: Helper, env: Mapping[str, str]) -> None:
+    """Keep ``helper`` (started with ``env``) for the next run, stopping one kept before."""
+    with _kept_lock:
+        kept, _kept[:] = list(_kept), [(_helper_key(env), helper)]
+    for _, old in kept:
+        _stop(old)
+
+
+def _idle(helper: Helper) -> bool:
+    """True if the helper has nothing to say: one that ended (its stdout at end of file) or
+    wrote out of turn is not reused."""
+    try:
+        ready, _, _ = select.select([helper.stdout], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return not ready
+
+
+def _stop(helper: Helper) -> None:
+    """Close the helper's stdin; it exits by itself. Not waited for: its interpreter's shutdown
+    (SQLAlchemy, MLflow) takes most of a second and holds nothing of ours."""
+    try:
+        helper.stdin.close()
+    except OSError:
+        helper.kill()
+
+
 class TrackingRun:
     """An MLflow run opened by a helper process; :meth:`finish` logs and closes it.
 
@@ -103,8 +174,9 @@ class TrackingRun:
     core while the job imports Beam and scores. The child speaks one JSON object per line on
     its stdin/stdout (see :func:`_serve`).
 
-    The helper starts at construction and imports MLflow; :meth:`prepare` lets it connect to
-    the store (creating the experiment if missing); no run exists in MLflow until :meth:`open`.
+    The helper starts at construction (or the process's kept one is taken: :func:`_take_helper`)
+    and imports MLflow; :meth:`prepare` lets it connect to the store (creating the experiment if
+    missing); no run exists in MLflow until :meth:`open`.
     A job that fails its pre-flight checks never calls either, and leaves nothing behind.
 
     Args:
@@ -119,9 +191,11 @@ class TrackingRun:
         self.run_id: str | None = None
         self.error: str | None = None
         self._opened = False
+        self._asked = False   # anything sent to the helper: else close() keeps it for the next run
+        self._env = {**MLFLOW_DEFAULTS, **os.environ}
         self._child: Helper | None
         try:
-            self._child = start_helper({**MLFLOW_DEFAULTS, **os.environ})
+            self._child = _take_helper(self._env)
         except OSError as exc:
             self._child = None
             self.error = short_error(exc)
@@ -157,7 +231,10 @@ class TrackingRun:
             self._close()
 
     def close(self) -> None:
-        """Stop the helper without creating or finishing a run."""
+        """Stop the helper without creating or finishing a run (one that was never asked
+        anything is kept for the process's next run instead)."""
+        if self._child is not None and not self._asked:
+            self._hand_on()
         self._close()
 
     def _pipes(self) -> tuple[Any, Any]:
@@ -166,6 +243,7 @@ class TrackingRun:
         return self._child.stdin, self._child.stdout
 
     def _send(self, message: dict) -> None:
+        self._asked = True
         stdin, _ = self._pipes()
         stdin.write(json.dumps(message) + "\n")
         stdin.flush()
@@ -214,20 +292,22 @@ class TrackingRun:
             self.error = reply.get("error")
         except (TimeoutError, ConnectionError, ValueError, OSError) as exc:
             self.error = short_error(exc)
+        if self.error is None and status == "FINISHED":  # a failed or killed run's is not reused
+            self._hand_on()
         self._close()
         return self.error is None
 
-    def _close(self) -> None:
-        """Close the helper's stdin; it exits by itself. Not waited for: its interpreter's
-        shutdown (SQLAlchemy, MLflow) takes most of a second and holds nothing of ours."""
-        if self._child is None:
-            return
-        stdin, _ = self._pipes()
-        try:
-            stdin.close()
-        except OSError:
-            self._child.kill()
+    def _hand_on(self) -> None:
+        """Keep the helper for the process's next run (see :func:`_take_helper`)."""
+        assert self._child is not None
+        _keep(self._child, self._env)
         self._child = None
+
+    def _close(self) -> None:
+        """Stop the helper (see :func:`_stop`), if this run still has it."""
+        if self._child is not None:
+            _stop(self._child)
+            self._child = None
 
 
 def _serve() -> None:

@@ -350,3 +350,89 @@ def test_the_registry_is_read_and_written_without_leaving_mlflow_settings_behind
     again = resolve_model(uri, "onnxruntime", store)
     assert again.path.name == "model.onnx" and again.declaration == triple.as_dict()
     assert dict(os.environ) == before
+
+
+# -- one helper for a process's runs (backfill dates, in-process callers of the CLI) -------------
+
+def tracked(uri: str, experiment: str, name: str, status: str = "FINISHED"):
+    """One TrackingRun through prepare, open and finish, as a job makes it; returns its helper,
+    run id, whether all was uploaded, and the bounds of its finish call (epoch ms)."""
+    from batchinfer.io.tracking import TrackingRun
+
+    run = TrackingRun(uri, experiment)
+    helper = run._child
+    run.prepare()
+    run.open(name, {"batchinfer.job": name}, started=datetime.now().astimezone())
+    run_id = run.wait()
+    before = int(time.time() * 1000)
+    ok = run.finish({"attempt": name}, {"rows": float(len(name))}, {"note.txt": name}, status,
+                    tags={"batchinfer.ds": name})
+    return helper, run_id, ok, (before, int(time.time() * 1000))
+
+
+def sqlite_store(stamped_template: Path, folder: Path) -> str:
+    shutil.copy(stamped_template / "mlflow.db", folder / "mlflow.db")  # migrated already
+    return f"sqlite:///{folder / 'mlflow.db'}"
+
+
+def test_runs_in_one_process_share_one_helper_and_each_gets_its_own_mlflow_run(tmp_path, stamped_template):
+    """The second run takes the helper the first one finished with (no MLflow import again);
+    each MLflow run is complete and its own: params, metrics, tags, artifact, start and end."""
+    from mlflow.tracking import MlflowClient
+
+    uri = sqlite_store(stamped_template, tmp_path)
+    first = tracked(uri, "shared-helper", "first")
+    second = tracked(uri, "shared-helper", "second")
+    assert second[0] is first[0] and second[0].pid == first[0].pid
+    assert first[2] and second[2] and first[1] != second[1]
+    client = MlflowClient(tracking_uri=uri)
+    for name, (_, run_id, _, (before, after)) in (("first", first), ("second", second)):
+        run = client.get_run(run_id)
+        assert run.info.status == "FINISHED" and run.info.run_name == name
+        assert run.data.params == {"attempt": name} and run.data.metrics == {"rows": len(name)}
+        assert run.data.tags["batchinfer.job"] == name and run.data.tags["batchinfer.ds"] == name
+        assert client.download_artifacts(run_id, "note.txt", str(tmp_path)) and (
+            (tmp_path / "note.txt").read_text() == name)
+        assert run.info.start_time < before <= run.info.end_time <= after, run.info
+    assert client.get_run(second[1]).info.start_time >= client.get_run(first[1]).info.end_time
+
+
+def test_a_changed_environment_gets_a_new_helper_and_a_failed_run_hands_none_on(
+        tmp_path, stamped_template, monkeypatch):
+    """A helper is reused only by a run that would start the same one, and only after a run
+    that ended well: else it is stopped (it exits: its stdin was closed)."""
+    uri = sqlite_store(stamped_template, tmp_path)
+    first = tracked(uri, "new-helper", "first")
+    monkeypatch.setenv("BATCHINFER_TEST_HELPER", "changed")
+    changed = tracked(uri, "new-helper", "changed")
+    assert changed[0] is not first[0] and changed[1] and changed[2]
+    assert first[0].wait(timeout=30) == 0
+    failed = tracked(uri, "new-helper", "failed", status="FAILED")
+    assert failed[0] is changed[0] and failed[1] and failed[2]   # the same environment: reused
+    assert failed[0].wait(timeout=30) == 0                        # then stopped, not kept
+
+
+def test_a_run_whose_tracking_failed_does_not_hand_its_helper_on(tmp_path, stamped_template):
+    """MLflow failed for the run (its store cannot be created: a file where its folder should
+    be): its helper is stopped, and the next run, on a good store, gets a new one and tracks
+    normally."""
+    (tmp_path / "file").write_text("")
+    broken = tracked(f"sqlite:///{tmp_path / 'file' / 'mlflow.db'}", "broken", "broken")
+    assert broken[1] is None and not broken[2]
+    assert broken[0].wait(timeout=30) == 0
+    good_uri = sqlite_store(stamped_template, tmp_path)
+    good = tracked(good_uri, "broken", "good")
+    assert good[0] is not broken[0] and good[1] and good[2]
+    assert tracked(good_uri, "broken", "again")[0] is good[0]   # and that one is reused
+
+
+def test_a_helper_never_asked_anything_is_kept_for_the_next_run(tmp_path, stamped_template):
+    """A run that stopped before touching the store (a no-op date of a backfill, a refused job)
+    hands its helper, which did nothing yet, to the next run."""
+    from batchinfer.io.tracking import TrackingRun
+
+    unused = TrackingRun("sqlite:////nowhere/mlflow.db", "unused")
+    helper = unused._child
+    unused.close()
+    used = tracked(sqlite_store(stamped_template, tmp_path), "unused", "used")
+    assert used[0] is helper and used[1] and used[2]
