@@ -656,11 +656,15 @@ def run() -> None:
     """Entry point of ``batchinfer`` and ``python -m batchinfer``: :func:`main`, then exit.
 
     Everything a command does is written and flushed before :func:`main` returns (files with
-    one synchronous put each, the manifest last; the MLflow helper finishes on its own). The
-    interpreter's teardown after that — Beam's and gRPC's threads, module finalisers — took
-    0.6 s per run here, a sixth of a small job, and is skipped.
+    one synchronous put each, the manifest last; a run's MLflow helper has answered its finish,
+    and one kept for a next run is killed, see ``tracking.stop_kept_helper``). The interpreter's
+    teardown after that — Beam's and gRPC's threads, module finalisers — took 0.6 s per run
+    here, a sixth of a small job, and is skipped.
     """
     code = main()
+    tracking = sys.modules.get("batchinfer.io.tracking")   # imported by the commands that track
+    if tracking is not None:
+        tracking.stop_kept_helper()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:

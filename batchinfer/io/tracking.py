@@ -147,6 +147,17 @@ def _keep(helper: Helper, env: Mapping[str, str]) -> None:
         _stop(old)
 
 
+def stop_kept_helper() -> None:
+    """Kill the kept helper: for a process about to exit (the CLI's end). It holds nothing: its
+    run's finish was answered, or it was never asked anything — then it is still importing
+    MLflow for a run that was refused or had nothing to do, and closing its stdin would let it
+    finish that import (about 2 s of CPU) before it notices."""
+    with _kept_lock:
+        kept, _kept[:] = list(_kept), []
+    for _, helper in kept:
+        helper.kill()
+
+
 def _idle(helper: Helper) -> bool:
     """True if the helper has nothing to say: one that ended (its stdout at end of file) or
     wrote out of turn is not reused."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import time
 import uuid
 from datetime import datetime
@@ -428,11 +429,16 @@ def test_a_run_whose_tracking_failed_does_not_hand_its_helper_on(tmp_path, stamp
 
 def test_a_helper_never_asked_anything_is_kept_for_the_next_run(tmp_path, stamped_template):
     """A run that stopped before touching the store (a no-op date of a backfill, a refused job)
-    hands its helper, which did nothing yet, to the next run."""
-    from batchinfer.io.tracking import TrackingRun
+    hands its helper, which did nothing yet, to the next run; at the process's end the kept
+    helper is killed."""
+    from batchinfer.io.tracking import TrackingRun, stop_kept_helper
 
     unused = TrackingRun("sqlite:////nowhere/mlflow.db", "unused")
     helper = unused._child
     unused.close()
     used = tracked(sqlite_store(stamped_template, tmp_path), "unused", "used")
     assert used[0] is helper and used[1] and used[2]
+    # The CLI's end (cli.run) kills the kept helper: it would otherwise finish the MLflow import
+    # of a refused or no-op run before noticing its stdin closed.
+    stop_kept_helper()
+    assert helper.wait(timeout=30) == -signal.SIGKILL
