@@ -16,16 +16,16 @@ pytest_plugins = ["servers", "factories", "outcomes"]
 # Only the modules' order changes; each module's own order is kept (test_backends.py's last test
 # reads what the ones before ran).
 LONGEST_FIRST = [
-    "e2e/test_airflow.py", "with_servers/test_distributed_runners.py", "with_servers/test_isolated_workers.py",
-    "e2e/test_text_embeddings.py", "with_servers/test_s3.py", "e2e/test_e2e_explain.py",
-    "with_servers/test_model_store.py", "conformance/test_gpu_check.py", "faults/test_crash.py",
-    "e2e/test_quantize.py", "with_servers/test_tracking.py", "e2e/test_monitoring.py",
-    "conformance/test_backends.py", "e2e/test_hardening.py", "faults/test_concurrency.py",
-    "unit/test_registries.py", "e2e/test_e2e_challengers.py", "unit/test_property.py",
-    "e2e/test_backfill_diff.py", "e2e/test_e2e_delta.py", "faults/test_update_faults.py",
-    "e2e/test_e2e_preprocess_faults.py", "e2e/test_e2e_token_batches.py", "with_servers/test_secrets.py",
-    "with_servers/test_iceberg_s3.py", "e2e/test_triple_code.py", "e2e/test_e2e_errors.py",
-    "faults/test_interrupt.py", "e2e/test_export.py", "unit/test_speed_paths.py",
+    "e2e/test_airflow.py", "with_servers/test_distributed_runners.py", "with_servers/test_tracking.py",
+    "with_servers/test_s3.py", "with_servers/test_isolated_workers.py", "e2e/test_e2e_explain.py",
+    "e2e/test_text_embeddings.py", "with_servers/test_model_store.py", "faults/test_crash.py",
+    "conformance/test_gpu_check.py", "e2e/test_monitoring.py", "e2e/test_quantize.py",
+    "e2e/test_hardening.py", "e2e/test_e2e_delta.py", "faults/test_concurrency.py",
+    "e2e/test_e2e_challengers.py", "with_servers/test_secrets.py", "e2e/test_backfill_diff.py",
+    "unit/test_property.py", "conformance/test_backends.py", "with_servers/test_iceberg_s3.py",
+    "faults/test_update_faults.py", "faults/test_interrupt.py", "e2e/test_e2e_token_batches.py",
+    "unit/test_registries.py", "unit/test_validation.py", "conformance/test_unavailable.py",
+    "e2e/test_e2e_errors.py", "e2e/test_triple_code.py", "with_servers/test_tracking_batches.py",
 ]
 
 
