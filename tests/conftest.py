@@ -4,6 +4,7 @@
 test modules in every folder import ``factories``, ``servers`` and ``forkserver`` by name;
 ``outcomes`` records what each test of the session came to.
 """
+from collections import Counter
 from pathlib import Path
 
 pytest_plugins = ["servers", "factories", "outcomes"]
@@ -32,10 +33,12 @@ LONGEST_FIRST = [
 def pytest_collection_modifyitems(session, config, items) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     tests = Path(__file__).parent
+    per_module = Counter(item.path for item in items)
 
-    def module_rank(item) -> int:
-        if not item.path.is_relative_to(tests):
-            return len(rank)
-        return rank.get(item.path.relative_to(tests).as_posix(), len(rank))
+    def module_rank(item) -> tuple[int, int]:
+        # The modules not listed follow, those with most tests first (what xdist's reordering
+        # did, and a fair guess at their length: the dev loop, `-m "not slow"`, is mostly those).
+        listed = item.path.is_relative_to(tests) and item.path.relative_to(tests).as_posix()
+        return rank.get(listed, len(rank)), -per_module[item.path]
 
-    items.sort(key=module_rank)   # stable: the order within a module, and of the rest, is kept
+    items.sort(key=module_rank)   # stable: the order within a module is kept
