@@ -126,13 +126,18 @@ def _helper_key(env: Mapping[str, str]) -> tuple:
     return os.getpid(), start_helper, cwd, tuple(started_with)
 
 
+def _swap_kept(new: list[tuple[tuple, Helper]]) -> list[tuple[tuple, Helper]]:
+    """Put ``new`` in the slot; return what it held (the caller reuses or stops it)."""
+    with _kept_lock:
+        old, _kept[:] = list(_kept), new
+    return old
+
+
 def _take_helper(env: Mapping[str, str]) -> Helper:
     """The kept helper, if it was started with ``env`` here and is still there; else a new one
     (the kept one is stopped)."""
     key = _helper_key(env)
-    with _kept_lock:
-        kept, _kept[:] = list(_kept), []
-    for started_with, helper in kept:
+    for started_with, helper in _swap_kept([]):
         if started_with == key and _idle(helper):
             return helper
         _stop(helper)
@@ -141,9 +146,7 @@ def _take_helper(env: Mapping[str, str]) -> Helper:
 
 def _keep(helper: Helper, env: Mapping[str, str]) -> None:
     """Keep ``helper`` (started with ``env``) for the next run, stopping one kept before."""
-    with _kept_lock:
-        kept, _kept[:] = list(_kept), [(_helper_key(env), helper)]
-    for _, old in kept:
+    for _, old in _swap_kept([(_helper_key(env), helper)]):
         _stop(old)
 
 
@@ -152,9 +155,7 @@ def stop_kept_helper() -> None:
     run's finish was answered, or it was never asked anything — then it is still importing
     MLflow for a run that was refused or had nothing to do, and closing its stdin would let it
     finish that import (about 2 s of CPU) before it notices."""
-    with _kept_lock:
-        kept, _kept[:] = list(_kept), []
-    for _, helper in kept:
+    for _, helper in _swap_kept([]):
         helper.kill()
 
 
