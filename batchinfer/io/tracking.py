@@ -135,26 +135,27 @@ def _swap_kept(new: list[tuple[tuple, Helper]]) -> list[tuple[tuple, Helper]]:
 
 def _take_helper(env: Mapping[str, str]) -> Helper:
     """The kept helper, if it was started with ``env`` here and is still there; else a new one
-    (the kept one is stopped)."""
+    (the kept one is killed, see :func:`stop_kept_helper`)."""
     key = _helper_key(env)
     for started_with, helper in _swap_kept([]):
         if started_with == key and _idle(helper):
             return helper
-        _stop(helper)
+        helper.kill()
     return start_helper(env)
 
 
 def _keep(helper: Helper, env: Mapping[str, str]) -> None:
-    """Keep ``helper`` (started with ``env``) for the next run, stopping one kept before."""
+    """Keep ``helper`` (started with ``env``) for the next run, killing one kept before."""
     for _, old in _swap_kept([(_helper_key(env), helper)]):
-        _stop(old)
+        old.kill()
 
 
 def stop_kept_helper() -> None:
-    """Kill the kept helper: for a process about to exit (the CLI's end). It holds nothing: its
-    run's finish was answered, or it was never asked anything — then it is still importing
-    MLflow for a run that was refused or had nothing to do, and closing its stdin would let it
-    finish that import (about 2 s of CPU) before it notices."""
+    """Kill the kept helper: for a process about to exit (the CLI's end). A kept helper holds
+    nothing: its run's finish was answered, or it was never asked anything — then it is still
+    importing MLflow for a run that was refused or had nothing to do, and closing its stdin
+    would let it finish that import (about 2 s of CPU) before it notices. So a kept helper that
+    is not reused is killed too (:func:`_take_helper`, :func:`_keep`)."""
     for _, helper in _swap_kept([]):
         helper.kill()
 

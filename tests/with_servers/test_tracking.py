@@ -401,13 +401,14 @@ def test_runs_in_one_process_share_one_helper_and_each_gets_its_own_mlflow_run(t
 def test_a_changed_environment_gets_a_new_helper_and_a_failed_run_hands_none_on(
         tmp_path, stamped_template, monkeypatch):
     """A helper is reused only by a run that would start the same one, and only after a run
-    that ended well: else it is stopped (it exits: its stdin was closed)."""
+    that ended well. A kept helper that the next run cannot use is killed (it holds nothing); a
+    failed run's own helper is stopped (it exits: its stdin was closed)."""
     uri = sqlite_store(stamped_template, tmp_path)
     first = tracked(uri, "new-helper", "first")
     monkeypatch.setenv("BATCHINFER_TEST_HELPER", "changed")
     changed = tracked(uri, "new-helper", "changed")
     assert changed[0] is not first[0] and changed[1] and changed[2]
-    assert first[0].wait(timeout=30) == 0
+    assert first[0].wait(timeout=30) == -signal.SIGKILL
     failed = tracked(uri, "new-helper", "failed", status="FAILED")
     assert failed[0] is changed[0] and failed[1] and failed[2]   # the same environment: reused
     assert failed[0].wait(timeout=30) == 0                        # then stopped, not kept
@@ -427,14 +428,21 @@ def test_a_run_whose_tracking_failed_does_not_hand_its_helper_on(tmp_path, stamp
     assert tracked(good_uri, "broken", "again")[0] is good[0]   # and that one is reused
 
 
-def test_a_helper_never_asked_anything_is_kept_for_the_next_run(tmp_path, stamped_template):
+def test_a_helper_never_asked_anything_is_kept_for_the_next_run(tmp_path, stamped_template,
+                                                               monkeypatch):
     """A run that stopped before touching the store (a no-op date of a backfill, a refused job)
-    hands its helper, which did nothing yet, to the next run; at the process's end the kept
-    helper is killed."""
+    hands its helper, which did nothing yet, to the next run; one that the next run cannot use
+    is killed, and so is the kept helper at the process's end."""
     from batchinfer.io.tracking import TrackingRun, stop_kept_helper
 
+    refused = TrackingRun("sqlite:////nowhere/mlflow.db", "unused")
+    other_environment = refused._child
+    refused.close()
+    monkeypatch.setenv("BATCHINFER_TEST_HELPER", "other")
     unused = TrackingRun("sqlite:////nowhere/mlflow.db", "unused")
     helper = unused._child
+    # Killed, not stopped: a closed stdin would let it finish importing MLflow (~2 s of CPU).
+    assert helper is not other_environment and other_environment.wait(timeout=30) == -signal.SIGKILL
     unused.close()
     used = tracked(sqlite_store(stamped_template, tmp_path), "unused", "used")
     assert used[0] is helper and used[1] and used[2]
