@@ -40,6 +40,16 @@ import threading
 assert threading.active_count() == 1, "the fork server must not run threads"
 out = os.fdopen(os.dup(1), "w")
 TORCH_USED = os.path.join(sys.argv[1], "torch-used")   # a child touches it: it imported torch
+PROFILE = os.environ.get("BATCHINFER_SUITE_PROFILE")   # bench/suite_profile.py: log each fork
+asked_by = None   # in a child: the test that asked for it
+
+
+def _profiled(what):
+    """Tell bench/suite_profile.py which test this forked process is for (a fork runs no
+    sitecustomize)."""
+    if PROFILE:
+        with open(os.path.join(PROFILE, "forks.log"), "a") as log:
+            log.write(json.dumps({"pid": os.getpid(), "what": what, "test": asked_by}) + "\n")
 
 
 def _import_torch():
@@ -90,6 +100,7 @@ def _forked_helper(env):
             sys.stderr = open(2, "w", closefd=False)
             os.environ.clear()
             os.environ.update(env)
+            _profiled("tracking helper")
             batchinfer.io.tracking._serve()
         finally:
             os._exit(0)
@@ -113,6 +124,8 @@ for line in sys.stdin:
                 os.chdir(req["cwd"])
                 os.environ.clear()
                 os.environ.update(req["env"])
+                asked_by = req["test"]
+                _profiled(" ".join(req["argv"][:1]))
                 null = os.open(os.devnull, os.O_RDONLY)
                 os.dup2(null, 0)
                 os.dup2(os.open(req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
@@ -233,7 +246,8 @@ class ForkServer:
             env["BATCHINFER_FAULT"] = fault
         pid = self._call({"op": "start", "argv": list(argv), "cwd": str(cwd), "env": env,
                           "stdout": terminal or str(out), "stderr": str(err),
-                          "stub_tracking": not track})["pid"]
+                          "stub_tracking": not track,
+                          "test": os.environ.get("PYTEST_CURRENT_TEST")})["pid"]
         return Run(self, pid, out, err)
 
     def run(self, *argv: str, cwd: Path, fault: str | None = None, track: bool = True,
