@@ -29,6 +29,27 @@ LONGEST_FIRST = [
     "e2e/test_e2e_errors.py", "e2e/test_triple_code.py", "with_servers/test_tracking_batches.py",
 ]
 
+# Modules that use the session's `mlflow server` (servers.mlflow_live) go to one worker, as one
+# work unit: each worker that runs one of them starts its own server, about 12 s of CPU (the
+# server, its uvicorn worker). They are run where the first of them is listed above.
+ONE_WORKER = {module: "mlflow_live" for module in (
+    "with_servers/test_tracking.py", "with_servers/test_model_store.py", "with_servers/test_secrets.py",
+    "with_servers/test_tracking_batches.py", "with_servers/test_registry.py")}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadscope`` with the modules of :data:`ONE_WORKER` in one scope each group."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0].removeprefix("tests/")
+            return ONE_WORKER.get(module) or super()._split_scope(nodeid)
+
+    return Scheduling(config, log)
+
 
 def pytest_collection_modifyitems(session, config, items) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
