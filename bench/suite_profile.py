@@ -86,10 +86,10 @@ def _logged(path: Path) -> dict[int, dict]:
 def _kind(argv: list[str]) -> str:
     """A short name for an interpreter's command line."""
     line = " ".join(argv)
-    if "pytest" in line and "exec(eval(sys.stdin" not in line:
-        return "pytest (controller)"
     if "exec(eval(sys.stdin" in line:
         return "pytest worker"
+    if argv[1:3] == ["-m", "pytest"]:
+        return "pytest (controller)"
     if "-c" in argv:
         code = argv[argv.index("-c") + 1]
         return "fork server" if "fork server" in code else "python -c " + " ".join(code.split())[:50]
