@@ -7,6 +7,8 @@ test modules in every folder import ``factories``, ``servers`` and ``forkserver`
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 pytest_plugins = ["servers", "factories", "outcomes"]
 
 # The modules that take longest (seconds of a whole `pytest -n 2 --durations=0` run, summed per
@@ -31,14 +33,16 @@ LONGEST_FIRST = [
 
 # Modules that use the session's `mlflow server` (servers.mlflow_live) go to one worker, as one
 # work unit: each worker that runs one of them starts its own server, about 12 s of CPU (the
-# server, its uvicorn worker). They are run where the first of them is listed above.
+# server, its uvicorn worker).
 ONE_WORKER = {module: "mlflow_live" for module in (
     "with_servers/test_tracking.py", "with_servers/test_model_store.py", "with_servers/test_secrets.py",
     "with_servers/test_tracking_batches.py", "with_servers/test_registry.py")}
 
 
+@pytest.hookimpl(optionalhook=True)   # an xdist hook: a session without xdist has no such hook
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadscope`` with the modules of :data:`ONE_WORKER` in one scope each group."""
+    """``--dist loadscope``, with the modules of each :data:`ONE_WORKER` group in one scope
+    (queued where its first module comes in the collection order)."""
     if config.getvalue("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
