@@ -399,7 +399,6 @@ def assert_same_result(out: Path, reference: Path, shard_paths: Sequence[Path]) 
 # it runs after a run's decision, so each racer is past its manifest check when any commits.
 BARRIER_SOURCE = '''\
 import os
-import signal
 import time
 from pathlib import Path
 

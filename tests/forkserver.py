@@ -125,7 +125,7 @@ for line in sys.stdin:
                 os.environ.clear()
                 os.environ.update(req["env"])
                 asked_by = req["test"]
-                _profiled(" ".join(req["argv"][:1]))
+                _profiled(req["argv"][0] if req["argv"] else "")
                 null = os.open(os.devnull, os.O_RDONLY)
                 os.dup2(null, 0)
                 os.dup2(os.open(req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
