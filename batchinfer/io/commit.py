@@ -39,7 +39,7 @@ from .manifest import (
     remove_attempt,
     remove_unlisted,
 )
-from .outputs import CHALLENGERS, MANIFEST, PREDICTIONS, QUARANTINE, Layout, write_json
+from .outputs import CHALLENGERS, PREDICTIONS, QUARANTINE, TMP, Layout, read_json, write_json
 from .readback import M, ManifestModel, OutcomeModel, ShardResultModel, check
 from .records import AttemptKey, FileRecord, Manifest, ShardResult, TableCommit, TableVersion
 from .resume import KEY
@@ -389,19 +389,36 @@ class Attempt:
         assert tables is not None
         held, by = tables.generation()
         if held > expected and by != self.attempt:
-            if by is not None and _pending(self.partition.layout(by)) is not None:
-                return self._lost(manifest)   # a run that is finishing it, or will be finished
+            if not self._orphan(held, by):
+                return self._lost(manifest)
             # An orphan: a commit to the tables whose run left nothing to finish it from (its
-            # scratch gone or damaged). This attempt replaces it, as the next generation.
+            # scratch gone or damaged, no manifest naming it). This attempt replaces it, as the
+            # next generation.
             expected = held
         layout = self.layout
-        write_json(layout.fs, join(layout.scratch(), MANIFEST), manifest.to_dict())
+        write_json(layout.fs, layout.sink, self.partition.sink.to_dict())
+        write_json(layout.fs, layout.pending, manifest.to_dict())
         try:
             committed = self.publish(manifest, expected + 1)
         except LostRace:
             return self._lost(manifest)
         self._clean(committed)
         return CommitOutcome("committed", committed)
+
+    def _orphan(self, held: int, by: str | None) -> bool:
+        """Whether generation ``held`` of the tables, committed by attempt ``by`` since this
+        attempt began, is an orphan that nothing will finish — rather than a commit this attempt
+        lost to. Lost to: a commit whose manifest names it (it finished, and its cleanup
+        removed its scratch: a finished winner leaves no pending manifest), or one whose pending
+        manifest is in its scratch (its run, or the next run or reader, finishes it)."""
+        layout = self.layout
+        try:
+            current = read_manifest(layout.fs, layout.records)
+        except Exception:   # a damaged manifest names nothing; the pending one may still
+            current = None
+        if current is not None and current.table is not None and current.table.generation >= held:
+            return False
+        return by is None or _pending(self.partition.layout(by)) is None
 
     def publish(self, manifest: Manifest, generation: int) -> Manifest:
         """Commit ``manifest``'s files to each table as ``generation`` (predictions first: a
@@ -417,7 +434,7 @@ class Attempt:
         summary = {f"batchinfer.{part}": value for part, value in sorted(manifest.triple.items())}
         summary["batchinfer.job"] = manifest.job
         versions = []
-        for kind, files in kinds(manifest, layout):
+        for kind, files in kinds(manifest, layout) + self._emptied(manifest, layout):
             version = tables.commit(layout, kind, files, generation=generation,
                                     attempt=self.attempt, summary=summary)
             if kind == PREDICTIONS:
@@ -432,6 +449,27 @@ class Attempt:
         create_manifest(layout, committed, replace=True)
         faults.point("after_commit")
         return committed
+
+    def _emptied(self, manifest: Manifest, layout: Layout) -> list[tuple[str, list[FileRecord]]]:
+        """The kinds whose tables the partition's previous commit wrote and ``manifest`` does
+        not (a challenger the job no longer has), each with no files: the commit replaces the
+        partition there too, so no table serves rows that the committed manifest does not
+        list. The previous commit is the manifest in place now (an ``--overwrite`` or
+        ``--update`` replaces it; a repair finishes over it), and the one this attempt set out
+        to replace."""
+        try:
+            current = read_manifest(layout.fs, layout.records)
+        except Exception:   # a damaged manifest: the replaced one still names its tables
+            current = None
+        ours = {kind for kind, _ in kinds(manifest, layout)}
+        before: list[str] = []
+        for previous in (current, self.replacing):
+            if previous is None:
+                continue
+            held = [t.kind for t in previous.table.tables] if previous.table else []
+            held += [f"{CHALLENGERS}/{c.name}" for c in previous.challengers]
+            before += [kind for kind in held if kind not in ours and kind not in before]
+        return [(kind, []) for kind in before]
 
     def _lost(self, manifest: Manifest) -> CommitOutcome:
         """Another attempt committed the tables first: this attempt's files go (never a file of
@@ -512,6 +550,41 @@ class Attempt:
             return True
 
 
+def finish_for_reader(root_url: str, records: str, fs: AbstractFileSystem) -> None:
+    """What a reader of a table partition does first (contract §4 "Exactly once"): finish a
+    commit whose run committed the tables but died before its manifest, from the pending
+    manifest and sink the run left in its scratch (``records``: the partition's records folder
+    on ``fs``; ``root_url``: ``output.path``). Nothing to do without scratch — a finished commit
+    leaves none — or when the tables hold no commit that the manifest does not name.
+
+    Raises:
+        StorageError: there is such a commit and this reader cannot finish it (the tables or the
+            catalog cannot be reached from here, the store is read-only for it): one line that
+            says so, and that the job's next run finishes it.
+    """
+    scratch = join(records, TMP)
+    try:
+        attempts = sorted(fs.ls(scratch, detail=False)) if fs.exists(scratch) else []
+    except OSError:
+        return
+    for folder in attempts:
+        attempt = folder.rstrip("/").rsplit("/", 1)[-1]
+        try:
+            sink = Sink.from_dict(read_json(fs, join(folder, "sink.json")))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue   # no commit began there (or not one of ours to finish)
+        partition = PartitionCommit(root_url, sink)
+        try:
+            partition.repair()
+        except Exception as exc:
+            raise StorageError(
+                f"{records}: attempt {attempt} may have committed the tables of {sink.partition} "
+                f"without its manifest, and this reader cannot finish that commit "
+                f"({type(exc).__name__}: {exc}): run the job for {sink.value} again to finish it "
+                f"(nothing is scored again)") from None
+        return   # every attempt's sink names the same tables; one repair finishes the partition
+
+
 def kinds(manifest: Manifest, layout: Layout) -> list[tuple[str, list[FileRecord]]]:
     """The manifest's files by kind, predictions first (the arbiter's table), then quarantine
     and each challenger."""
@@ -528,7 +601,7 @@ def kinds(manifest: Manifest, layout: Layout) -> list[tuple[str, list[FileRecord
 def _pending(layout: Layout) -> Manifest | None:
     """The manifest an attempt left in its scratch before committing to tables, or None (none
     there, or damaged: then nothing can finish that commit, and the next run replaces it)."""
-    path = join(layout.scratch(), MANIFEST)
+    path = layout.pending
     try:
         checked = check(ManifestModel, layout.fs.cat_file(path), path, StorageError, "damaged")
     except (OSError, StorageError):

@@ -120,6 +120,18 @@ class Layout:
         return join(self.scratch(), "shards", f"{shard:05d}.json")
 
     @property
+    def pending(self) -> str:
+        """Tables: the manifest an attempt leaves in its scratch before its first table commit
+        (io.commit.Attempt.publish finishes a commit from it)."""
+        return join(self.scratch(), MANIFEST)
+
+    @property
+    def sink(self) -> str:
+        """Tables: beside :attr:`pending`, how the partition is stored (io.sinks.Sink), for a
+        reader that finds the commit unfinished."""
+        return join(self.scratch(), "sink.json")
+
+    @property
     def outcome(self) -> str:
         """Where the pipeline's commit step leaves what it did (io.commit.Attempt.record)."""
         return join(self.scratch(), "outcome.json")

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
 from ..errors import StorageError
+from .commit import finish_for_reader
 from .manifest import read_manifest
 from .outputs import RECORDS, Layout
 from .records import FileRecord, Manifest
@@ -57,12 +58,20 @@ def open_partition(url: str, fs: AbstractFileSystem | None = None) -> Committed 
     """The committed partition ``url`` names (``fs``: the filesystem to read it with, ``url``
     then a path on it; default: the URL's), or None when nothing is committed there.
 
+    A table partition whose run committed the tables but died before its manifest is finished
+    first (contract §4 "Exactly once": the next run or reader finishes it), when ``url`` is
+    a URL (``fs`` not given): the reader sees what the tables serve.
+
     Raises:
         ContractError: its manifest is malformed (io/readback.py).
-        StorageError: it cannot be read.
+        StorageError: it cannot be read, or it has such an unfinished commit that this reader
+            cannot finish.
     """
     if fs is None:
         fs, path = url_to_fs(url)
+        table = _table_partition(path, url.rstrip("/"))
+        if table is not None:
+            finish_for_reader(table[1], table[0], fs)
     else:
         path = url.rstrip("/")
     manifest = read_manifest(fs, path)
@@ -81,3 +90,16 @@ def open_partition(url: str, fs: AbstractFileSystem | None = None) -> Committed 
     root = records.rsplit("/", 2)[0]
     return Committed(url, manifest, Layout(fs, root, manifest.attempt, f"{column}={value}", records))
 
+
+def _table_partition(path: str, url: str) -> tuple[str, str] | None:
+    """(records folder on the filesystem, ``output.path`` as a URL) of the table partition that
+    ``path`` (``url`` on its filesystem) may name — its records folder
+    ``<output.path>/_batchinfer/<column>=<value>`` or its folder ``<output.path>/<column>=<value>``
+    — or None when it can name none (a files partition's folder is only ever read)."""
+    parts, links = path.rsplit("/", 2), url.rsplit("/", 2)
+    if len(parts) < 2 or "=" not in parts[-1] or len(links) < 2:
+        return None
+    if len(parts) == 3 and parts[1] == RECORDS:
+        return path, links[0]
+    head = path.rsplit("/", 1)[0]
+    return join(head, RECORDS, parts[-1]), url.rsplit("/", 1)[0]

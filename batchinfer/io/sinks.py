@@ -92,6 +92,29 @@ class Sink:
     def layout(self, url: str, attempt: str) -> Layout:
         return Layout.for_url(url, attempt, self.partition)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The sink as JSON, left in a table commit's scratch beside its pending manifest: what
+        a reader that finds the commit unfinished needs to open the tables and finish it (no
+        secret value: the catalog's properties as their ``${NAME}`` templates)."""
+        return {"format": self.format, "column": self.column, "value": self.value,
+                "table": self.table,
+                "catalog": [[key, {"template": d.template, "names": list(d.names)}]
+                            for key, d in self.catalog]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Sink":
+        """The sink :meth:`to_dict` wrote.
+
+        Raises:
+            KeyError, TypeError, ValueError: ``data`` is not such a record.
+        """
+        if data["format"] not in FORMATS:
+            raise ValueError(f"unknown format {data['format']!r}")
+        return cls(format=str(data["format"]), column=str(data["column"]), value=str(data["value"]),
+                   table=str(data["table"]),
+                   catalog=tuple((str(key), Deferred(str(d["template"]), tuple(map(str, d["names"]))))
+                                 for key, d in data["catalog"]))
+
     def tables(self, url: str) -> "Tables | None":
         """The format's tables under ``url`` (``output.path``), or None for files.
 
