@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from .errors import ModelError, SpecError
-from .registry import Registry
+from .registry import Provenance, Registry
 
 # Accepted by every backend: `allow_pickle` lifts the refusal of pickle-based model files (contract
 # §5.6); `share_across_processes` serves one copy of the model to all worker processes of a
@@ -64,9 +64,16 @@ def register(backend: Backend, *, clobber: bool = False) -> None:
     """Make ``backend`` available under ``backend.name``.
 
     Raises:
-        ValueError: another backend has that name and ``clobber`` is False.
+        ValueError: another backend has that name and ``clobber`` is False, or batchinfer or an
+            installed distribution has it (their entries are never replaced).
     """
     _REGISTRY.register(backend, clobber=clobber)
+
+
+def provenance(name: str) -> Provenance | None:
+    """Where backend ``name`` came from: batchinfer, or the distribution that holds it (None: no
+    such backend)."""
+    return _REGISTRY.provenance(name)
 
 
 def entries() -> Mapping[str, Backend]:
@@ -133,12 +140,27 @@ def handler_class(name: str) -> Any:
         raise ModelError(f"backend {name!r} is not available in this version of batchinfer "
                          f"(available: {', '.join(n for n in names() if entries()[n].handler)})")
     module_name, class_name = backend.handler.split(":")
+    where = provenance(name)
+    plugin = where is not None and not where.builtin
+    held = f" (distribution {where.distribution} {where.version or ''})".replace(" )", ")") \
+        if where is not None and plugin and where.distribution else ""
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ModelError(f"backend {name!r} needs a package that is not installed ({exc.name}): "
-                         f"{backend.install}") from None
-    return getattr(module, class_name)
+        raise ModelError(f"backend {name!r}{held} needs a package that is not installed ({exc.name}): "
+                         f"{backend.install or 'install the package that provides it'}") from None
+    except Exception as exc:
+        if not plugin:
+            raise
+        # A plugin's handler module that fails as it is imported (one that tries to replace a
+        # built-in entry, say): its name and its distribution, in one line.
+        raise ModelError(f"backend {name!r}{held}: its handler module {module_name} cannot be "
+                         f"imported: {type(exc).__name__}: {' '.join(str(exc).split())}") from None
+    handler = getattr(module, class_name, None)
+    if handler is None:
+        raise ModelError(f"backend {name!r}{held} names the handler {backend.handler}, which "
+                         f"{module_name} does not define: fix or reinstall what provides it")
+    return handler
 
 
 # batchinfer's own backends; installed distributions add theirs (group batchinfer.backends).

@@ -13,13 +13,20 @@ the installed distributions' metadata), and each entry point's object is loaded 
 should hold data only, as batchinfer's own entries do (a backend's handler and a runner's Beam
 runner are named by strings, imported when a job uses them). The entries are shown through a
 read-only view; :meth:`Registry.register` refuses a name that is taken, unless told to
-``clobber`` it, and so does discovery: an installed distribution cannot silently replace one of
-batchinfer's entries or another distribution's.
+``clobber`` an entry that ``register()`` itself added, and so does discovery. batchinfer's own
+entries and those of installed distributions are never replaced, clobber or not: the code a
+plugin runs (its module, imported at discovery) cannot take over ``onnxruntime`` and have an
+ordinary job commit its predictions under batchinfer's name.
+
+Every entry knows where it came from (:meth:`Registry.provenance`): batchinfer, or the
+distribution (and version) that holds it, which the manifest of a run that uses it names.
 """
 from __future__ import annotations
 
+import sys
 import threading
-from importlib.metadata import EntryPoint, entry_points
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points, packages_distributions, version
 from types import MappingProxyType
 from typing import Generic, Iterable, Mapping, Protocol, TypeVar
 
@@ -32,6 +39,31 @@ class Named(Protocol):
 
 
 E = TypeVar("E", bound=Named)
+
+
+BATCHINFER = "batchinfer"
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where an entry came from.
+
+    Attributes:
+        distribution: the installed distribution that holds it (its entry point's, or the one
+            whose module called ``register()``); None for batchinfer's own, or for an entry a
+            program registered from code no distribution holds (a script).
+        version: that distribution's version.
+        origin: ``batchinfer``, ``entry point NAME = VALUE (group …)`` or ``register() in
+            MODULE``: for messages.
+    """
+
+    distribution: str | None
+    version: str | None
+    origin: str
+
+    @property
+    def builtin(self) -> bool:
+        return self.origin == BATCHINFER
 
 
 class Registry(Generic[E]):
@@ -49,23 +81,26 @@ class Registry(Generic[E]):
         self.entry_type = entry_type
         self.group = group
         self._entries: dict[str, E] = {}
-        self._origin: dict[str, str] = {}   # name → who registered it, for a clash's message
+        self._origin: dict[str, Provenance] = {}   # name → who registered it
         self._view: Mapping[str, E] = MappingProxyType(self._entries)
         self._lock = threading.RLock()
         self._discovered = False
         for entry in builtin:
-            self._add(entry, origin="batchinfer", clobber=False)
+            self._add(entry, Provenance(None, None, BATCHINFER), clobber=False)
 
     def register(self, entry: E, *, clobber: bool = False) -> None:
         """Add ``entry`` under ``entry.name``.
 
         Raises:
-            ValueError: the name is taken by another entry and ``clobber`` is False (the same
-                entry registered again is no clash).
+            ValueError: the name is taken by another entry (the same entry registered again is
+                no clash) and ``clobber`` is False, or it is taken by batchinfer or an
+                installed distribution, whose entries are never replaced.
         """
+        caller = _caller()
         with self._lock:
             self._discover()
-            self._add(entry, origin="register()", clobber=clobber)
+            self._add(entry, Provenance(*_distribution_of(caller), f"register() in {caller}"),
+                      clobber=clobber)
 
     def entries(self) -> Mapping[str, E]:
         """Every entry by name: a read-only view, which later registrations show too."""
@@ -80,22 +115,33 @@ class Registry(Generic[E]):
         """The entry called ``name``, or None."""
         return self.entries().get(name)
 
-    def _add(self, entry: E, *, origin: str, clobber: bool) -> None:
+    def provenance(self, name: str) -> Provenance | None:
+        """Where the entry called ``name`` came from (None: there is none)."""
+        with self._lock:
+            self._discover()
+            return self._origin.get(name)
+
+    def _add(self, entry: E, provenance: Provenance, *, clobber: bool) -> None:
         if not isinstance(entry, self.entry_type):
             raise TypeError(f"a {self.kind} entry must be a {self.entry_type.__name__}, "
                             f"not {type(entry).__name__}")
+        if self._entries.get(entry.name) == entry:
+            return   # the same entry again: no clash, and it stays whose it was
         taken = self._clash(entry)
+        if taken and not self._origin[entry.name].origin.startswith("register()"):
+            raise ValueError(f"{taken}, whose entries cannot be replaced: register yours under "
+                             f"another name")
         if taken and not clobber:
             raise ValueError(f"{taken}: pass clobber=True to replace it")
         self._entries[entry.name] = entry
-        self._origin[entry.name] = origin
+        self._origin[entry.name] = provenance
 
     def _clash(self, entry: E) -> str:
         """Why ``entry`` cannot take its name ('' when it is free, or holds this very entry)."""
         taken = self._entries.get(entry.name)
         if taken is None or taken == entry:
             return ""
-        return f"{self.kind} {entry.name!r} is already registered (by {self._origin[entry.name]})"
+        return f"{self.kind} {entry.name!r} is already registered (by {self._origin[entry.name].origin})"
 
     def _discover(self) -> None:
         """Load the group's entry points, once (the caller holds the lock). A failure is raised
@@ -123,4 +169,29 @@ class Registry(Generic[E]):
         taken = self._clash(entry)
         if taken:
             raise RuntimeFailure(f"{where}: {taken}: uninstall one of the two distributions")
-        self._add(entry, origin=where, clobber=False)
+        dist = point.dist
+        self._add(entry, Provenance(dist.name if dist else None, dist.version if dist else None, where),
+                  clobber=False)
+
+
+def _caller() -> str:
+    """The module that called ``register()``: the first frame outside the registries."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") in _OURS:
+        frame = frame.f_back   # type: ignore[assignment]
+    return str(frame.f_globals.get("__name__", "?")) if frame is not None else "?"
+
+
+_OURS = frozenset({__name__, "batchinfer.backends", "batchinfer.runners"})
+
+
+def _distribution_of(module: str) -> tuple[str | None, str | None]:
+    """The installed distribution (and its version) that holds ``module``'s top-level package,
+    or (None, None): a script's ``__main__``, a folder on ``sys.path`` with no metadata."""
+    names = packages_distributions().get(module.split(".")[0], [])
+    if not names:
+        return None, None
+    try:
+        return names[0], version(names[0])
+    except Exception:   # metadata that disappeared meanwhile: name it without a version
+        return names[0], None

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .errors import SpecError
-from .registry import Registry
+from .registry import Provenance, Registry
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,9 +74,16 @@ def register(runner: Runner, *, clobber: bool = False) -> None:
     """Make ``runner`` available under ``runner.name``.
 
     Raises:
-        ValueError: another runner has that name and ``clobber`` is False.
+        ValueError: another runner has that name and ``clobber`` is False, or batchinfer or an
+            installed distribution has it (their entries are never replaced).
     """
     _REGISTRY.register(runner, clobber=clobber)
+
+
+def provenance(name: str) -> Provenance | None:
+    """Where runner ``name`` came from: batchinfer, or the distribution that holds it (None: no
+    such runner)."""
+    return _REGISTRY.provenance(name)
 
 
 def entries() -> Mapping[str, Runner]:

@@ -7,10 +7,11 @@ import contextlib
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
+from .. import backends, runners
 from ..clock import rfc3339
 from ..errors import BatchInferError, RuntimeFailure, SpecError
 from ..io.commit import Attempt
-from ..io.records import Challenger, InputTable, Manifest, Totals
+from ..io.records import Challenger, InputTable, Manifest, Plugin, Totals
 from ..io.resume import Resume
 from ..redaction import Deferred
 from ..rows.drift import Baseline, DriftGate
@@ -38,7 +39,25 @@ def manifest_header(job: Job, attempt: Attempt, champion: "ModelRun", started: d
                     runner=spec.runner.name, device=champion.device, backend=champion.backend,
                     model_options=champion.model_options, started_at=rfc3339(started),
                     finished_at="", mlflow_run_id=mlflow_run_id, totals=Totals.of([]), shards=(),
-                    challengers=entries, input_table=input_table)
+                    challengers=entries, input_table=input_table,
+                    plugins=plugins_of(spec.runner.name, (champion.backend, *(c.backend for c in challengers))))
+
+
+def plugins_of(runner: str, backends_used: Sequence[str]) -> tuple[Plugin, ...]:
+    """The run's backends and runner that are not batchinfer's own, with the distribution
+    that holds each (the manifest names them: predictions made by a third party's code say
+    whose)."""
+    found = []
+    for name in dict.fromkeys(backends_used):
+        where = backends.provenance(name)
+        if where is not None and not where.builtin:
+            found.append(Plugin(kind="backend", name=name, distribution=where.distribution,
+                                version=where.version))
+    where = runners.provenance(runner)
+    if where is not None and not where.builtin:
+        found.append(Plugin(kind="runner", name=runner, distribution=where.distribution,
+                            version=where.version))
+    return tuple(found)
 
 
 def build_job(resolved: Resolved, champion: "ModelRun", attempt: Attempt,

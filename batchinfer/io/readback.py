@@ -128,6 +128,13 @@ class InputTableModel(_Checked):
     filter: dict[str, str] = Field(default_factory=dict)
 
 
+class PluginModel(_Checked):
+    kind: Literal["backend", "runner"]
+    name: Name
+    distribution: str | None
+    version: str | None
+
+
 class ManifestModel(_Checked):
     manifest_version: Literal[1] = 1
     job: Name
@@ -147,6 +154,7 @@ class ManifestModel(_Checked):
     challengers: list[ChallengerModel] = Field(default_factory=list)
     table: TableCommitModel | None = None
     input_table: InputTableModel | None = None
+    plugins: list[PluginModel] = Field(default_factory=list)
 
 
 class AttemptKeyModel(_Checked):

@@ -175,6 +175,18 @@ class InputTable(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Plugin(Record):
+    """A backend or runner of the run that is not batchinfer's own (contract §4): the
+    distribution that holds it and its version (None: registered by code that no installed
+    distribution holds, a script's ``register()``)."""
+
+    kind: Literal["backend", "runner"]
+    name: str
+    distribution: str | None
+    version: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Manifest(Record):
     """``_manifest.json``: the commit of a partition (contract §4)."""
 
@@ -196,6 +208,7 @@ class Manifest(Record):
     challengers: tuple[Challenger, ...] = ()
     table: TableCommit | None = None   # output.format delta / iceberg: the tables' commit
     input_table: InputTable | None = None   # None: shards listed from files
+    plugins: tuple[Plugin, ...] = ()   # backends and runners from outside batchinfer
 
     def files(self) -> set[str]:
         """Every data file the partition consists of (relative paths), challengers' included."""
@@ -221,6 +234,8 @@ class Manifest(Record):
             del data["table"]
         if self.input_table is None:   # nor does one of files
             del data["input_table"]
+        if not self.plugins:   # nor one that ran on batchinfer's own backends and runner
+            del data["plugins"]
         return data
 
     @classmethod

@@ -139,6 +139,22 @@ def _where_to_look(name: str, flags: Mapping[type, tuple[str, ...]]) -> str:
             f"(docs/runners.md \"Runner options\")")
 
 
+def _from(name: str) -> str:
+    """`` (distribution D V)`` for a runner an installed distribution holds, else ''."""
+    where = runners.provenance(name)
+    if where is None or where.builtin or where.distribution is None:
+        return ""
+    return f" (distribution {where.distribution} {where.version or ''})".replace(" )", ")")
+
+
+def _reinstall(name: str) -> str:
+    """What to do about a runner whose code is missing: reinstall what holds it."""
+    where = runners.provenance(name)
+    if where is not None and where.distribution:
+        return f"reinstall it (pip install --force-reinstall {where.distribution}) or install what it needs"
+    return "install the package that provides it"
+
+
 def check(name: str, options: Mapping[str, Any]) -> None:
     """Refuse, before any work, options that are not runner ``name``'s
     (:func:`check_option_names`), options Beam would refuse when the pipeline is built (the same
@@ -156,9 +172,16 @@ def check(name: str, options: Mapping[str, Any]) -> None:
         try:
             importlib.import_module(entry.needs)
         except ImportError as exc:
-            raise RuntimeFailure(f"runner {name} needs a package that is not installed ({exc.name}): "
-                                 f"{entry.install}") from None
-    runner = create_runner(entry.beam_runner)  # imports the runner's module, and its options class
+            raise RuntimeFailure(f"runner {name}{_from(name)} needs a package that is not installed "
+                                 f"({exc.name}): {entry.install or _reinstall(name)}") from None
+    try:
+        runner = create_runner(entry.beam_runner)  # imports the runner's module, and its options class
+    except Exception as exc:   # a plugin's Beam runner that is not there, or fails to import
+        missing = f" (no module {exc.name})" if isinstance(exc, ImportError) and exc.name else ""
+        raise RuntimeFailure(
+            f"runner {name}{_from(name)} names the Beam runner {entry.beam_runner}, which cannot "
+            f"be loaded{missing}: {type(exc).__name__}: {' '.join(str(exc).split())}; "
+            f"{entry.install or _reinstall(name)}") from None
     for warning in check_option_names(name, options):
         log.warning("%s", warning)
     try:

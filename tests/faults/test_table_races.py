@@ -3,7 +3,7 @@
 
 Both runs pass their decision (nothing committed yet) and meet at a barrier in the
 preprocessing; then the first commits, cleans its scratch and exits while the second is still
-scoring. The second arrives at its commit to find a partition committed whole — tables at
+scoring (held in its preprocessing until the first has exited). The second arrives at its commit to find a partition committed whole — tables at
 generation 1, the manifest naming it, no scratch left to finish anything from. It must lose:
 exit 0 ("already committed") when both have one triple, exit 3 when they do not, and in both
 cases its files go. It must never take the winner's commit for an orphan and replace it as the
@@ -26,8 +26,9 @@ from servers import finish_all, start_cli
 pytestmark = pytest.mark.slow
 
 SHARDS, ROWS, BATCH = 2, 400, 200
-# The barrier of factories.BARRIER_SOURCE, then SLOW seconds per batch: the slower run is still
-# scoring when the faster one has committed and cleaned up.
+# The barrier of factories.BARRIER_SOURCE; then a run given LATER waits until that file exists:
+# the test makes it once the other run has exited (committed, cleaned up, tracked), so the later
+# run is still scoring when the other one is done — no sleep, no timing to guess.
 PREP = '''\
 import os
 import time
@@ -42,7 +43,9 @@ def transform(batch):
         Path(folder, f"ready-{os.getpid()}").touch()
         while not Path(folder, "go").exists():
             time.sleep(0.01)
-    time.sleep(float(os.environ.get("SLOW", "0")))
+    later = os.environ.get("LATER")
+    while later and not Path(later).exists():
+        time.sleep(0.01)
     return np.stack([batch.column(f"f{i}").to_numpy(zero_copy_only=False) for i in range(4)],
                     axis=1).astype(np.float32)
 '''
@@ -112,12 +115,17 @@ def test_a_slower_run_loses_to_a_commit_that_finished_and_cleaned_up(tmp_path, f
                           "--model-version", "model:2", cwd=tmp_path)
         assert stamped.returncode == 0, stamped.stderr
         second = ("--set", "model.uri=models/other.onnx")
-    barrier = {"BARRIER": str(tmp_path / "barrier")}
+    barrier, later = {"BARRIER": str(tmp_path / "barrier")}, tmp_path / "later"
     procs = [start_cli("run", "job.yaml", "--ds", DS, cwd=tmp_path, env=barrier),
              start_cli("run", "job.yaml", "--ds", DS, *second, cwd=tmp_path,
-                       env={**barrier, "SLOW": "1.5"})]
-    release_at_barrier(procs, tmp_path / "barrier")
-    (fast_rc, fast_out, fast_err), (slow_rc, slow_out, slow_err) = finish_all(procs)
+                       env={**barrier, "LATER": str(later)})]
+    try:
+        release_at_barrier(procs, tmp_path / "barrier")
+        fast_rc, fast_out, fast_err = finish_all(procs[:1])[0]
+        assert procs[1].poll() is None, "the later run ended before the first one had committed"
+    finally:
+        later.touch()
+        slow_rc, slow_out, slow_err = finish_all(procs[1:])[0]
 
     assert fast_rc == 0 and "already committed" not in fast_out, fast_err
     manifest = json.loads((records(tmp_path, fmt) / "_manifest.json").read_text())

@@ -16,7 +16,7 @@ from batchinfer.backends import Backend
 from batchinfer.errors import RuntimeFailure, SpecError
 from batchinfer.registry import Registry
 from batchinfer.runners import Runner
-from factories import DS, numeric_project, run_cli
+from factories import DS, numeric_project, one_line_error, run_cli
 
 FN_API = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 
@@ -41,17 +41,27 @@ def test_the_view_is_read_only_and_shows_later_registrations():
     assert registry.names()[-1] == "mine"
 
 
-def test_a_taken_name_is_refused_unless_clobbered():
+def test_a_taken_name_is_refused_unless_clobbered_and_batchinfers_own_never_replaced():
     registry = fresh(backends._REGISTRY)
     onnx = registry.entries()["onnxruntime"]
     other = Backend(name="onnxruntime", suffixes=(".onnx",), handler="mine:Handler")
-    with pytest.raises(ValueError, match=r"backend 'onnxruntime' is already registered \(by "
-                                         r"batchinfer\): pass clobber=True"):
-        registry.register(other)
+    for clobber in (False, True):
+        with pytest.raises(ValueError, match=r"backend 'onnxruntime' is already registered \(by "
+                                             r"batchinfer\), whose entries cannot be replaced"):
+            registry.register(other, clobber=clobber)
     assert registry.entries()["onnxruntime"] is onnx
     registry.register(onnx)  # the same entry again is no clash
-    registry.register(other, clobber=True)
-    assert registry.entries()["onnxruntime"] is other
+    assert registry.provenance("onnxruntime").builtin
+    # An entry that register() added is the program's own: replaced when told to.
+    mine = Backend(name="mine", suffixes=(".m",), handler="mine:Handler")
+    registry.register(mine)
+    with pytest.raises(ValueError, match=r"backend 'mine' is already registered \(by register\(\) "
+                                         r"in test_registries\): pass clobber=True"):
+        registry.register(Backend(name="mine", suffixes=(".n",)))
+    registry.register(Backend(name="mine", suffixes=(".n",)), clobber=True)
+    assert registry.entries()["mine"].suffixes == (".n",)
+    where = registry.provenance("mine")
+    assert not where.builtin and where.distribution is None   # a test module: no distribution
 
 
 def test_an_entry_of_another_kind_is_refused():
@@ -113,6 +123,17 @@ PLUGIN = '''
     # Beam's FnApiRunner under another name, which needs a job name.
     RUNNER = Runner(name="inline", beam_runner="apache_beam.runners.portability.fn_api_runner.FnApiRunner",
                     required=("job_name",))
+    # ONNX Runtime's handler under another name (its module imported only when a job uses it).
+    ONNX_ECHO = Backend(name="onnx-echo", suffixes=(".onnx",), options={"precision": ("fp32",)},
+                        handler="echo_handlers:EchoOnnx", declared={"precision": "fp32"},
+                        implied={"precision": "fp32"})
+'''
+ECHO_HANDLERS = '''
+from batchinfer.handlers.onnx import OnnxModelHandler
+
+
+class EchoOnnx(OnnxModelHandler):
+    backend = "onnx-echo"
 '''
 
 
@@ -129,9 +150,12 @@ def distribution(folder: Path, name: str, module: str, entry_points: str) -> Pat
 
 
 def echo_plugin(folder: Path) -> Path:
+    (folder / "echo_handlers.py").parent.mkdir(parents=True, exist_ok=True)
+    (folder / "echo_handlers.py").write_text(ECHO_HANDLERS)
     return distribution(folder, "echo-plugin", PLUGIN, """\
         [batchinfer.backends]
         echo = echo_plugin:BACKEND
+        onnx-echo = echo_plugin:ONNX_ECHO
 
         [batchinfer.runners]
         inline = echo_plugin:RUNNER
@@ -148,7 +172,7 @@ def installed(tmp_path, monkeypatch):
     monkeypatch.setattr(backends, "_REGISTRY", fresh(backends._REGISTRY))
     monkeypatch.setattr(runners, "_REGISTRY", fresh(runners._REGISTRY))
     yield site
-    for module in ("echo_plugin", "clash_plugin", "broken_plugin"):
+    for module in ("echo_plugin", "clash_plugin", "broken_plugin", "evil_plugin", "ghost_plugin"):
         sys.modules.pop(module, None)
 
 
@@ -216,6 +240,42 @@ def test_a_distribution_registered_once_refuses_a_second_registration(installed)
         backends.register(Backend(name="echo", suffixes=(".e",)))
 
 
+def test_code_a_plugin_runs_cannot_replace_a_builtin_or_another_distributions_entry(installed):
+    """A distribution whose module, on import, registers its own ``onnxruntime`` with
+    clobber=True: refused at discovery (exit 5, naming it), batchinfer's entry stays; nor can it
+    replace another distribution's entry."""
+    echo_plugin(installed)
+    distribution(installed, "evil-plugin", '''
+        from batchinfer import backends
+        from batchinfer.backends import Backend
+
+        backends.register(Backend(name="onnxruntime", suffixes=(".onnx",), handler="evil:Handler"),
+                          clobber=True)
+        BACKEND = Backend(name="evil", suffixes=(".evil",), handler="evil:Handler")
+    ''', """\
+        [batchinfer.backends]
+        evil = evil_plugin:BACKEND
+        """)
+    builtin = next(b for b in backends.BUILTIN if b.name == "onnxruntime")
+    for _ in (1, 2):
+        with pytest.raises(RuntimeFailure) as caught:
+            backends.names()
+        assert caught.value.message.startswith(
+            "entry point evil = evil_plugin:BACKEND (group batchinfer.backends, distribution "
+            "evil-plugin) cannot be loaded: ValueError: backend 'onnxruntime' is already "
+            "registered (by batchinfer), whose entries cannot be replaced"), caught.value.message
+        assert backends._REGISTRY._entries["onnxruntime"] is builtin
+    sys.modules.pop("evil_plugin", None)
+    (installed / "evil_plugin-1.0.dist-info" / "entry_points.txt").unlink()
+    assert backends.get("echo").handler == "echo_plugin:EchoHandler"
+    with pytest.raises(ValueError, match=r"backend 'echo' is already registered \(by entry point "
+                                         r"echo = .*distribution echo-plugin\)\), whose entries "
+                                         r"cannot be replaced"):
+        backends.register(Backend(name="echo", suffixes=(".e",)), clobber=True)
+    where = backends.provenance("echo")
+    assert (where.distribution, where.version, where.builtin) == ("echo-plugin", "1.0", False)
+
+
 @pytest.mark.parametrize("module, message", [
     ("raise ImportError('no echo here')", "cannot be loaded: ImportError: no echo here"),
     ("from batchinfer.runners import Runner\nRUNNER = Runner(name='other', beam_runner='X')",
@@ -233,16 +293,69 @@ def test_a_broken_entry_point_says_which_distribution(installed, module, message
         "broken-plugin)") and caught.value.message.endswith(message), caught.value.message
 
 
+def plugin_path(site: Path) -> dict[str, str]:
+    return {"PYTHONPATH": os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])}
+
+
 @pytest.mark.slow
-def test_a_job_runs_on_a_distributions_runner(tmp_path):
+def test_a_job_runs_on_a_distributions_runner_and_backend_and_its_manifest_names_them(tmp_path):
     """A plain interpreter, as a user starts one: the distribution is found on its own sys.path
-    (PYTHONPATH), its runner validated, checked, run, and named in the manifest."""
+    (PYTHONPATH), its runner and backend validated, checked, run, and named in the manifest
+    with the distribution that holds them."""
     site = echo_plugin(tmp_path / "site")
     numeric_project(tmp_path, shards=2, rows=50)
-    path = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
     result = run_cli("run", "job.yaml", "--ds", DS, "--set", "runner.name=inline",
-                     "--set", "runner.options.job_name=nightly", cwd=tmp_path,
-                     env={"PYTHONPATH": path}, fresh=True)
+                     "--set", "runner.options.job_name=nightly", "--set", "model.backend=onnx-echo",
+                     cwd=tmp_path, env=plugin_path(site), fresh=True)
     assert result.returncode == 0, result.stderr
     manifest = json.loads((tmp_path / "out" / f"dt={DS}" / "_manifest.json").read_text())
-    assert (manifest["runner"], manifest["totals"]["rows_scored"]) == ("inline", 100)
+    assert (manifest["runner"], manifest["backend"], manifest["totals"]["rows_scored"]) == (
+        "inline", "onnx-echo", 100)
+    assert manifest["plugins"] == [
+        {"kind": "backend", "name": "onnx-echo", "distribution": "echo-plugin", "version": "1.0"},
+        {"kind": "runner", "name": "inline", "distribution": "echo-plugin", "version": "1.0"}]
+
+
+@pytest.mark.slow
+def test_a_plugin_that_replaces_a_builtin_or_a_runner_that_is_not_there_is_one_line(tmp_path):
+    """Two distributions as a user installs them, each met by an ordinary job in a plain
+    interpreter: one whose module takes over ``onnxruntime`` as it is imported (exit 5 naming
+    it; nothing scored under batchinfer's name), one whose runner's Beam runner is not
+    installed (exit 5 naming the runner, its distribution and what to install)."""
+    numeric_project(tmp_path, shards=1, rows=20)
+    evil = distribution(tmp_path / "evil", "evil-plugin", '''
+        from batchinfer import backends
+        from batchinfer.backends import Backend
+
+        backends.register(Backend(name="onnxruntime", suffixes=(".onnx",), handler="evil:Handler"),
+                          clobber=True)
+        BACKEND = Backend(name="evil", suffixes=(".evil",), handler="evil:Handler")
+    ''', """\
+        [batchinfer.backends]
+        evil = evil_plugin:BACKEND
+        """)
+    taken = run_cli("run", "job.yaml", "--ds", DS, cwd=tmp_path, env=plugin_path(evil), fresh=True)
+    assert taken.returncode == 5, taken.stderr
+    line = one_line_error(taken)
+    assert "distribution evil-plugin" in line and "'onnxruntime'" in line, line
+    assert "cannot be replaced" in line, line
+    assert not (tmp_path / "out").exists()
+
+    ghost = distribution(tmp_path / "ghost", "ghost-plugin", '''
+        from batchinfer.runners import Runner
+
+        RUNNER = Runner(name="ghost", beam_runner="ghost_beam.runner.GhostRunner",
+                        install="pip install ghost-beam")
+    ''', """\
+        [batchinfer.runners]
+        ghost = ghost_plugin:RUNNER
+        """)
+    missing = run_cli("run", "job.yaml", "--ds", DS, "--set", "runner.name=ghost", cwd=tmp_path,
+                      env=plugin_path(ghost), fresh=True)
+    assert missing.returncode == 5, missing.stderr
+    line = one_line_error(missing)
+    assert line.startswith("batchinfer run: runner ghost (distribution ghost-plugin 1.0) names the "
+                           "Beam runner ghost_beam.runner.GhostRunner, which cannot be loaded "
+                           "(no module ghost_beam)"), line
+    assert line.endswith("pip install ghost-beam"), line
+    assert "unexpected" not in line and not (tmp_path / "out").exists()
