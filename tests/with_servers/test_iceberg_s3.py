@@ -2,7 +2,8 @@
 ``output.catalog`` (a sqlite SQL catalog in a local file): the job reaches the store only
 through the standard ``AWS_*`` variables, which batchinfer passes to pyiceberg's FileIO
 (``s3.endpoint``); the table's data files are the run's objects, where it wrote them; an
-``--overwrite`` replaces the partition and time travel gives the previous rows. Without
+``--overwrite`` replaces the partition and time travel gives the previous rows; a commit killed
+between its tables and its manifest is finished by ``inspect`` of the partition. Without
 ``output.catalog`` an S3 output is refused before any work (exit 2)."""
 from __future__ import annotations
 
@@ -51,6 +52,18 @@ def test_iceberg_tables_on_s3(tmp_path, s3_server):
     then = table.scan(row_filter=EqualTo("dt", DS), snapshot_id=previous.snapshot_id).to_arrow()
     assert then.num_rows == 600
     assert not set(then["_inference_id"].to_pylist()) & set(rows["_inference_id"].to_pylist())
+
+    # A third commit killed between its predictions table and its manifest: our reader of the
+    # object store finishes it from the scratch the run left there (contract §4 "Exactly once").
+    killed = run_cli(*with_catalog, "--overwrite", cwd=tmp_path,
+                     env={**s3_server.env, "BATCHINFER_FAULT": "after_table_commit"})
+    assert killed.returncode < 0, killed.stderr
+    (pending,) = [p.rsplit("/", 1)[-1] for p in fs.ls(f"{bucket}/tables/_batchinfer/dt={DS}/_tmp")]
+    shown = run_cli("inspect", f"{url}/dt={DS}", cwd=tmp_path, env=s3_server.env)
+    assert shown.returncode == 0 and f"attempt {pending}" in shown.stdout, shown.stdout + shown.stderr
+    fs.invalidate_cache()
+    finished = json.loads(fs.cat_file(f"{bucket}/tables/_batchinfer/dt={DS}/_manifest.json"))
+    assert (finished["attempt"], finished["table"]["generation"]) == (pending, 3)
 
 
 def test_an_iceberg_table_input_on_s3_is_read_through_the_catalog(tmp_path, s3_server):
