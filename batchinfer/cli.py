@@ -109,14 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quantize", choices=("int8",),
                    help="--to onnx of an ONNX model: INT8 quantization calibrated on --sample's "
                         "rows, written only when the parity gate passes")
-    p.add_argument("--method", choices=("auto", "static", "dynamic"), default="auto",
+    p.add_argument("--method", choices=("auto", "static", "dynamic"),
                    help="--quantize: static QDQ (numeric inputs) or dynamic (token ids); default auto")
     p.add_argument("--max-flip-rate", type=float, metavar="F",
                    help="--quantize: refuse when more than F of a score's decisions flip "
                         "(default: reported, not judged)")
-    p.add_argument("--threshold", type=float, default=0.5, metavar="T",
+    p.add_argument("--threshold", type=float, metavar="T",
                    help="--quantize: the decision threshold of a score (default 0.5)")
-    p.add_argument("--min-cosine", type=float, default=0.99, metavar="C",
+    p.add_argument("--min-cosine", type=float, metavar="C",
                    help="--quantize: an embedding's rows keep cosine >= C with FP32 (default 0.99)")
     p.add_argument("--embedding", action="append", default=[], metavar="OUTPUT",
                    help="--quantize: judge this [N, K] output by cosine (outputs named *embed* are)")
@@ -424,9 +424,10 @@ def cmd_export(args) -> int:
         from .spec import load_job
 
         sample = load_job(args.sample, ds=args.ds, overrides=args.overrides)
+    # None: not given (a flag given at its default value is still given, and still refused)
     gate_flags = [flag for flag, given in (
-        ("--method", args.method != "auto"), ("--max-flip-rate", args.max_flip_rate is not None),
-        ("--threshold", args.threshold != 0.5), ("--min-cosine", args.min_cosine != 0.99),
+        ("--method", args.method is not None), ("--max-flip-rate", args.max_flip_rate is not None),
+        ("--threshold", args.threshold is not None), ("--min-cosine", args.min_cosine is not None),
         ("--embedding", bool(args.embedding)), ("--keep-fp32", bool(args.keep_fp32)),
         ("--smooth", args.smooth is not None)) if given]
     if gate_flags and not args.quantize:
@@ -439,7 +440,7 @@ def cmd_export(args) -> int:
                             "version out), not with --to tensorrt or --fp16")
         gate = Gate(max_flip_rate=args.max_flip_rate, min_cosine=args.min_cosine,
                     threshold=args.threshold, embeddings=tuple(args.embedding))
-        report = quantize_model(args.model, args.out, sample, method=args.method, gate=gate,
+        report = quantize_model(args.model, args.out, sample, method=args.method or "auto", gate=gate,
                                 keep_fp32=tuple(args.keep_fp32), smooth=args.smooth)
     else:
         report = export_model(args.model, args.to, args.out, fp16=args.fp16, sample_job=sample)

@@ -179,6 +179,10 @@ def quantize(data: str, workdir: Path, args) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     sets = ["--set", f"input.path={data}", "--set", f"output.path={workdir / 'out-export'}",
             "--set", f"batch.rows={args.window}", "--set", f"batch.tokens={args.tokens}"]
+    # export refuses an --out that is a stamped model (contract §6): this run replaces the INT8
+    # model an earlier one stamped on purpose, so that model, its declaration and record go first.
+    for stale in (INT8_MODEL, f"{INT8_MODEL}.batchinfer.json", f"{INT8_MODEL}.quantization.json"):
+        (JOB / stale).unlink(missing_ok=True)
     t0 = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "batchinfer", "export", "model/all-MiniLM-L6-v2.onnx",
                            "--to", "onnx", "--quantize", "int8", "--out", INT8_MODEL, "--sample",

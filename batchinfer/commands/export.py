@@ -4,8 +4,13 @@
 exporter (``torch.onnx.export(..., dynamo=True)``, which keeps the batch axis dynamic), then
 runs both on sample inputs — rows of a job's input prepared exactly as a run prepares them
 (``--sample JOB.yaml``), or else the program's own example inputs — and writes the ONNX file
-only when every output agrees within ``ONNX_TOLERANCE``. The model is written to a scratch name
-beside ``--out`` and renamed into place, so a failed export leaves nothing behind.
+only when every output agrees within ``ONNX_TOLERANCE``.
+
+Every export writes to a scratch name beside ``--out`` (its folder: the rename stays atomic) and
+renames it into place only once parity holds, records first (:func:`_publish`), so a failed
+export or a crash leaves ``--out`` as it was, never part of a file. An ``--out`` that would
+replace what is not the export's to replace — the model being exported, a stamped model, a
+declaration or record, a folder — is refused before any work (:func:`_check_out`).
 
 ``--to tensorrt`` builds a TensorRT engine from an ``.onnx`` model with one optimisation profile
 whose batch axis runs from 1 to the sample job's ``batch.rows`` (so a run's batches fit), runs
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import tempfile
 import warnings
@@ -56,6 +62,67 @@ class ExportReport:
     gate: dict[str, Any] | None = None   # --quantize: the gate's figures (as declared)
 
 
+def _check_out(model: Path, out: Path) -> None:
+    """Refuse (exit 2, before any work) an ``--out`` that is not the export's to replace: the
+    model being exported (it would be replaced by its own conversion, the FP32 original lost), a
+    stamped model (its declaration beside it vouches for the bytes there; a run would find
+    others), a declaration or a record that sits beside a model, or a folder. Symlinks, ``..``
+    and hard links name the same file: compared resolved, by inode where both exist."""
+    from ..handlers.onnx import QUANTIZATION_SUFFIX
+    from ..handlers.tensorrt import BUILD_SUFFIX
+    from ..triple.contract import SIDECAR_SUFFIX
+
+    resolved = out.resolve()
+    records = {SIDECAR_SUFFIX: "a declaration", QUANTIZATION_SUFFIX: "a quantization record",
+               BUILD_SUFFIX: "a build record"}
+    record = next((what for suffix, what in records.items()
+                   if out.name.endswith(suffix) or resolved.name.endswith(suffix)), None)
+    declared = next((d for d in (Path(f"{resolved}{SIDECAR_SUFFIX}"), Path(f"{out}{SIDECAR_SUFFIX}"))
+                     if d.exists()), None)
+    todo = "choose another --out"
+    if _same_file(out, model):
+        why = "the model being exported (the export would replace its own source)"
+    elif record is not None:
+        why = f"{record} (batchinfer's file beside a model, not a model)"
+    elif out.is_dir():
+        why, todo = "a folder", f"name a file in it (e.g. {out / model.name})"
+    elif declared is not None:
+        why = f"a stamped model (its declaration {declared.name} is beside it)"
+        todo += ", or remove the model and its declaration first to replace it"
+    else:
+        return
+    raise SpecError(f"--out {out} resolves to {resolved}, {why}: {todo}")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file: one inode where both exist (a hard link, a
+    symlink, another spelling on a case-insensitive disk), else one resolved path."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return a.resolve() == b.resolve()
+
+
+def _scratch(target: Path, suffix: str = "") -> str:
+    """A new empty hidden file beside ``target``: in its folder, so that renaming it onto
+    ``target`` is one atomic step on the same disk."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, scratch = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix, dir=target.parent)
+    os.close(handle)
+    return scratch
+
+
+def _publish(scratch: str, target: Path) -> None:
+    """Rename ``scratch`` onto ``target``: ``target`` then holds either what it held or all of
+    the new file, never part of one. mkstemp made ``scratch`` private (0600); it takes the
+    permissions a plain write would have given it (0666 less the umask), so the model is as
+    readable as one copied there."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    os.chmod(scratch, 0o666 & ~umask)
+    os.replace(scratch, target)
+
+
 def export_model(model: str | Path, to: str, out: str | Path, *, fp16: bool = False,
                  sample_job=None) -> ExportReport:
     """Convert ``model``; see the module docstring.
@@ -79,6 +146,7 @@ def export_model(model: str | Path, to: str, out: str | Path, *, fp16: bool = Fa
         raise SpecError(f"export --to onnx takes a torch.export program (.pt2), not {model.name}")
     if not model.is_file():
         raise SpecError(f"no model file {model}")
+    _check_out(model, out)
     torch = _require("torch")
     _require("onnxscript")
     if not logging.getLogger("batchinfer").isEnabledFor(logging.DEBUG):  # i.e. without --debug
@@ -103,9 +171,7 @@ def _to_onnx(torch, program, arrays: list[np.ndarray], where: str, out: Path) ->
     with torch.no_grad():
         expected = program.module()(*args)
     expected = [expected] if isinstance(expected, torch.Tensor) else list(expected)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    handle, scratch = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".onnx", dir=out.parent)
-    os.close(handle)
+    scratch = _scratch(out, ".onnx")
     try:
         try:
             with warnings.catch_warnings():  # deprecation notes from inside torch
@@ -132,7 +198,7 @@ def _to_onnx(torch, program, arrays: list[np.ndarray], where: str, out: Path) ->
                              f"{diffs[worst]:.3g} (> {ONNX_TOLERANCE:g}) on {where}; nothing written")
         report = ExportReport(out, _shapes(session.get_inputs()), _shapes(session.get_outputs()),
                               where, len(arrays[0]) if arrays and np.ndim(arrays[0]) else 0, diffs)
-        os.replace(scratch, out)
+        _publish(scratch, out)
         return report
     finally:
         if os.path.exists(scratch):
@@ -228,6 +294,7 @@ def _check_onnx_input(model: Path, sample_job: Any, mode: str, why_sample: str) 
 def _to_tensorrt(model: Path, out: Path, fp16: bool, sample_job) -> ExportReport:
     _check_onnx_input(model, sample_job, "--to tensorrt", "its batch.rows sizes the engine's "
                       "profile and its rows check parity")
+    _check_out(model, out)
     int8 = _quantized(model)   # a QDQ model: TensorRT's explicit quantization (checked first)
     trt = _require_tensorrt()
     import onnxruntime as ort
@@ -242,9 +309,7 @@ def _to_tensorrt(model: Path, out: Path, fp16: bool, sample_job) -> ExportReport
             for n, a in zip(names, arrays)}
     rows = int(sample_job.spec.batch.rows)
     engine = _build_engine(trt, model, feed, rows, fp16, int8)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    handle, scratch = tempfile.mkstemp(prefix=f".{out.name}.", suffix=out.suffix or ".engine", dir=out.parent)
-    os.close(handle)
+    scratch, built = _scratch(out, out.suffix or ".engine"), None
     try:
         Path(scratch).write_bytes(engine)
         handler = TensorRTModelHandler(scratch, digest=f"export-{os.getpid()}", device="cuda")
@@ -273,17 +338,21 @@ def _to_tensorrt(model: Path, out: Path, fp16: bool, sample_job) -> ExportReport
                 raise ModelError(f"parity check failed: output {worst} differs by up to "
                                  f"{diffs[worst]:.3g} (> {GPU_TOLERANCE:g}) on {where}; nothing written")
         facts = _here()
-        Path(str(out) + BUILD_SUFFIX).write_text(
+        build = Path(str(out) + BUILD_SUFFIX)
+        built = _scratch(build)
+        Path(built).write_text(
             json.dumps({**facts, "fp16": fp16, "precision": "int8" if int8 else "fp16" if fp16 else "fp32",
                         "max_batch": rows, "source": model.name}, indent=2) + "\n")
-        os.replace(scratch, out)
+        _publish(built, build)
+        _publish(scratch, out)
         shapes = {n: tuple(v.shape) for n, v in feed.items()}
         return ExportReport(out, shapes, {k: tuple(v.shape) for k, v in got.outputs.items()}, where,
                             n, diffs, kls if fp16 or int8 else None,
                             reference="ONNX Runtime (the QDQ model)" if int8 else "ONNX Runtime FP32")
     finally:
-        if os.path.exists(scratch):
-            os.unlink(scratch)
+        for left in (scratch, built):
+            if left is not None and os.path.exists(left):
+                os.unlink(left)
 
 
 def _quantized(model: Path) -> bool:
@@ -351,6 +420,10 @@ MIN_COSINE = 0.99          # embeddings: each row's cosine with FP32 at least th
 THRESHOLD = 0.5            # a thresholded score: the decision a flip changes
 STATIC_OPS = ("MatMul", "Gemm", "Conv")   # what static quantization turns into INT8
 DYNAMIC_OPS = ("MatMul", "Gemm", "Conv", "Attention")   # and dynamic quantization
+# ONNX Runtime's integer compute ops (QOperator format; the QLinear* ops besides)
+INTEGER_OPS = ("MatMulInteger", "ConvInteger", "QGemm", "QAttention", "DynamicQuantizeMatMul",
+               "MatMulIntegerToFloat", "DynamicQuantizeLSTM")
+QDQ_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -358,9 +431,19 @@ class Gate:
     """What a quantized model must keep of the FP32 model's answers on the sample (contract §2)."""
 
     max_flip_rate: float | None = None   # None: the flip rate is reported, not judged
-    min_cosine: float = MIN_COSINE
-    threshold: float = THRESHOLD
+    # None: the default bound (MIN_COSINE, THRESHOLD), which applies where an output is judged
+    # by it; given, at least one output must be (else the option would be ignored: exit 2)
+    min_cosine: float | None = None
+    threshold: float | None = None
     embeddings: tuple[str, ...] = ()     # outputs judged by cosine (besides names with "embed")
+
+    @property
+    def cosine_bound(self) -> float:
+        return MIN_COSINE if self.min_cosine is None else self.min_cosine
+
+    @property
+    def decision_threshold(self) -> float:
+        return THRESHOLD if self.threshold is None else self.threshold
 
 
 def quantize_model(model: str | Path, out: str | Path, sample_job, *, method: str = "auto",
@@ -390,7 +473,13 @@ def quantize_model(model: str | Path, out: str | Path, sample_job, *, method: st
     ``keep_fp32``: regular expressions; the quantizable nodes whose names match one stay FP32
     (mixed precision, for the nodes a model's answers are most sensitive to: all-MiniLM-L6-v2
     passes the 0.99 cosine bound with its value projections and FFN output layers kept FP32,
-    bench/README.md). A pattern that matches no quantizable node is an error, not a no-op.
+    bench/README.md). A pattern that matches no quantizable node is an error, not a no-op; so
+    are patterns that keep every one (the file would be the FP32 model).
+
+    The record says ``precision: int8`` of what is in the file: the INT8 compute nodes of the
+    written graph are counted (``quantization_int8_nodes``, by op in ``quantization_int8_ops``),
+    and a quantization that left none (ONNX Runtime skips a MatMul with no constant weight) is
+    exit 2, nothing written.
 
     Both models score the sample as a run scores it: through the onnxruntime backend's handler
     with the job's ``batch`` (``batch.tokens``: rows sorted by length, calls of at most that many
@@ -403,25 +492,40 @@ def quantize_model(model: str | Path, out: str | Path, sample_job, *, method: st
     with "embed", or in ``gate.embeddings``) by its rows' minimum cosine with FP32; a class
     distribution or logits (other ``[N, K]``) by the softmax KL rule.
 
+    Every option is applied or refused (exit 2, before any work): a bound outside its range, an
+    ``--embedding`` that names no output or a score, a ``--min-cosine`` no output is judged by,
+    a ``--max-flip-rate``/``--threshold`` of a model with no score, a ``--smooth`` that would
+    smooth no quantized MatMul (:func:`_check_gate_applies`; where an output's shape is known
+    only once it runs, the same check refuses it then, before anything is written).
+
     Raises:
-        SpecError: not an ONNX model, no ``--sample``, an unknown method.
+        SpecError: not an ONNX model, no ``--sample``, an unknown method, an option that cannot
+            apply, an ``--out`` that is not the export's to replace, nothing quantized.
         ModelError: quantization failed, or the gate refused the model (nothing written).
     """
     model, out = Path(model), Path(out)
     _check_onnx_input(model, sample_job, "--quantize", "the job's own rows calibrate the model "
                       "and check its parity")
+    _check_out(model, out)
     if method not in ("auto", "static", "dynamic"):
         raise SpecError(f"--method {method!r}: choose auto, static or dynamic")
+    _check_gate(gate)
+    if smooth is not None and not 0.0 < smooth < 1.0:
+        raise SpecError(f"--smooth {smooth:g}: choose an alpha between 0 and 1 (0.7 for MiniLM)")
+    proto = _onnx_model(model)
+    graph = proto.graph
+    if method == "auto":
+        method = "dynamic"
+    quantizable = _quantizable(graph, model, method)
+    kept = _kept_fp32(model, method, keep_fp32, quantizable)   # names nothing, or all: exit 2
+    _check_gate_applies(_values_a_row(graph), gate, model.name)
+    if smooth is not None:
+        _check_smoothable(proto, model, smooth, kept)
     import onnxruntime as ort
 
     from .. import parity
     from ..handlers.onnx import QUANTIZATION_SUFFIX
 
-    if method == "auto":
-        method = "dynamic"
-    if smooth is not None and not 0.0 < smooth < 1.0:
-        raise SpecError(f"--smooth {smooth:g}: choose an alpha between 0 and 1 (0.7 for MiniLM)")
-    kept = _kept_fp32(model, method, keep_fp32)   # a pattern that names nothing: exit 2 first
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
     arrays = _job_sample(sample_job, names, QUANTIZE_ROWS)
@@ -441,14 +545,18 @@ def quantize_model(model: str | Path, out: str | Path, sample_job, *, method: st
     settings.update(smoothing)
     if keep_fp32:
         settings["quantization_kept_fp32"] = f"{'|'.join(keep_fp32)} ({len(kept)} nodes)"
-    scratch = settings.pop("_scratch")
+    scratch, written = settings.pop("_scratch"), None
     try:
+        settings.update(_int8_settings(scratch, model, method, quantizable, kept))
         want = _score_as_a_run(str(model), feed, sample_job, "FP32")
         try:
             got = _score_as_a_run(scratch, feed, sample_job, "quantized")
         except ModelError as exc:
             raise ModelError(f"the quantized model does not run: {exc.message}") from None
         where = f"{rows} rows of {sample_job.spec.name}'s input"
+        # shapes the graph left symbolic are known now: an option they make moot is still exit 2
+        _check_gate_applies({k: _row_size(v) for k, v in want.items()}, gate, model.name,
+                            "; nothing written")
         figures = _gate(parity, want, got, gate, where)
         facts: dict[str, Any] = {
             "precision": "int8", "quantization_method": method, **settings,
@@ -458,35 +566,78 @@ def quantize_model(model: str | Path, out: str | Path, sample_job, *, method: st
             "sample_sha256": _arrays_sha256(feed),
             "source_model_sha256": _file_sha256(model), **figures,
             "model_sha256": _file_sha256(Path(scratch))}
+        # the record first: it names the model's sha256, so one left beside other bytes (a
+        # crash between the renames) is refused by stamp, never taken for theirs
         record = Path(str(out) + QUANTIZATION_SUFFIX)
-        record.write_text(json.dumps(facts, indent=2) + "\n")
-        os.replace(scratch, out)
+        written = _scratch(record)
+        Path(written).write_text(json.dumps(facts, indent=2) + "\n")
+        _publish(written, record)
+        _publish(scratch, out)
         diffs = {k: parity.max_abs_diff(want[k], got[k]) for k in want}
         kls = {k: parity.output_kl(want[k], got[k]) for k in want}
         return ExportReport(out, _shapes(session.get_inputs()), _shapes(session.get_outputs()),
                             where, rows, diffs, kls, reference="ONNX Runtime FP32",
                             gate=figures)
     finally:
-        if os.path.exists(scratch):
-            os.unlink(scratch)
+        for left in (scratch, written):
+            if left is not None and os.path.exists(left):
+                os.unlink(left)
 
 
-def _kept_fp32(model: Path, method: str, patterns: Sequence[str]) -> list[str]:
-    """The quantizable nodes of ``model`` whose names match one of ``patterns`` (``re.search``).
+def _onnx_model(model: Path) -> Any:
+    """``model`` as an ONNX ModelProto, without its external data (names, ops, shapes and
+    initializer dims are enough).
+
+    Raises:
+        SpecError: not a readable ONNX model.
+    """
+    import onnx
+
+    try:
+        return onnx.load(str(model), load_external_data=False)
+    except Exception as exc:
+        raise SpecError(f"{model} is not a readable ONNX model: {one_line(exc)}") from None
+
+
+def _quantizable(graph: Any, model: Path, method: str) -> list[str]:
+    """The names of the nodes ``method`` quantizes in ``graph``.
+
+    Raises:
+        SpecError: an already quantized model (its INT8 nodes would be counted as this export's,
+            and quantizing twice compounds the error), or one with no node to quantize.
+    """
+    ops = DYNAMIC_OPS if method == "dynamic" else STATIC_OPS
+    found = _int8_nodes(graph)
+    present = {n.op_type for n in _nodes(graph)} & set(QDQ_OPS)
+    if found or present:
+        what = ", ".join(f"{op} {n}" for op, n in sorted(found.items())) or "/".join(sorted(present))
+        raise SpecError(f"{model.name} is already quantized ({what}): --quantize int8 takes the "
+                        f"FP32 model it came from")
+    nodes = [n.name for n in graph.node if n.op_type in ops]
+    if not nodes:
+        raise SpecError(f"{model.name} has no {'/'.join(ops)} node for {method} quantization to "
+                        f"quantize: its INT8 version would be the FP32 model")
+    return nodes
+
+
+def _kept_fp32(model: Path, method: str, patterns: Sequence[str],
+               nodes: Sequence[str] | None = None) -> list[str]:
+    """The quantizable nodes of ``model`` (``nodes``: their names, read from ``model`` if not
+    given) whose names match one of ``patterns`` (``re.search``).
 
     Raises:
         SpecError: a pattern that is not a regular expression, or matches no quantizable node
-            (a typo, or a model exported with other node names, would otherwise quantize all).
+            (a typo, or a model exported with other node names, would otherwise quantize all);
+            patterns that keep every node (nothing would be quantized: the FP32 model, stamped
+            int8).
     """
     import re
 
     if not patterns:
         return []
-    import onnx
-
     ops = DYNAMIC_OPS if method == "dynamic" else STATIC_OPS
-    nodes = [n.name for n in onnx.load(str(model), load_external_data=False).graph.node
-             if n.op_type in ops]
+    if nodes is None:
+        nodes = [n.name for n in _onnx_model(model).graph.node if n.op_type in ops]
     kept: list[str] = []
     for pattern in patterns:
         try:
@@ -497,7 +648,73 @@ def _kept_fp32(model: Path, method: str, patterns: Sequence[str]) -> list[str]:
             raise SpecError(f"--keep-fp32 {pattern!r} matches none of {model.name}'s {len(nodes)} "
                             f"{'/'.join(ops)} nodes (e.g. {nodes[0] if nodes else 'none'!s})")
         kept += [name for name in found if name not in kept]
+    if all(name in kept for name in nodes):
+        raise SpecError(f"--keep-fp32 {' '.join(map(repr, patterns))} keeps all {len(nodes)} of "
+                        f"{model.name}'s {'/'.join(ops)} nodes FP32: nothing would be quantized "
+                        f"(the file would be the FP32 model); keep fewer nodes FP32")
     return kept
+
+
+def _check_smoothable(proto: Any, model: Path, alpha: float, kept: Sequence[str]) -> None:
+    """``--smooth`` where it changes a quantized node: a model with no MatMul of an activation by
+    a weight, or one whose every such MatMul is kept FP32 (smoothing is the same function in
+    FP32, so it would change nothing), is exit 2 before calibration."""
+    from . import smoothing
+
+    matmuls = [node.name for nodes in smoothing.smoothable(proto).values() for node in nodes]
+    if not matmuls:
+        raise SpecError(f"--smooth: {model.name} has no MatMul of an activation by a weight to smooth")
+    if all(name in kept for name in matmuls):
+        raise SpecError(f"--smooth {alpha:g}: --keep-fp32 keeps all {len(matmuls)} MatMuls it would "
+                        f"smooth FP32, so it changes no quantized node: drop --smooth or keep "
+                        f"fewer nodes FP32")
+
+
+def _nodes(graph: Any) -> Any:
+    """Every node of ``graph``, those of its subgraphs (If, Loop, Scan bodies) too."""
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            if attribute.HasField("g"):
+                yield from _nodes(attribute.g)
+            for subgraph in attribute.graphs:
+                yield from _nodes(subgraph)
+
+
+def _int8_nodes(graph: Any) -> dict[str, int]:
+    """The compute nodes of ``graph`` that run in INT8, counted by op type: ONNX Runtime's
+    integer ops (``INTEGER_OPS``, ``QLinear*``: the QOperator format) and, in a QDQ model, the
+    MatMul/Gemm/Conv/Attention nodes that read a DequantizeLinear's output (what ONNX Runtime
+    and TensorRT run as integer kernels). Q/DQ nodes alone are not compute: a model whose only
+    quantized tensors feed FP32 ops has none."""
+    nodes = list(_nodes(graph))
+    dequantized = {name for n in nodes if n.op_type == "DequantizeLinear" for name in n.output}
+    counts: dict[str, int] = {}
+    for node in nodes:
+        if (node.op_type in INTEGER_OPS or node.op_type.startswith("QLinear")
+                or (node.op_type in DYNAMIC_OPS and dequantized.intersection(node.input))):
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts
+
+
+def _int8_settings(scratch: str, model: Path, method: str, quantizable: Sequence[str],
+                   kept: Sequence[str]) -> dict[str, Any]:
+    """What the quantized file ``scratch`` holds in INT8, counted from its graph, as the record
+    states it: the record's ``precision: int8`` is a fact about the file, not about the command.
+
+    Raises:
+        SpecError: no INT8 compute node (nothing written: stamped, the FP32 model would pass
+            for INT8).
+    """
+    counts = _int8_nodes(_onnx_model(Path(scratch)).graph)
+    if not counts:
+        ops = DYNAMIC_OPS if method == "dynamic" else STATIC_OPS
+        others = f" ({len(kept)} kept FP32)" if kept else ""
+        raise SpecError(f"ONNX Runtime quantized none of {model.name}'s {len(quantizable)} "
+                        f"{'/'.join(ops)} nodes{others} ({method}: a MatMul with no constant weight "
+                        f"stays FP32, for one): the file would be the FP32 model; nothing written")
+    return {"quantization_int8_nodes": sum(counts.values()),
+            "quantization_int8_ops": ", ".join(f"{op} {n}" for op, n in sorted(counts.items()))}
 
 
 def _handler(model: str, job: Any, what: str) -> tuple[Any, Any]:
@@ -559,7 +776,11 @@ def _smoothed(model: Path, out: Path, calibration: Mapping[str, np.ndarray], job
         raise SpecError(f"--smooth: {model.name} has no MatMul of an activation by a weight to smooth")
     handle, scratch = tempfile.mkstemp(prefix=f".{out.name}.smooth.", suffix=".onnx", dir=out.parent)
     os.close(handle)
-    onnx.save(smoothed, scratch)
+    try:
+        onnx.save(smoothed, scratch)
+    except BaseException:
+        os.unlink(scratch)
+        raise
     return scratch, {"quantization_smoothquant_alpha": alpha, "quantization_smoothquant_matmuls": count}
 
 
@@ -631,19 +852,20 @@ def _gate(parity, want: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray],
     kl = flip = 0.0
     cosine = 1.0
     kinds = []
+    threshold = gate.decision_threshold
     for name, ref in want.items():
         ref, cand = np.asarray(ref), np.asarray(got[name])
         if ref.shape != cand.shape:
             raise ModelError(f"parity check failed: output {name} has shape {cand.shape} quantized, "
                              f"{ref.shape} in FP32; nothing written")
-        per_row = int(np.prod(ref.shape[1:])) if ref.ndim > 1 else 1
-        if per_row > 1 and ("embed" in name.lower() or name in gate.embeddings):
+        kind = _judged_as(name, _row_size(ref), gate)
+        if kind == "embedding":
             kinds.append(f"{name}: embedding")
             worst = _min_cosine(ref, cand)
             cosine = min(cosine, worst)
-            if not worst >= gate.min_cosine:
+            if not worst >= gate.cosine_bound:
                 raise ModelError(f"parity check failed: INT8 output {name} has minimum cosine "
-                                 f"{worst:.6g} with FP32 (< {gate.min_cosine:g}) on {where}; nothing "
+                                 f"{worst:.6g} with FP32 (< {gate.cosine_bound:g}) on {where}; nothing "
                                  f"written (--keep-fp32 REGEX keeps the most sensitive nodes FP32)")
             continue
         value = parity.output_kl(ref, cand)
@@ -651,25 +873,104 @@ def _gate(parity, want: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray],
         if not value <= parity.KL_LIMIT:
             raise ModelError(f"parity check failed: INT8 output {name} has KL divergence {value:.3g} "
                              f"from FP32 (> {parity.KL_LIMIT:g}) on {where}; nothing written")
-        if per_row > 1:
+        if kind == "class distribution":
             kinds.append(f"{name}: class distribution")
             continue
         kinds.append(f"{name}: score")
-        rate = float(np.mean((ref.reshape(-1) > gate.threshold) != (cand.reshape(-1) > gate.threshold)))
+        rate = float(np.mean((ref.reshape(-1) > threshold) != (cand.reshape(-1) > threshold)))
         flip = max(flip, rate)
         if gate.max_flip_rate is not None and not rate <= gate.max_flip_rate:
             raise ModelError(f"parity check failed: INT8 output {name} flips {rate:.3g} of decisions "
-                             f"at threshold {gate.threshold:g} (> --max-flip-rate "
+                             f"at threshold {threshold:g} (> --max-flip-rate "
                              f"{gate.max_flip_rate:g}) on {where}; nothing written")
     diff = max((parity.max_abs_diff(want[k], got[k]) for k in want), default=0.0)
     figures: dict[str, Any] = {"parity_outputs": "; ".join(kinds), "parity_rows": len(next(iter(want.values()))),
                                "parity_kl": kl, "parity_kl_limit": parity.KL_LIMIT,
-                               "parity_flip_rate": flip, "parity_threshold": gate.threshold,
+                               "parity_flip_rate": flip, "parity_threshold": threshold,
                                "parity_max_flip_rate": ("not judged" if gate.max_flip_rate is None
                                                         else gate.max_flip_rate),
-                               "parity_min_cosine": cosine, "parity_min_cosine_bound": gate.min_cosine,
+                               "parity_min_cosine": cosine, "parity_min_cosine_bound": gate.cosine_bound,
                                "parity_max_abs_diff": diff}
     return figures
+
+
+def _check_gate(gate: Gate) -> None:
+    """Bounds the gate can judge by (exit 2 before any work): a cosine outside [-1, 1] or a share
+    of rows outside [0, 1] is one no model meets (or every model does), and NaN fails every
+    comparison, so each would decide for a reason no one meant."""
+    if gate.min_cosine is not None and not -1.0 <= gate.min_cosine <= 1.0:
+        raise SpecError(f"--min-cosine {gate.min_cosine:g}: a cosine lies in [-1, 1] (default "
+                        f"{MIN_COSINE:g}: every embedding row keeps that cosine with FP32)")
+    if gate.max_flip_rate is not None and not 0.0 <= gate.max_flip_rate <= 1.0:
+        raise SpecError(f"--max-flip-rate {gate.max_flip_rate:g}: a share of rows lies in [0, 1] "
+                        f"(0.01: at most 1% of a score's decisions flip)")
+    if gate.threshold is not None and not math.isfinite(gate.threshold):
+        raise SpecError(f"--threshold {gate.threshold:g}: choose a finite score, the decision's "
+                        f"boundary (default {THRESHOLD:g})")
+
+
+def _row_size(array: Any) -> int:
+    """Values a row of an output: 1 for a score (``[N]``, ``[N, 1]``)."""
+    shape = np.shape(array)
+    return int(np.prod(shape[1:])) if len(shape) > 1 else 1
+
+
+def _values_a_row(graph: Any) -> dict[str, int | None]:
+    """Each graph output's values a row as its declared shape says (None: a symbolic or
+    missing dim past the batch axis, known once it runs)."""
+    sizes: dict[str, int | None] = {}
+    for output in graph.output:
+        tensor = output.type.tensor_type
+        if not tensor.HasField("shape"):
+            sizes[output.name] = None
+            continue
+        dims = list(tensor.shape.dim)[1:]
+        known = all(d.HasField("dim_value") for d in dims)
+        sizes[output.name] = int(np.prod([d.dim_value for d in dims])) if known else None
+    return sizes
+
+
+def _judged_as(name: str, row_size: int | None, gate: Gate) -> str | None:
+    """How the gate judges output ``name`` (None: its row size is not known yet): a score by KL
+    and flip rate, an embedding by cosine, another ``[N, K]`` output by the softmax KL rule."""
+    if row_size is None:
+        return None
+    if row_size <= 1:
+        return "score"
+    return "embedding" if "embed" in name.lower() or name in gate.embeddings else "class distribution"
+
+
+def _check_gate_applies(sizes: Mapping[str, int | None], gate: Gate, model: str, after: str = "") -> None:
+    """Refuse (exit 2) a gate option that no output of ``model`` is judged by: ignored, it would
+    let a model pass a bound it was never held to. ``sizes``: each output's values a row (None:
+    not known yet, so an option it could take is let through, to be checked once it runs).
+
+    Raises:
+        SpecError: an ``--embedding`` that names no output, or a score (one value a row: its
+            cosine with FP32 is its sign); a ``--min-cosine`` with no embedding output; a
+            ``--max-flip-rate``/``--threshold`` with no score output.
+    """
+    kinds = {name: _judged_as(name, size, gate) for name, size in sizes.items()}
+    outputs = ", ".join(f"{name}: {kind or 'shape known once it runs'}" for name, kind in kinds.items())
+    for name in gate.embeddings:
+        if name not in kinds:
+            raise SpecError(f"--embedding {name}: {model} has no output {name} (its outputs: "
+                            f"{', '.join(kinds)}){after}")
+        if kinds[name] == "score":
+            raise SpecError(f"--embedding {name}: {model}'s output {name} has one value a row (a "
+                            f"score, judged by the KL rule and the flip rate), which no cosine "
+                            f"judges: name an [N, K] output{after}")
+    cosine = [name for name, kind in kinds.items() if kind == "embedding"
+              or (kind is None and ("embed" in name.lower() or name in gate.embeddings))]
+    if gate.min_cosine is not None and not cosine:
+        raise SpecError(f"--min-cosine {gate.min_cosine:g}: no output of {model} is judged by cosine "
+                        f"({outputs}): name an [N, K] embedding output with --embedding, or drop "
+                        f"--min-cosine{after}")
+    flags = ", ".join(f"{flag} {value:g}" for flag, value in (
+        ("--max-flip-rate", gate.max_flip_rate), ("--threshold", gate.threshold)) if value is not None)
+    if flags and not any(kind in ("score", None) for kind in kinds.values()):
+        raise SpecError(f"{flags}: no output of {model} is a score ([N] or [N, 1]) ({outputs}): a "
+                        f"flip rate counts a score's decisions; drop it{after}")
 
 
 def _min_cosine(ref: np.ndarray, cand: np.ndarray) -> float:

@@ -163,3 +163,41 @@ def test_export_that_disagrees_writes_nothing(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "parity check failed" in lines[0] and "nothing written" in lines[0]
     assert not list(tmp_path.glob("*.onnx")) and not list(tmp_path.glob(".big.onnx*"))
+
+
+def test_export_refuses_an_out_that_is_its_source_or_a_stamped_model(program, tmp_path):
+    """--out that resolves to the program itself (`..`, a symlink) or to a stamped model: exit 2
+    before any work, the file as it was (an ONNX export would otherwise replace it)."""
+    numeric_project(tmp_path, shards=1, rows=50)
+    shutil.copy(program, tmp_path / "net.pt2")
+    (tmp_path / "alias.pt2").symlink_to(tmp_path / "net.pt2")
+    source, stamped = (tmp_path / "net.pt2").read_bytes(), (tmp_path / "models" / "model.onnx").read_bytes()
+    for out, why in (("net.pt2", "the model being exported"),
+                     ("models/../net.pt2", "the model being exported"),
+                     ("alias.pt2", "the model being exported"),
+                     ("models/model.onnx", "a stamped model"),
+                     ("models/model.onnx.batchinfer.json", "a declaration")):
+        result = run_cli("export", "net.pt2", "--to", "onnx", "--out", out, cwd=tmp_path, timeout=600)
+        assert result.returncode == 2, (out, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"--out {Path(out)} resolves to {tmp_path.resolve()}" in lines[0]
+        assert why in lines[0] and "choose another --out" in lines[0], lines[0]
+    assert (tmp_path / "net.pt2").read_bytes() == source
+    assert (tmp_path / "models" / "model.onnx").read_bytes() == stamped
+    assert not [p for p in tmp_path.rglob(".*") if p.is_file()], "a scratch file was left behind"
+
+
+def test_export_to_tensorrt_refuses_an_out_that_is_its_source(tmp_path):
+    """What --out names is checked before TensorRT or a GPU is looked for: exit 2 here too."""
+    numeric_project(tmp_path, shards=1, rows=50)
+    source = (tmp_path / "models" / "model.onnx").read_bytes()
+    for out, why in (("models/model.onnx", "the model being exported"),
+                     ("models/model.onnx.build.json", "a build record"),
+                     ("models/model.onnx.batchinfer.json", "a declaration")):
+        result = run_cli("export", "models/model.onnx", "--to", "tensorrt", "--out", out,
+                         "--sample", "job.yaml", "--ds", DS, cwd=tmp_path)
+        assert result.returncode == 2, (out, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"--out {out} resolves to " in lines[0] and why in lines[0]
+    assert (tmp_path / "models" / "model.onnx").read_bytes() == source
+    assert not (tmp_path / "models" / "model.onnx.build.json").exists()

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from factories import DS, mlp_reference, numeric_project, read_partition, run_cli
+from factories import DS, mlp_reference, numeric_project, one_line_error, read_partition, run_cli, save_onnx, snapshot
 
 pytest.importorskip("onnxruntime.quantization")
 
@@ -38,6 +38,19 @@ def test_quantized_model_declares_its_figures_and_scores(project, quantized):
     assert record["precision"] == "int8" and record["quantization_method"] == "dynamic"
     assert 0 < record["parity_kl"] <= 0.01 and record["parity_rows"] == 1000
     assert 0 <= record["parity_flip_rate"] < 0.01 and record["parity_max_abs_diff"] > 0
+    # what is in the file: its two MatMuls run as MatMulInteger (counted from its graph)
+    import onnx
+
+    ops = [n.op_type for n in onnx.load(str(quantized)).graph.node]
+    assert ops.count("MatMulInteger") == 2 and "MatMul" not in ops
+    assert record["quantization_int8_nodes"] == 2
+    assert record["quantization_int8_ops"] == "MatMulInteger 2"
+    # renamed into place from a private scratch file, yet as readable as a plain write makes it
+    plain = project / "models" / "a-plain-write"
+    plain.write_text("")
+    mode = plain.stat().st_mode & 0o777
+    plain.unlink()
+    assert {quantized.stat().st_mode & 0o777, Path(f"{quantized}.quantization.json").stat().st_mode & 0o777} == {mode}
 
     model = ["--set", "model.uri=models/q8.onnx"]
     # stamping the INT8 file for a job that says fp32 (the default) is refused: the file is int8
@@ -51,7 +64,7 @@ def test_quantized_model_declares_its_figures_and_scores(project, quantized):
     declared = json.loads(Path(f"{quantized}.batchinfer.json").read_text())
     assert declared["precision"] == "int8"
     for key in ("parity_kl", "parity_flip_rate", "sample_sha256", "quantization_method",
-                "source_model_sha256"):
+                "source_model_sha256", "quantization_int8_nodes"):
         assert declared[key] == str(record[key]), key
 
     # a run that does not declare int8 is a contract mismatch, before any work
@@ -93,11 +106,7 @@ def test_fp32_run_of_an_old_declaration_is_unchanged(project):
 def test_a_failing_gate_writes_nothing(project, method):
     """Decisions that sit at the threshold: the FP32 median of the sample's scores, so rows on
     both sides of it lie within the quantization error and some flip; --max-flip-rate 0 refuses."""
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(project / "data" / f"dt={DS}" / "part-00000.parquet")
-    median = float(np.median(mlp_reference(
-        np.stack([table.column(f"f{i}").to_numpy() for i in range(4)], axis=1))))
+    median = _median(project)
     result = run_cli(*EXPORT, "--out", "models/refused.onnx", "--method", method,
                      "--max-flip-rate", "0", "--threshold", repr(median), cwd=project)
     assert result.returncode == 5, result.stderr
@@ -108,8 +117,204 @@ def test_a_failing_gate_writes_nothing(project, method):
     assert not list((project / "models").glob("*refused*")), "a refused model left files behind"
 
 
+def test_a_failing_gate_leaves_an_existing_out_as_it_was(project):
+    """The INT8 model is written beside --out and renamed into place only once the gate passes:
+    a refused export leaves the file already at --out (an earlier, unstamped export) as it was."""
+    previous = project / "models" / "previous.onnx"
+    previous.write_bytes(b"an earlier export")
+    try:
+        before = snapshot(project / "models")
+        result = run_cli(*EXPORT, "--out", "models/previous.onnx", "--max-flip-rate", "0",
+                         "--threshold", repr(_median(project)), cwd=project)
+        assert result.returncode == 5, result.stderr
+        assert "parity check failed" in one_line_error(result, "export")
+        assert previous.read_bytes() == b"an earlier export"
+        assert snapshot(project / "models") == before, "a refused export changed --out's folder"
+    finally:
+        previous.unlink()
+
+
+def _median(project: Path) -> float:
+    """The FP32 median of the first shard's scores: rows on both sides of it flip under INT8."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(project / "data" / f"dt={DS}" / "part-00000.parquet")
+    return float(np.median(mlp_reference(
+        np.stack([table.column(f"f{i}").to_numpy() for i in range(4)], axis=1))))
+
+
+def _symlink(project: Path, elsewhere: Path) -> str:
+    (elsewhere / "link.onnx").symlink_to(project / "models" / "model.onnx")
+    return str(elsewhere / "link.onnx")
+
+
+def _hard_link(project: Path, elsewhere: Path) -> str:
+    (elsewhere / "hard.onnx").hardlink_to(project / "models" / "model.onnx")
+    return str(elsewhere / "hard.onnx")
+
+
+def _stamped(project: Path, elsewhere: Path) -> str:
+    """Another model with a declaration beside it (a copy of the source's, as stamp wrote it)."""
+    (elsewhere / "stamped.onnx").write_bytes(b"another model's bytes")
+    (elsewhere / "stamped.onnx.batchinfer.json").write_bytes(
+        (project / "models" / "model.onnx.batchinfer.json").read_bytes())
+    return str(elsewhere / "stamped.onnx")
+
+
+@pytest.mark.parametrize("out, why", [
+    (lambda project, elsewhere: "models/model.onnx", "the model being exported"),
+    (lambda project, elsewhere: "./models/../models//model.onnx", "the model being exported"),
+    (lambda project, elsewhere: str(project / "models" / "model.onnx"), "the model being exported"),
+    (_symlink, "the model being exported"),
+    (_hard_link, "the model being exported"),
+    (lambda project, elsewhere: "models/model.onnx.batchinfer.json", "a declaration"),
+    (lambda project, elsewhere: "models/model.onnx.quantization.json", "a quantization record"),
+    (_stamped, "a stamped model"),
+    (lambda project, elsewhere: str(elsewhere), "a folder"),
+], ids=["source", "relative", "absolute", "symlink", "hard-link", "declaration", "record",
+        "stamped", "folder"])
+def test_an_out_that_would_replace_a_model_or_a_record_is_refused(project, tmp_path, out, why):
+    """--out resolved (symlinks, `..`, hard links) to the source, to another stamped model, to a
+    declaration or a record, or to a folder: exit 2 before any work, every file as it was."""
+    target = out(project, tmp_path)
+    source = (project / "models" / "model.onnx").read_bytes()
+    before, around = snapshot(project / "models"), snapshot(tmp_path)
+    result = run_cli(*EXPORT, "--out", target, cwd=project)
+    assert result.returncode == 2, result.stderr
+    line = one_line_error(result, "export")
+    assert f"--out {Path(target)} resolves to " in line and why in line, line
+    assert "choose another --out" in line or "name a file" in line, line
+    assert (project / "models" / "model.onnx").read_bytes() == source
+    assert snapshot(project / "models") == before and snapshot(tmp_path) == around
+
+
+def test_keep_fp32_of_every_node_is_refused(project):
+    """`--keep-fp32 '.*'` keeps every node FP32: the file would be the FP32 model, so stamping it
+    int8 would be a lie. Exit 2 before any work."""
+    before = snapshot(project / "models")
+    result = run_cli(*EXPORT, "--out", "models/never.onnx", "--keep-fp32", ".*", cwd=project)
+    assert result.returncode == 2, result.stderr
+    line = one_line_error(result, "export")
+    assert "--keep-fp32 '.*' keeps all 2 of model.onnx's" in line
+    assert "nothing would be quantized" in line
+    assert snapshot(project / "models") == before
+
+
+@pytest.fixture(scope="module")
+def odd_models(project) -> None:
+    """Models beside the MLP in models/, each made for an option that cannot apply to it:
+
+    - ``embedder``: one output, ``vec`` [N, 8], not named *embed* (judged by cosine only with
+      --embedding vec);
+    - ``gram``: a MatMul of two activations, no constant weight (ONNX Runtime leaves it FP32);
+    - ``mixed``: MatMul ``dense`` (x by a weight: what --smooth smooths), then ``gram`` (its
+      output by x transposed);
+    - ``plain``: no MatMul/Gemm/Conv at all.
+    """
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32), "w")
+    x = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])]
+    y = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])]
+    score = [helper.make_node("ReduceMean", ["g"], ["r"], axes=[1], keepdims=1, name="mean"),
+             helper.make_node("Sigmoid", ["r"], ["y"], name="score")]
+    transpose = helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0], name="t")
+    graphs = {
+        "embedder": helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w"], ["vec"], name="project")], "embedder", x,
+            [helper.make_tensor_value_info("vec", TensorProto.FLOAT, ["N", 8])], [w]),
+        "gram": helper.make_graph(
+            [transpose, helper.make_node("MatMul", ["x", "xt"], ["g"], name="gram"), *score],
+            "gram", x, y),
+        "mixed": helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w"], ["h"], name="dense"),
+             helper.make_node("Transpose", ["h"], ["ht"], perm=[1, 0], name="t"),
+             helper.make_node("MatMul", ["h", "ht"], ["g"], name="gram"), *score],
+            "mixed", x, y, [w]),
+        "plain": helper.make_graph(
+            [helper.make_node("ReduceMean", ["x"], ["g"], axes=[1], keepdims=1, name="mean0"),
+             helper.make_node("Identity", ["g"], ["g2"], name="same"),
+             helper.make_node("Sigmoid", ["g2"], ["y"], name="score")], "plain", x, y),
+    }
+    for name, graph in graphs.items():
+        save_onnx(graph, project / "models" / f"{name}.onnx")
+
+
+def test_a_model_that_onnx_runtime_does_not_quantize_is_refused(project, odd_models):
+    """A MatMul of two activations (no constant weight): ONNX Runtime's dynamic quantization
+    leaves it FP32, so the written model would hold no INT8 node. The count is taken from the
+    quantized graph, and none is exit 2 with nothing written (not a record saying int8)."""
+    before = snapshot(project / "models")
+    result = run_cli("export", "models/gram.onnx", *EXPORT[2:], "--out", "models/never.onnx",
+                     cwd=project)
+    assert result.returncode == 2, result.stderr
+    line = one_line_error(result, "export")
+    assert "ONNX Runtime quantized none of gram.onnx's 1 MatMul/Gemm/Conv/Attention nodes" in line
+    assert "nothing written" in line
+    assert snapshot(project / "models") == before
+
+
+@pytest.mark.parametrize("model, args, message", [
+    ("model", ["--min-cosine", "1.5"], "--min-cosine 1.5: a cosine lies in [-1, 1]"),
+    ("model", ["--min-cosine", "-1.5"], "--min-cosine -1.5: a cosine lies in [-1, 1]"),
+    ("model", ["--min-cosine", "nan"], "--min-cosine nan: a cosine lies in [-1, 1]"),
+    ("model", ["--max-flip-rate", "1.5"], "--max-flip-rate 1.5: a share of rows lies in [0, 1]"),
+    ("model", ["--max-flip-rate", "-0.1"], "--max-flip-rate -0.1: a share of rows lies in [0, 1]"),
+    ("model", ["--max-flip-rate", "nan"], "--max-flip-rate nan: a share of rows lies in [0, 1]"),
+    ("model", ["--threshold", "nan"], "--threshold nan: choose a finite score"),
+    ("model", ["--threshold", "inf"], "--threshold inf: choose a finite score"),
+    ("model", ["--smooth", "nan"], "--smooth nan: choose an alpha between 0 and 1"),
+    # the issue's case: a cosine bound for an [N, 1] score, which cosine cannot judge
+    ("model", ["--embedding", "y", "--min-cosine", "1"],
+     "--embedding y: model.onnx's output y has one value a row (a score, judged by the KL rule"),
+    ("model", ["--embedding", "y"], "--embedding y: model.onnx's output y has one value a row"),
+    ("model", ["--min-cosine", "0.999"],
+     "--min-cosine 0.999: no output of model.onnx is judged by cosine (y: score)"),
+    ("model", ["--embedding", "nosuch"], "--embedding nosuch: model.onnx has no output nosuch (its outputs: y)"),
+    ("embedder", ["--min-cosine", "0.999"],
+     "--min-cosine 0.999: no output of embedder.onnx is judged by cosine (vec: class distribution)"),
+    ("embedder", ["--max-flip-rate", "0.1"],
+     "--max-flip-rate 0.1: no output of embedder.onnx is a score ([N] or [N, 1]) "
+     "(vec: class distribution)"),
+    ("embedder", ["--threshold", "0.3"], "no output of embedder.onnx is a score"),
+    ("embedder", ["--embedding", "vec", "--threshold", "0.3"], "no output of embedder.onnx is a score"),
+    ("gram", ["--smooth", "0.5"], "--smooth: gram.onnx has no MatMul of an activation by a weight"),
+    ("mixed", ["--smooth", "0.5", "--keep-fp32", "^dense$"],
+     "--smooth 0.5: --keep-fp32 keeps all 1 MatMuls it would smooth FP32, so it changes no "
+     "quantized node"),
+    ("plain", [], "plain.onnx has no MatMul/Gemm/Conv/Attention node for dynamic quantization"),
+    ("q8", [], "q8.onnx is already quantized (MatMulInteger 2): --quantize int8 takes the FP32 model"),
+])
+def test_options_and_models_that_cannot_apply_are_refused(project, odd_models, quantized, model, args, message):
+    """Every gate option is applied or refused: a bound out of its range, or one that no output
+    of the model is judged by, is exit 2 before any work (it would be ignored otherwise); so is a
+    --smooth that smooths no quantized MatMul, and a model with nothing to quantize, or already
+    quantized (its INT8 nodes would be counted as this export's)."""
+    before = snapshot(project / "models")
+    result = run_cli("export", f"models/{model}.onnx", *EXPORT[2:], "--out", "models/never.onnx",
+                     *args, cwd=project)
+    assert result.returncode == 2, result.stderr
+    line = one_line_error(result, "export")
+    assert message in line, line
+    assert snapshot(project / "models") == before
+
+
+def test_embedding_names_an_output_for_the_cosine_bound(project, odd_models):
+    """With --embedding vec, --min-cosine judges vec (a bound no INT8 model meets: exit 5)."""
+    result = run_cli("export", "models/embedder.onnx", *EXPORT[2:], "--out", "models/never.onnx",
+                     "--embedding", "vec", "--min-cosine", "1", cwd=project)
+    assert result.returncode == 5, result.stderr
+    line = one_line_error(result, "export")
+    assert "INT8 output vec has minimum cosine" in line and "(< 1)" in line
+    assert not list((project / "models").glob("*never*"))
+
+
 @pytest.mark.parametrize("args, message", [
     (["--to", "onnx", "--max-flip-rate", "0.1"], "--max-flip-rate go with --quantize int8"),
+    # given at their defaults, they are still given: not silently dropped without --quantize
+    (["--to", "onnx", "--method", "auto"], "--method go with --quantize int8"),
+    (["--to", "onnx", "--threshold", "0.5", "--min-cosine", "0.99"],
+     "--threshold, --min-cosine go with --quantize int8"),
     (["--to", "tensorrt", "--quantize", "int8"], "--quantize int8 goes with --to onnx"),
     (["--to", "onnx", "--quantize", "int8"], "needs --sample JOB.yaml"),
 ])
@@ -178,6 +383,7 @@ def test_minilm_int8_passes_the_cosine_gate_and_runs(minilm):
     assert record["quantization_smoothquant_alpha"] == 0.7
     assert record["quantization_smoothquant_matmuls"] == 36          # 6 layers x 6 MatMuls
     assert record["quantization_kept_fp32"] == r"layer\.[05]/output/dense (2 nodes)"
+    assert record["quantization_int8_nodes"] == 34
     import onnx
 
     ops = [n.op_type for n in onnx.load(str(minilm / "model" / "q8.onnx")).graph.node]
