@@ -88,16 +88,20 @@ def list_partition_input(job: Job, committed: Manifest | None, *, update: bool =
     (vacuumed, expired), a run that does not read the shards (``reading`` False: a plain rerun
     decides reuse, or exit 3, by the shards' names) gets the manifest's shards, so the no-op of
     a committed partition stays one (a backfill over old dates); one that reads them exits 3.
+    The first gets one warning line saying so (``plan`` shows what a run would do, and this is
+    what ``--overwrite`` and ``profile`` would meet), before any shard is read.
 
     Raises:
-        TableVersionGone: the pinned version is gone and ``reading``.
+        TableVersionGone: the pinned version is gone and ``reading`` (exit 3, before any work).
     """
     pinned = pinned_version(job, committed, update=update)
     try:
         return list_job_input(job, pinned=pinned)
-    except TableVersionGone:
+    except TableVersionGone as exc:
         if reading or committed is None:
             raise
+        log.warning("the committed partition stays as it is (a run reuses it), but --overwrite "
+                    "and profile cannot read it again: %s", exc.message)
         return Listing([Shard(i, s.path) for i, s in enumerate(committed.shards)],
                        table=committed.input_table)
 

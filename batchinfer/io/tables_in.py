@@ -15,9 +15,14 @@ work, with one line (exit 2: the same on every retry):
 * Iceberg: a selected file with delete files, a filter on a column that is not an identity
   partition of every selected file's partition spec, a column renamed since the table was made
   (older files name it as it was);
-* a table, version or snapshot that does not exist. A version the partition's manifest pinned
-  that the table no longer has (vacuumed, expired) is exit 3: the committed partition can no
-  longer be read as it was scored.
+* a table, version or snapshot that does not exist — or whose data files are gone: an older
+  version's log entry (Delta) or snapshot (Iceberg) outlives the files a ``VACUUM`` or an
+  engine's snapshot expiry removed, so a version that lists files is checked for them (one
+  metadata request a file, for a version other than the latest only: the latest one's files
+  are the table). A version the partition's manifest pinned that the table no longer has
+  (vacuumed, expired) is exit 3: the committed partition can no longer be read as it was
+  scored. Without the check, reading the gone files would fail after the run began (exit 5,
+  "cannot read shard").
 
 A Delta table's partition columns are in its log, not in its files, so they are not columns of
 the shards (:attr:`~batchinfer.io.shards.Listing.absent`). ``deltalake`` and ``pyiceberg`` are
@@ -31,7 +36,7 @@ from ..errors import NoShardsError, SpecError, StorageError, TableVersionGone, o
 from . import sinks
 from .records import InputTable
 from .shards import Listing, Shard
-from .storage import delta_options, iceberg_s3_options, local_path
+from .storage import delta_options, iceberg_s3_options, local_path, url_to_fs
 
 
 def require(fmt: str, module: str | None = None) -> Any:
@@ -66,14 +71,45 @@ def list_table(fmt: str, table: str, *, filter: Mapping[str, str], version: int 
     raise SpecError(f"input.format {fmt!r} is not a table format (delta, iceberg)")
 
 
-def _missing_version(fmt: str, shown: str, version: int, pinned: bool, known: str) -> Exception:
+def _missing_version(fmt: str, shown: str, version: int, pinned: bool, known: str,
+                     latest: int | None = None) -> Exception:
     what = "version" if fmt == "delta" else "snapshot"
     if pinned:
+        newest = f"{what} ({latest}: only what changed since)" if latest is not None else what
         return TableVersionGone(
             f"the committed partition was scored from {what} {version} of {fmt} table {shown}, "
-            f"which the table no longer has ({known}): run with --update to score what changed "
-            f"since, or --overwrite --set input.version=N")
+            f"which the table no longer has ({known}): run with --update to score the latest "
+            f"{newest}, or drop the pin with --overwrite --set input.version="
+            f"{latest if latest is not None else 'N'}")
     return SpecError(f"input.version {version}: {fmt} table {shown} has no such {what} ({known})")
+
+
+def gone_files(urls: list[str]) -> list[str]:
+    """Those of ``urls`` that no longer exist (one metadata request each).
+
+    Raises:
+        StorageError: the store cannot say (permissions, network).
+    """
+    gone = []
+    for url in urls:
+        try:
+            fs, path = url_to_fs(url)
+            if not fs.exists(path):
+                gone.append(url)
+        except OSError as exc:
+            raise StorageError(f"cannot read table data file {url}: {one_line(exc)}") from None
+    return gone
+
+
+def _files_gone(fmt: str, shown: str, version: int, pinned: bool, files: list[str],
+                latest: int) -> None:
+    """Refuse an older ``version`` whose log entry or snapshot is still there but whose data
+    files of the partition a vacuum or expiry removed: the table no longer has that version."""
+    gone = gone_files(files)
+    if gone:
+        raise _missing_version(fmt, shown, version, pinned,
+                               f"{len(gone)} of its {len(files)} data files of the partition are "
+                               f"gone, vacuumed or expired: {gone[0]}", latest)
 
 
 def _no_files(fmt: str, shown: str, filter: dict[str, str], version: int) -> NoShardsError:
@@ -96,11 +132,12 @@ def _delta(root: str, filter: dict[str, str], version: int | None, pinned: bool,
     latest = table.version()
     if version is not None and version != latest:
         if not 0 <= version <= latest:
-            raise _missing_version("delta", shown, version, pinned, f"its versions are 0 to {latest}")
+            raise _missing_version("delta", shown, version, pinned, f"its versions are 0 to {latest}",
+                                   latest)
         try:
             table = deltalake.DeltaTable(root, version=version, storage_options=delta_options(root))
         except (OSError, deltalake.exceptions.DeltaError) as exc:  # its log entry is gone
-            raise _missing_version("delta", shown, version, pinned, one_line(exc)) from None
+            raise _missing_version("delta", shown, version, pinned, one_line(exc), latest) from None
     read = table.version()
     metadata = table.metadata()
     mapping = metadata.configuration.get("delta.columnMapping.mode", "none")
@@ -129,6 +166,8 @@ def _delta(root: str, filter: dict[str, str], version: int | None, pinned: bool,
                         f"or disable deletion vectors")
     if not shards:
         raise _no_files("delta", shown, filter, read)
+    if read != latest:
+        _files_gone("delta", shown, read, pinned, shards, latest)
     return Listing([Shard(i, url) for i, url in enumerate(shards)],
                    table=InputTable(format="delta", table=root, version=read, filter=filter),
                    absent=tuple(partitioned))
@@ -171,15 +210,17 @@ def _iceberg(identifier: str, filter: dict[str, str], version: int | None, pinne
         raise SpecError(f"input.path {shown}: no such table in Iceberg catalog {catalog_name}") from None
     except OSError as exc:
         raise StorageError(f"cannot read Iceberg table {shown}: {one_line(exc)}") from None
+    current = table.current_snapshot()
     if version is None:
-        snapshot = table.current_snapshot()
+        snapshot = current
         if snapshot is None:
             raise _no_files("iceberg", shown, filter, 0)
     else:
         snapshot = table.snapshot_by_id(version)
         if snapshot is None:
             known = ", ".join(str(s.snapshot_id) for s in table.snapshots()[-3:]) or "none"
-            raise _missing_version("iceberg", shown, version, pinned, f"latest snapshots: {known}")
+            raise _missing_version("iceberg", shown, version, pinned, f"latest snapshots: {known}",
+                                   current.snapshot_id if current is not None else None)
     _refuse_renames(table, shown)
     schema = table.schema()
     for column in filter:
@@ -214,6 +255,8 @@ def _iceberg(identifier: str, filter: dict[str, str], version: int | None, pinne
     shards = sorted(_plain(t.file.file_path) for t in tasks)
     if not shards:
         raise _no_files("iceberg", shown, filter, snapshot.snapshot_id)
+    if current is not None and snapshot.snapshot_id != current.snapshot_id:
+        _files_gone("iceberg", shown, snapshot.snapshot_id, pinned, shards, current.snapshot_id)
     return Listing([Shard(i, url) for i, url in enumerate(shards)],
                    table=InputTable(format="iceberg", table=identifier,
                                     version=snapshot.snapshot_id, filter=filter))

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from datetime import datetime
 from typing import Any, Iterator, Mapping, Protocol
 
@@ -66,7 +67,16 @@ def mlflow_settings(extra: Mapping[str, str] | None = None) -> Iterator[None]:
 
 def mlflow_client(uri: str):
     """An MLflow client for ``uri`` (tracking and registry); use it inside :func:`mlflow_settings`
-    (the tracking helper's environment has them already)."""
+    (the tracking helper's environment has them already). A sqlite store it is the first to
+    use is made with its artifacts beside it (:func:`make_store`): the registry's client (``stamp``
+    of a ``models:/`` model, the demo) may be a store's first user as well as a run's."""
+    if _new_store(uri):
+        with sqlite_first_use_lock(uri):
+            make_store(uri, spec_free(artifact_root(uri)))
+    return _client(uri)
+
+
+def _client(uri: str):
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
@@ -355,9 +365,9 @@ def _serve() -> None:
                     client, experiment_id = connect(req["uri"], req["experiment"], req.get("artifacts"))
                 elif "error" in prepared:  # not retried: MLflow's client already retried
                     raise prepared["error"]
-                run_id = client.create_run(experiment_id, run_name=req["run_name"],
-                                           tags=req["tags"],
-                                           start_time=req.get("start_time")).info.run_id
+                run_id = create_run(client, req["uri"], experiment_id, req.get("artifacts"),
+                                    run_name=req["run_name"], tags=req["tags"],
+                                    start_time=req.get("start_time"))
                 reply: dict = {"run_id": run_id}
             else:
                 req = message["finish"]
@@ -408,16 +418,64 @@ def sqlite_first_use_lock(uri: str):
 
 def connect(uri: str, experiment: str, artifacts: str | None = None):
     """An MLflow client for ``uri`` and the id of ``experiment`` (created if missing, with its
-    artifacts at ``artifacts``: see :func:`artifact_location`)."""
+    artifacts at ``artifacts``: see :func:`artifact_location`; a new store is made with its
+    artifacts in the folder above, :func:`make_store`)."""
     with sqlite_first_use_lock(uri):
-        client = mlflow_client(uri)
+        make_store(uri, os.path.dirname(artifacts) if artifacts else None)
+        client = _client(uri)
         return client, experiment_id_for(client, experiment, artifacts)
+
+
+def _sqlite_file(uri: str) -> str | None:
+    """The database file of a ``sqlite:///PATH`` store (absolute), None for any other store."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///"):].split("?", 1)[0]
+    if not path or path == ":memory:":
+        return None
+    return os.path.abspath(path)
+
+
+def _new_store(uri: str) -> bool:
+    """A sqlite store whose database is not there yet (or empty: created, never migrated)."""
+    path = _sqlite_file(uri)
+    return path is not None and (not os.path.exists(path) or os.path.getsize(path) == 0)
+
+
+def make_store(uri: str, root: str | None) -> None:
+    """Create a new sqlite store (MLflow's tables) with ``root`` as its default artifact root;
+    nothing for a store that exists, another kind of store, or no ``root``. Call it holding
+    :func:`sqlite_first_use_lock`.
+
+    MLflow makes a sqlite store on its first use with the artifact root ``./mlruns`` of the
+    working directory of that use, and writes it into the store's ``Default`` experiment (and
+    any experiment created without a location): every later run of it, from wherever it runs,
+    then writes into the folder of whoever ran first. Made here, ``Default``'s artifacts are in
+    ``<root>/0``, beside the store.
+    """
+    if root is None or not _new_store(uri):
+        return
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    SqlAlchemyStore(uri, root)
 
 
 def spec_free(location: str | None) -> str | None:
     """``location`` unless it holds a ``${NAME}`` value of the job spec: MLflow receives no spec
     values (contract §3), so such a store's experiment gets MLflow's default location instead."""
     return location if location is None or redact(location) == location else None
+
+
+def artifact_root(uri: str) -> str | None:
+    """Where a sqlite store's artifacts are: ``mlartifacts/`` in the database file's folder;
+    None for any other store (its server or folder decides).
+
+    Example:
+        >>> artifact_root("sqlite:////data/mlflow.db")
+        '/data/mlartifacts'
+    """
+    path = _sqlite_file(uri)
+    return None if path is None else os.path.join(os.path.dirname(path), "mlartifacts")
 
 
 def artifact_location(uri: str, experiment: str) -> str | None:
@@ -433,14 +491,72 @@ def artifact_location(uri: str, experiment: str) -> str | None:
         >>> artifact_location("sqlite:////data/mlflow.db", "credit risk")
         '/data/mlartifacts/credit_risk'
     """
-    if not uri.startswith("sqlite:///"):
+    root = artifact_root(uri)
+    if root is None:
         return None
-    path = uri[len("sqlite:///"):].split("?", 1)[0]
-    if not path or path == ":memory:":
-        return None
-    folder = os.path.dirname(os.path.abspath(path))
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", experiment).lstrip(".") or "_"
-    return os.path.join(folder, "mlartifacts", safe)
+    return os.path.join(root, safe)
+
+
+def misplaced(location: str | None, experiment_id: str, uri: str) -> bool:
+    """Whether an experiment's artifact location was MLflow's default taken from some process's
+    working directory rather than a place anyone chose: a relative local path (each run would
+    resolve it against its own working directory), or ``<folder>/mlruns/<id>`` or
+    ``<folder>/mlartifacts/<id>`` in another folder than the sqlite store's — MLflow's
+    ``Default`` experiment of a store that MLflow made, or an experiment an older batchinfer
+    created without a location. A location of another scheme, or anything else, was chosen.
+
+    Example:
+        >>> misplaced("/home/ann/mlruns/0", "0", "sqlite:////data/mlflow.db")
+        True
+        >>> misplaced("/data/mlartifacts/0", "0", "sqlite:////data/mlflow.db")
+        False
+    """
+    store = _sqlite_file(uri)
+    if store is None or not location:
+        return False
+    parsed = urllib.parse.urlparse(location)
+    if parsed.scheme not in ("", "file") or parsed.netloc not in ("", "localhost"):
+        return False
+    path = urllib.parse.unquote(parsed.path) if parsed.scheme else location
+    if not os.path.isabs(path):
+        return True
+    kind = os.path.dirname(os.path.normpath(path))
+    return (os.path.basename(os.path.normpath(path)) == str(experiment_id)
+            and os.path.basename(kind) in ("mlruns", "mlartifacts")
+            and os.path.dirname(kind) != os.path.dirname(store))
+
+
+def create_run(client, uri: str, experiment_id: Any, artifacts: str | None, **fields) -> str:
+    """Create a run of the experiment (``fields``: ``create_run``'s) and return its id. In an
+    experiment whose location is :func:`misplaced`, the run's artifacts go beside the store as
+    they would in an experiment batchinfer made, ``<artifacts>/<run id>/artifacts``: a run writes
+    only under ``output.path``, the store's own folder and its scratch (the experiment keeps its
+    location for other clients' runs). MLflow sets a run's artifact URI from its experiment's at
+    creation and offers no call to set another, so the run's row is given it in the store."""
+    beside = artifacts if artifacts is not None and misplaced(
+        client.get_experiment(experiment_id).artifact_location, str(experiment_id), uri) else None
+    run_id = client.create_run(experiment_id, **fields).info.run_id
+    if beside is not None:
+        try:
+            _set_artifact_uri(uri, run_id, os.path.join(beside, run_id, "artifacts"))
+        except Exception:
+            client.set_terminated(run_id, "FAILED")   # never logged into someone's folder
+            raise
+    return run_id
+
+
+def _set_artifact_uri(uri: str, run_id: str, artifact_uri: str) -> None:
+    """Point a sqlite store's run at ``artifact_uri`` (its row in MLflow's ``runs`` table)."""
+    from mlflow.store.tracking.dbmodels.models import SqlRun
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    store = SqlAlchemyStore(uri, os.path.dirname(os.path.dirname(artifact_uri)))
+    with store.ManagedSessionMaker() as session:
+        updated = session.query(SqlRun).filter(SqlRun.run_uuid == run_id).update(
+            {SqlRun.artifact_uri: artifact_uri})
+    if updated != 1:
+        raise RuntimeError(f"run {run_id} is not in {uri}: its artifacts have no place")
 
 
 def experiment_id_for(client, name: str, location: str | None = None) -> str:
@@ -535,8 +651,9 @@ def upload_pending(uri: str, experiment: str, record: dict) -> str:
         manifest = json.loads(record.get("manifest_text") or "{}")
         started, finished = (_millis_of(manifest.get(k)) for k in ("started_at", "finished_at"))
         if run_id is None:
-            run_id = client.create_run(experiment_id, run_name=record.get("run_name"),
-                                       tags=record.get("tags", {}), start_time=started).info.run_id
+            run_id = create_run(client, uri, experiment_id, location,
+                                run_name=record.get("run_name"), tags=record.get("tags", {}),
+                                start_time=started)
         artifacts = {"manifest.json": record.get("manifest_text", "")}
         if record.get("report_text"):
             artifacts["report.html"] = record["report_text"]

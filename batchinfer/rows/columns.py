@@ -9,7 +9,8 @@ exemptions and the collision check below all derive from these declarations.
 
 Two columns with one name cannot both be written: the later one silently replaces the earlier
 (ids overwritten by scores, a prediction column dropped in favour of ``_source_row``). So every
-collision is refused before any work, naming both sides (pure; no I/O).
+collision is refused before any work, naming both sides (pure; no I/O). A table output's names
+also take its partition column, and are compared regardless of case, as the tables take them.
 """
 from __future__ import annotations
 
@@ -112,39 +113,84 @@ def check_output_columns(id_columns: Sequence[str], predictions: Mapping[str, st
     Raises:
         SpecError: an empty name, an id column listed twice, two outputs mapped to one column, a
             prediction column that is also an id column, either named like an audit column, or
-            like the tables' partition column.
+            the tables' partition column named like any column the job writes.
     """
-    seen: set[str] = set()
-    for column in [*id_columns, *predictions.values()]:
-        if partition is not None and column == partition:
-            raise SpecError(f"output.partition_column {partition!r} is also a column the job "
-                            f"writes (an id or prediction column): the tables would hold two "
-                            f"columns of that name; set output.partition_column to another name")
+    if partition is not None:
+        check_partition_column(partition, id_columns, predictions)
+    # A table's columns are one namespace regardless of case (Delta refuses `ID` beside `id` at
+    # the commit, after all the scoring); a Parquet file's are not.
+    def key(name: str) -> str:
+        return _fold(name) if partition is not None else name
+
+    reserved = {key(c): c for c in sorted(RESERVED)}
+    seen: dict[str, str] = {}
     for column in id_columns:
         if not column:
             raise SpecError("output.id_columns: a column name cannot be empty")
-        if column in seen:
-            raise SpecError(f"output.id_columns lists {column!r} twice")
-        if column in RESERVED:
+        if key(column) in seen:
+            raise SpecError(f"output.id_columns lists {column!r} twice"
+                            f"{_case(column, seen[key(column)])}")
+        if key(column) in reserved:
             raise SpecError(f"output.id_columns: {column!r} is the name of a column batchinfer "
-                            f"writes itself ({_reserved_list()}); rename it in the schema")
-        seen.add(column)
-    taken: dict[str, str] = {}
+                            f"writes itself ({_reserved_list()})"
+                            f"{_case(column, reserved[key(column)])}; rename it in the schema")
+        seen[key(column)] = column
+    taken: dict[str, tuple[str, str]] = {}
     for output, column in predictions.items():
         if not column:
             raise SpecError(f"{source}: output {output!r} is mapped to an empty column name")
-        if column in RESERVED:
+        if key(column) in reserved:
             raise SpecError(f"{source}: output {output!r} would be written as {column!r}, the "
-                            f"name of a column batchinfer writes itself ({_reserved_list()}); "
-                            f"map it to another name in output.predictions")
-        if column in seen:
-            raise SpecError(f"{source}: output {output!r} would be written as {column!r}, which is "
-                            f"also in output.id_columns; map it to another name in "
+                            f"name of a column batchinfer writes itself ({_reserved_list()})"
+                            f"{_case(column, reserved[key(column)])}; map it to another name in "
                             f"output.predictions")
-        if column in taken:
-            raise SpecError(f"{source}: outputs {taken[column]!r} and {output!r} would both be "
-                            f"written as column {column!r}; give each its own name")
-        taken[column] = output
+        if key(column) in seen:
+            raise SpecError(f"{source}: output {output!r} would be written as {column!r}, which is "
+                            f"also in output.id_columns{_case(column, seen[key(column)])}; map it "
+                            f"to another name in output.predictions")
+        if key(column) in taken:
+            other, named = taken[key(column)]
+            raise SpecError(f"{source}: outputs {other!r} and {output!r} would both be "
+                            f"written as column {column!r}{_case(column, named)}; give each its "
+                            f"own name")
+        taken[key(column)] = (output, column)
+
+
+def check_partition_column(partition: str, id_columns: Sequence[str],
+                           predictions: Mapping[str, str]) -> None:
+    """Refuse a table output's partition column named like a column the job writes.
+
+    Each table holds the partition column beside the columns of its files (Iceberg's data files
+    hold it too; Delta's log carries it): the id and prediction columns, and every column
+    batchinfer writes itself into any of the tables — the audit columns (predictions and each
+    challenger's table), the explanation columns, the quarantine table's columns. Those of the
+    quarantine table or of ``explain`` are refused even when this run writes none: a later run
+    (the first quarantined row, an ``explain`` added) would meet the collision at its commit,
+    after all its scoring. Names are compared regardless of case: Delta refuses ``ID`` beside
+    ``id``, and the engines that read the tables (Spark, Trino) take them for one column.
+
+    Raises:
+        SpecError: naming the partition column and the column it collides with.
+    """
+    taken = [*((f"batchinfer's own {c!r}", c) for c in sorted(RESERVED)),
+             *((f"output.id_columns' {c!r}", c) for c in id_columns),
+             *((f"the prediction column {c!r} (model output {o!r})", c)
+               for o, c in predictions.items())]
+    for what, column in taken:
+        if _fold(column) == _fold(partition):
+            case = "" if column == partition else " (a table's column names ignore case)"
+            raise SpecError(f"output.partition_column {partition!r} is also a column the job "
+                            f"writes: {what}{case}; the tables would hold two columns of that "
+                            f"name; set output.partition_column to another name")
+
+
+def _fold(name: str) -> str:
+    return name.casefold()
+
+
+def _case(name: str, other: str) -> str:
+    """What a message adds when two names collide only regardless of case."""
+    return "" if name == other else f" (as {other!r}: a table's column names ignore case)"
 
 
 def _reserved_list() -> str:

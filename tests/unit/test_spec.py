@@ -701,6 +701,14 @@ def test_sqlite_tracking_uri_nested_relative(tmp_path):
     assert job.spec.tracking.uri == "sqlite:///" + str(tmp_path.resolve() / "track" / "db.sqlite")
 
 
+def test_a_relative_file_tracking_uri_is_the_job_folders(tmp_path, monkeypatch):
+    monkeypatch.chdir("/")   # not where the store would land without it
+    job = load_job(_job_file(tmp_path, tracking={"uri": "file:mlruns"}), ds=DS)
+    assert job.spec.tracking.uri == "file://" + str(tmp_path.resolve() / "mlruns")
+    job = load_job(_job_file(tmp_path, tracking={"uri": "file:///var/mlruns"}), ds=DS)
+    assert job.spec.tracking.uri == "file:///var/mlruns"
+
+
 def test_absolute_sqlite_and_http_tracking_uris_untouched(tmp_path):
     job = load_job(_job_file(tmp_path, tracking={"uri": "sqlite:////var/db/mlflow.db"}), ds=DS)
     assert job.spec.tracking.uri == "sqlite:////var/db/mlflow.db"

@@ -263,6 +263,120 @@ def test_artifact_location_is_beside_a_sqlite_store_and_left_to_other_stores(tmp
     assert artifact_location(str(tmp_path / "mlruns"), "e") is None
 
 
+def not_tracked_here(*folders: Path) -> None:
+    """No MLflow folder in any of ``folders``: a run writes only under output.path, the store's
+    folder and its scratch (the hardening issue, item 13)."""
+    for folder in folders:
+        found = [p for p in folder.rglob("*") if p.name in ("mlruns", "mlartifacts")]
+        assert not found, found
+
+
+def artifacts_beside(uri: str, store: Path, run_id: str, manifest: dict) -> None:
+    """The run's artifacts are in the store's ``mlartifacts/`` and MLflow reads them back."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(run_id)
+    assert Path(run.info.artifact_uri.removeprefix("file://")).is_relative_to(store / "mlartifacts"), \
+        run.info.artifact_uri
+    assert {a.path for a in client.list_artifacts(run_id)} == {"manifest.json", "report.html"}
+    read = store.parent / "read" / run_id
+    read.mkdir(parents=True)
+    assert json.loads(Path(client.download_artifacts(run_id, "manifest.json", str(read))).read_text()) == manifest
+
+
+def two_folders_one_store(tmp_path: Path, template: Path, experiment: str
+                          ) -> tuple[Path, Path, str, list[Path]]:
+    """A job folder, a store in a folder of its own and two working directories to run from."""
+    project, store = tmp_path / "project", tmp_path / "store"
+    cwds = [tmp_path / "ann", tmp_path / "bob"]
+    for folder in (store, *cwds):
+        folder.mkdir()
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    copy_project(template, project, store=False, tracking={"uri": uri, "experiment": experiment})
+    return project, store, uri, cwds
+
+
+@pytest.mark.parametrize("experiment", ["Default", "nightly"])
+def test_runs_from_two_folders_keep_their_artifacts_beside_a_new_sqlite_store(
+        tmp_path, stamped_template, experiment):
+    """A store the first run makes: MLflow's ``Default`` experiment (made with the store) used to
+    keep its artifacts in ``./mlruns`` of whoever ran first, so a run from another folder wrote
+    into theirs. Now every run's artifacts are beside the store, wherever it runs from."""
+    from mlflow.tracking import MlflowClient
+
+    project, store, uri, cwds = two_folders_one_store(tmp_path, stamped_template, experiment)
+    for i, cwd in enumerate(cwds):
+        result = run_cli("run", str(project / "job.yaml"), "--ds", DS, "--set",
+                         f"output.path=out/{i}/dt={{ds}}", cwd=cwd, track=True)
+        assert result.returncode == 0, result.stderr
+        manifest = read_json(project / "out" / str(i) / f"dt={DS}" / "_manifest.json")
+        assert manifest["mlflow_run_id"], result.stdout
+        artifacts_beside(uri, store, manifest["mlflow_run_id"], manifest)
+        assert not list(cwd.iterdir()), list(cwd.iterdir())
+    not_tracked_here(project, *cwds)
+    default = MlflowClient(tracking_uri=uri).get_experiment("0")
+    assert default.artifact_location.removeprefix("file://") == str(store / "mlartifacts" / "0")
+
+
+def test_an_experiment_made_elsewhere_keeps_its_location_and_our_runs_stay_beside_the_store(
+        tmp_path, stamped_template, monkeypatch):
+    """A store MLflow made from a third folder (its ``Default`` experiment there), and an
+    experiment an older batchinfer created there without a location: their locations are
+    ``<that folder>/mlruns/<id>``. Runs from two other folders, and a run's later upload
+    (``batchinfer track``), put their artifacts beside the store; the experiments keep theirs."""
+    from mlflow.tracking import MlflowClient
+
+    project, store, uri, cwds = two_folders_one_store(tmp_path, stamped_template, "old")
+    creator = tmp_path / "creator"
+    creator.mkdir()
+    monkeypatch.chdir(creator)   # where MLflow takes its default artifact root from
+    client = MlflowClient(tracking_uri=uri)
+    old = client.create_experiment("old")   # as batchinfer did before artifact_location()
+    locations = {e.experiment_id: e.artifact_location for e in client.search_experiments()}
+    assert locations == {"0": str(creator / "mlruns" / "0"), old: str(creator / "mlruns" / old)}
+    monkeypatch.chdir(tmp_path)
+    runs = []
+    for i, (cwd, experiment) in enumerate(zip(cwds, ("old", "Default"))):
+        result = run_cli("run", str(project / "job.yaml"), "--ds", DS, "--set",
+                         f"output.path=out/{i}/dt={{ds}}", "--set",
+                         f"tracking.experiment={experiment}", cwd=cwd, track=True)
+        assert result.returncode == 0, result.stderr
+        manifest = read_json(project / "out" / str(i) / f"dt={DS}" / "_manifest.json")
+        runs.append(manifest["mlflow_run_id"])
+        artifacts_beside(uri, store, manifest["mlflow_run_id"], manifest)
+    # Uploaded later by `batchinfer track`, from another folder: the same.
+    late = run_cli("run", str(project / "job.yaml"), "--ds", DS, "--set", "output.path=out/late/dt={ds}",
+                   "--set", f"tracking.uri=http://127.0.0.1:{closed_port()}", cwd=cwds[0], track=True)
+    assert late.returncode == 0, late.stderr
+    out = project / "out" / "late" / f"dt={DS}"
+    track = run_cli("track", str(out), "--tracking-uri", uri, cwd=cwds[1], track=True)
+    assert track.returncode == 0, track.stderr
+    record = read_json(out / "_metrics.json")
+    assert record["uploaded"] is True
+    artifacts_beside(uri, store, record["mlflow_run_id"], read_json(out / "_manifest.json"))
+    assert record["mlflow_run_id"] in {r.info.run_id for r in client.search_runs([old])}
+    for cwd in cwds:
+        assert not list(cwd.iterdir()), list(cwd.iterdir())
+    not_tracked_here(project, creator, *cwds)
+    assert {e.experiment_id: e.artifact_location for e in client.search_experiments()} == locations
+
+
+def test_which_locations_are_mlflows_default_from_another_folder():
+    from batchinfer.io.tracking import misplaced
+
+    store = "sqlite:////data/mlflow.db"
+    assert misplaced("/home/ann/mlruns/0", "0", store)             # Default, made from ann's folder
+    assert misplaced("file:///home/ann/mlartifacts/3", "3", store)
+    assert misplaced("mlruns/3", "3", store)                       # relative: every run's own cwd
+    assert not misplaced("/data/mlartifacts/0", "0", store)         # beside the store
+    assert not misplaced("/data/mlruns/3", "3", store)
+    assert not misplaced("/data/mlartifacts/nightly", "3", store)  # batchinfer's
+    assert not misplaced("/shared/artifacts/credit", "3", store)   # chosen
+    assert not misplaced("s3://bucket/mlruns/3", "3", store)
+    assert not misplaced("/home/ann/mlruns/0", "0", "http://127.0.0.1:5000")   # the server decides
+
+
 def test_a_store_path_from_the_environment_is_not_sent_to_mlflow():
     """contract §3: MLflow receives no ``${NAME}`` value, so a sqlite store whose path holds one
     leaves the location to MLflow rather than writing it into the experiment."""
