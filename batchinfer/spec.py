@@ -281,19 +281,25 @@ class ExplainSpec(_Strict):
     0; given for another method they are an error. ``top_k``: features kept per row, largest
     |attribution| first, or ``all`` (the whole vector, in input order). ``fraction``: the share
     of rows explained, chosen by ``_input_hash``. ``tolerance`` and ``max_incomplete_fraction``:
-    the completeness check and its threshold (exit 4 above it)."""
+    the completeness check and its threshold (exit 4 above it).
+
+    Every number here is finite and in its range: YAML reads ``.nan`` and ``.inf`` as floats,
+    and a NaN baseline or tolerance would not fail anything until the whole partition was
+    scored (``abs(nan) > tol`` is false: every row "complete"), so they are refused with the
+    spec, naming the key, before any work."""
 
     method: Literal["integrated_gradients", "gradient_x_input", "permutation"]
     output: str | None = Field(default=None, min_length=1)
-    baseline: Literal["zeros"] | list[float] = "zeros"
+    baseline: Literal["zeros"] | list[float] = "zeros"   # finite: _params_of_its_method
     background: str | None = Field(default=None, min_length=1)
     steps: int | None = Field(default=None, gt=0, le=10_000)
     samples: int | None = Field(default=None, gt=0, le=10_000)
-    seed: int | None = Field(default=None, ge=0)
+    # A seed numpy takes and every reader of the declaration's JSON reads as one integer.
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
     top_k: int | Literal["all"] = Field(default=5)
-    fraction: float = Field(default=1.0, gt=0.0, le=1.0)
-    tolerance: float = Field(default=0.01, ge=0.0)
-    max_incomplete_fraction: float = Field(default=0.01, ge=0.0, le=1.0)
+    fraction: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    tolerance: float = Field(default=0.01, ge=0.0, allow_inf_nan=False)
+    max_incomplete_fraction: float = Field(default=0.01, ge=0.0, le=1.0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _params_of_its_method(self) -> "ExplainSpec":
@@ -302,6 +308,8 @@ class ExplainSpec(_Strict):
                              "the background's mean model input)")
         if isinstance(self.top_k, int) and self.top_k <= 0:
             raise ValueError("explain.top_k: give a positive number of features, or all")
+        if self.baseline != "zeros":
+            _check_baseline(self.baseline)
         for key, method in (("steps", "integrated_gradients"), ("samples", "permutation"),
                             ("seed", "permutation")):
             if getattr(self, key) is not None and self.method != method:
@@ -324,6 +332,18 @@ class ExplainSpec(_Strict):
         if self.background is not None:
             values["baseline"] = "background"
         return json.dumps(values, sort_keys=True, separators=(",", ":"))
+
+
+def _check_baseline(values: list[float]) -> None:
+    """``explain.baseline`` is one finite number per model-input position: a NaN or an infinite
+    one makes ``f(baseline)`` and every completeness gap non-finite."""
+    if not values:
+        raise ValueError("explain.baseline is empty: give one number per model-input position, "
+                         "or zeros")
+    for i, value in enumerate(values):
+        if not abs(value) < float("inf"):   # false for NaN too
+            raise ValueError(f"explain.baseline[{i}] is {value}: give finite numbers, one per "
+                             f"model-input position, or zeros")
 
 
 class TrackingSpec(_Strict):
@@ -636,6 +656,8 @@ def _resolve_tracking_uri(uri: str, folder: Path) -> str:
     # to the job file like every other path, so the store does not depend on where you stand.
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
         return "sqlite:///" + str((folder / uri[len("sqlite:///"):]).resolve())
+    if uri.startswith("file:") and not uri.startswith(("file:/", "file:~")):   # file:mlruns
+        return "file://" + str((folder / uri[len("file:"):]).resolve())
     if not has_scheme(uri):
         return resolve_path(uri, folder)
     return uri

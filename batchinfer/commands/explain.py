@@ -79,7 +79,9 @@ def background_baseline(resolved: "Resolved", explain: ExplainSpec) -> tuple[flo
     as a run would prepare it), float64; None without a background.
 
     Raises:
-        SpecError: it is not Parquet, or none of its rows validates and preprocesses (exit 2).
+        SpecError: it is not Parquet, none of its rows validates and preprocesses, or the mean
+            is not finite (an infinite value the schema lets through, or a sum past float64's
+            range: every attribution against it would be NaN) (exit 2).
     """
     data = background_bytes(explain)
     if data is None:
@@ -112,7 +114,14 @@ def background_baseline(resolved: "Resolved", explain: ExplainSpec) -> tuple[flo
     if not rows or total is None:
         raise SpecError(f"explain.background {explain.background}: none of its {table.num_rows} rows "
                         f"passes the schema and the preprocessing")
-    return tuple(float(v) for v in total / rows)
+    with np.errstate(over="ignore", invalid="ignore"):
+        mean = total / rows
+    bad = np.flatnonzero(~np.isfinite(mean))
+    if bad.size:
+        raise SpecError(f"explain.background {explain.background}: the mean of its {rows} rows is "
+                        f"{mean[bad[0]]} at model-input position {bad[0]}: give rows whose "
+                        f"prepared values are finite")
+    return tuple(float(v) for v in mean)
 
 
 def plan_for(resolved: "Resolved", handler: "BatchModelHandler", output: str | None,
@@ -162,7 +171,8 @@ def plan_for(resolved: "Resolved", handler: "BatchModelHandler", output: str | N
         steps=explain.steps or 0, samples=explain.samples or 0, seed=explain.seed or 0,
         top_k=None if explain.top_k == "all" else int(explain.top_k), fraction=explain.fraction,
         tolerance=explain.tolerance, complete=explain.method in COMPLETE_METHODS,
-        features=features, groups=groups, declared=explain.declared(), width=width)
+        features=features, groups=groups, declared=explain.declared(), width=width,
+        background=explain.background is not None)
     if width is not None:   # what the first batch would find: said before any work
         plan.baseline_row(width)
         plan.names(width)

@@ -9,8 +9,8 @@ from ..errors import SpecError
 from ..spec import Job, resolve_path
 from ..triple.contract import PACKAGE_POLICIES, PACKAGES, PACKAGES_POLICY, SCHEMA_SHA256, Triple
 from ..triple.models import declare, registry_ref
+from .explain import background_baseline, declared_background
 from .explain import declared as explain_declared
-from .explain import declared_background
 from .monitor import read_profile
 from .resolve import resolve
 
@@ -36,7 +36,9 @@ def stamp(job: Job, model_uri: str | None, model_version: str | None,
 
     Raises:
         SpecError: no challenger of that name; a baseline that is not a readable profile; a
-            model file that is both the champion's and a challenger's, declared differently.
+            model file that is both the champion's and a challenger's, declared differently;
+            an ``explain.background`` that gives no baseline a run could use (not Parquet, no
+            row that validates and preprocesses, a mean that is not finite).
     """
     if packages not in PACKAGE_POLICIES:
         raise SpecError(f"--packages {packages!r}: use one of {', '.join(PACKAGE_POLICIES)}")
@@ -70,6 +72,9 @@ def stamp(job: Job, model_uri: str | None, model_version: str | None,
                             f"{facts[key]}) to stamp it")
     extra.update(facts)
     extra.update(explain_declared(job.spec.explain))   # contract §6 "Explanations"
+    if job.spec.explain is not None:
+        # what every run would refuse (exit 2) is not declared: the background's baseline
+        background_baseline(resolved, job.spec.explain)
     extra.update(declared_background(job.spec.explain))
     extra[SCHEMA_SHA256] = resolved.schema.source.sha256
     extra[PACKAGES] = " ".join(resolved.preprocessor.packages)

@@ -16,6 +16,21 @@ method here is additive over positions, so the sum is that feature's attribution
 - ``integrated_gradients`` and ``gradient_x_input``: the model's gradients (the torch backend's
   ``attribute`` hook, Captum's IntegratedGradients for the former).
 
+**A row's attributions do not depend on its batch** (contract §5.4, §6 "Explanations"). The same
+orderings and steps for every row are not enough: a model call's floating-point results depend on
+the call's shape — the kernels a row count picks, and which elements fall in a vector loop's
+scalar tail (a sigmoid or tanh there is computed by another routine) — and ``batch.rows``, the
+explained fraction and a shard's length set that shape. So every call made here has the same
+shape whatever the batch: the rows go in fixed-size groups (:func:`gradient_rows`,
+``PERMUTATION_CHUNK_ROWS``), the last one padded with baseline rows (whose attributions are 0 and
+are dropped), each group's size a multiple of 64 rows — whole vectors in every elementwise loop —
+or a single row.
+
+**Attributions are finite or the run stops**: a NaN is never complete (``abs(nan) > tol`` is
+false, so it would pass the completeness check) and cannot be written or profiled, so a batch
+with rows whose attributions or gap are not finite is refused (exit 4, :func:`check_finite`);
+``f(baseline)`` not finite is the baseline's fault (exit 2).
+
 Pure apart from the model calls; no clock, no unseeded randomness.
 """
 from __future__ import annotations
@@ -25,10 +40,18 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ..errors import SpecError
+from ..errors import DataQualityError, SpecError
 
-# Rows per group of permutation calls: one call holds rows × positions rows of the input.
-PERMUTATION_CHUNK_ROWS = 1024
+# Rows per group of permutation calls: one call holds rows × (positions + 1) rows of the input,
+# the last group padded to it, so that every call has one shape (see the module docstring): a
+# multiple of 64, calls of thousands of rows for a few positions, little padding for a small batch.
+PERMUTATION_CHUNK_ROWS = 256
+# Rows per gradient call: 64, whole vectors in every elementwise loop, few enough that a small
+# batch's padding costs little (Captum's cost is per point: rows × steps); a row alone past
+# GRADIENT_POINTS / 64 steps, where the backend would split a call of 64 rows into calls of
+# other sizes (handlers/pytorch.py IG_POINTS).
+GRADIENT_ROWS = 64
+GRADIENT_POINTS = 65536
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,6 +89,7 @@ class ExplainPlan:
     groups: Optional[tuple[int, ...]] = None
     declared: str = ""
     width: Optional[int] = None   # the input's positions, when the model declares them
+    background: bool = False      # the baseline is explain.background's mean
 
     def known_names(self) -> tuple[str, ...]:
         """The feature names known before any batch (none for positions of unknown width)."""
@@ -93,18 +117,37 @@ class ExplainPlan:
                             f"feature per position")
         return self.features
 
-    def baseline_row(self, width: int) -> np.ndarray:
+    @property
+    def baseline_key(self) -> str:
+        """The setting the baseline comes from, for messages."""
+        return "explain.background" if self.background else "explain.baseline"
+
+    def baseline_row(self, width: int, dtype: Any = None) -> np.ndarray:
         """The baseline as one row of ``width`` float64 values.
 
+        Args:
+            dtype: the model input's dtype: a floating one must hold every value (1e39 is
+                finite but float32's infinity).
+
         Raises:
-            SpecError: ``explain.baseline`` has another number of values (exit 2).
+            SpecError: ``explain.baseline`` has another number of values, or values that are
+                not finite in ``dtype`` (exit 2).
         """
         if self.baseline is None:
             return np.zeros(width, dtype=np.float64)
         if len(self.baseline) != width:
             raise SpecError(f"explain.baseline has {len(self.baseline)} values but model input "
                             f"{self.input!r} has {width} positions: give one per position, or zeros")
-        return np.asarray(self.baseline, dtype=np.float64)
+        base = np.asarray(self.baseline, dtype=np.float64)
+        kind = np.dtype(dtype) if dtype is not None else base.dtype
+        with np.errstate(over="ignore", invalid="ignore"):
+            held = base.astype(kind) if kind.kind == "f" else base
+        bad = np.flatnonzero(~np.isfinite(held))
+        if bad.size:
+            raise SpecError(f"{self.baseline_key}: value {float(base[bad[0]])!r} at position "
+                            f"{bad[0]} is not a finite {kind.name} (model input {self.input!r}): "
+                            f"give finite values the input's type holds")
+        return base
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,17 +190,78 @@ def explain_rows(plan: ExplainPlan, x: np.ndarray, predict: Predict,
         (attributions ``[n, d]`` float64, ``f(baseline)``, each row's completeness gap ``[n]``).
     """
     x = np.asarray(x)
-    base = plan.baseline_row(x.shape[1])
+    base = plan.baseline_row(x.shape[1], x.dtype)
     baseline_value = float(predict(base[None, :].astype(x.dtype))[0])
+    if not np.isfinite(baseline_value):
+        raise SpecError(f"explain: the model's output {plan.output!r} at the baseline "
+                        f"({plan.baseline_key}) is {baseline_value}, so no attribution can sum to "
+                        f"f(x) - f(baseline): choose a baseline where the model is finite")
     if plan.method == "permutation":
         values = permutation(x, base, predict, plan.samples, plan.seed)
         gap = values.sum(axis=1) - (predict(x) - baseline_value)
-        return values, baseline_value, gap
-    if gradients is None:
+    elif gradients is None:
         raise SpecError(f"explain.method {plan.method} needs the model's gradients, which this "
                         f"backend does not give: use method permutation")
-    values, gap = gradients(x, base)
+    else:
+        values, gap = in_groups(x, base, gradients, gradient_rows(plan.steps))
+    check_finite(plan, values, gap)
     return values, baseline_value, gap
+
+
+def check_finite(plan: ExplainPlan, values: np.ndarray, gap: np.ndarray) -> None:
+    """Refuse a batch whose attributions or completeness gaps are not all finite.
+
+    A NaN is never complete, yet ``abs(nan) > tolerance`` is false: counted, it would pass as
+    complete; written, it would poison the mean |attribution| and the drift profile of
+    ``_explanation`` (records refuse non-finite figures). The model's gradient is then not
+    finite somewhere between the baseline and those rows (or its output, for permutation).
+
+    Raises:
+        DataQualityError: some rows' attributions or gaps are not finite (exit 4, nothing
+            committed).
+    """
+    bad = ~(np.isfinite(values).all(axis=1) & np.isfinite(gap))
+    if bad.any():
+        what = "output" if plan.method == "permutation" else "gradient"
+        raise DataQualityError(
+            f"explanations: {int(bad.sum())} of {bad.size} explained rows of a batch have "
+            f"attributions that are not finite (the model's {what} is not finite between "
+            f"{plan.baseline_key} and those rows); nothing committed: choose another baseline "
+            f"or explain.method")
+
+
+def gradient_rows(steps: int) -> int:
+    """Rows per gradient call for ``steps`` points per row (0: one point, gradient × input):
+    ``GRADIENT_ROWS`` while their points fit ``GRADIENT_POINTS``, else 1. It depends on the
+    declared steps alone, never on the batch."""
+    return GRADIENT_ROWS if GRADIENT_ROWS * max(steps, 1) <= GRADIENT_POINTS else 1
+
+
+def in_groups(x: np.ndarray, base: np.ndarray,
+              gradients: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]],
+              rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """``gradients`` over ``x`` in calls of exactly ``rows`` rows, the last one padded with
+    baseline rows, so that every call has one shape whatever ``x``'s length (the module
+    docstring); their results are dropped."""
+    n = x.shape[0]
+    values, gaps = [], []
+    for start in range(0, n, rows):
+        group = padded(x[start:start + rows], base, rows)
+        v, g = gradients(group, base)
+        m = min(rows, n - start)
+        values.append(np.asarray(v, dtype=np.float64).reshape(rows, -1)[:m])
+        gaps.append(np.asarray(g, dtype=np.float64).reshape(rows)[:m])
+    if not values:
+        return np.zeros((0, x.shape[1])), np.zeros(0)
+    return np.concatenate(values), np.concatenate(gaps)
+
+
+def padded(rows: np.ndarray, base: np.ndarray, size: int) -> np.ndarray:
+    """``rows`` followed by baseline rows up to ``size`` rows, in ``rows``' dtype."""
+    if rows.shape[0] == size:
+        return rows
+    fill = np.broadcast_to(base.astype(rows.dtype), (size - rows.shape[0], rows.shape[1]))
+    return np.concatenate([rows, fill])
 
 
 def orderings(positions: int, samples: int, seed: int) -> np.ndarray:
@@ -175,22 +279,24 @@ def permutation(x: np.ndarray, base: np.ndarray, predict: Predict, samples: int,
     """Shapley values by sampled orderings (see the module docstring), float64 ``[n, d]``.
 
     For each ordering the rows are walked from the baseline to themselves, one position at a
-    time; the ``d + 1`` points of every row of a chunk go to the model in one call."""
+    time; the ``d + 1`` points of every row of a chunk go to the model in one call, the chunk
+    padded with baseline rows to ``PERMUTATION_CHUNK_ROWS`` so that every call has one shape."""
     n, d = x.shape
     values = np.zeros((n, d), dtype=np.float64)
     orders = orderings(d, samples, seed)
-    for start in range(0, n, PERMUTATION_CHUNK_ROWS):
-        rows = x[start:start + PERMUTATION_CHUNK_ROWS]
-        m = rows.shape[0]
+    size = PERMUTATION_CHUNK_ROWS
+    for start in range(0, n, size):
+        rows = padded(x[start:start + size], base, size)
+        m = min(size, n - start)
         for order in orders:
             # walk[k] = the rows with the first k positions of the ordering set to x
-            walk = np.empty((d + 1, m, d), dtype=x.dtype)
+            walk = np.empty((d + 1, size, d), dtype=x.dtype)
             walk[0] = base.astype(x.dtype)
             for k, position in enumerate(order, start=1):
                 walk[k] = walk[k - 1]
                 walk[k][:, position] = rows[:, position]
-            out = predict(walk.reshape((d + 1) * m, d)).reshape(d + 1, m)
-            steps = np.diff(out, axis=0)          # [d, m]: the change each position made
+            out = predict(walk.reshape((d + 1) * size, d)).reshape(d + 1, size)
+            steps = np.diff(out[:, :m], axis=0)   # [d, m]: the change each position made
             values[start:start + m][:, order] += steps.T
     return values / samples
 

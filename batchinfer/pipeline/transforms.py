@@ -375,7 +375,8 @@ class ExplainBatch(beam.DoFn):
         else:
             values, baseline_value = np.zeros((0, x.shape[1])), 0.0
             gap = np.zeros(0)
-        missed = np.abs(gap) > plan.tolerance if plan.complete else np.zeros(gap.size, bool)
+        # ~(<=), not >: a NaN gap is never complete
+        missed = ~(np.abs(gap) <= plan.tolerance) if plan.complete else np.zeros(gap.size, bool)
         explained = Attributions(rows=rows, values=values, baseline_value=baseline_value,
                                  incomplete=int(missed.sum()),
                                  max_gap=float(np.abs(gap).max()) if plan.complete and gap.size else 0.0,

@@ -2,9 +2,11 @@
 
 Linear models, whose true attributions are known — ``w · (x − baseline)`` — are explained by every
 method (gradient × input and integrated gradients on the torch backend, permutation Shapley values
-on ONNX Runtime and torch) and held to them; reruns give the same bytes of attribution; the
-declaration carries the method and its parameters (another one: exit 3); completeness is counted
-and gates the run (exit 4); what cannot be explained is refused before any work (exit 2).
+on ONNX Runtime and torch) and held to them; reruns give the same bytes of attribution, whatever
+batch a row falls in; the declaration carries the method and its parameters (another one: exit
+3); completeness is counted and gates the run (exit 4), and attributions that are not finite stop
+it (exit 4); what cannot be explained — a setting that is not a finite number in its range among
+them — is refused before any work (exit 2).
 """
 from __future__ import annotations
 
@@ -20,7 +22,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchinfer.rows.columns import EXPLAINED
-from factories import DS, make_shards, one_line_error, read_partition, run_cli, save_onnx, write_job, write_schema
+from factories import (
+    DS,
+    make_shards,
+    one_line_error,
+    read_partition,
+    run_cli,
+    save_onnx,
+    snapshot,
+    write_job,
+    write_schema,
+)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("captum")
@@ -33,7 +45,8 @@ FEATURES = ["f0", "f1", "f2", "f3"]
 BASELINE = [0.5, -0.5, 1.0, 0.0]
 ROWS = 300
 
-# torch.export programs: linear (x @ W + B) and logistic (sigmoid of it), out [N, 1] named "y".
+# torch.export programs: linear (x @ W + B), logistic (sigmoid of it) and kinked (|f0| + x @ W + B,
+# its |f0| as sqrt(f0²), whose gradient is not finite where f0 is 0), out [N, 1] named "y".
 MAKE_PROGRAMS = textwrap.dedent(f'''\
     import sys
     import torch
@@ -48,8 +61,14 @@ MAKE_PROGRAMS = textwrap.dedent(f'''\
             y = x @ self.w + {B}
             return torch.sigmoid(3.0 * y) if self.squash else y
 
-    for name, squash in (("linear", False), ("logistic", True)):
-        program = torch.export.export(Linear(squash).eval(), (torch.randn(8, 4),),
+    class Kinked(Linear):
+        # |f0| as sqrt(f0²) beside the linear part: its gradient is 0/0 (NaN) where f0 is 0
+        def forward(self, x):
+            return torch.sqrt(x[:, :1] * x[:, :1]) + x @ self.w + {B}
+
+    for name, model in (("linear", Linear(False)), ("logistic", Linear(True)),
+                        ("kinked", Kinked(False))):
+        program = torch.export.export(model.eval(), (torch.randn(8, 4),),
                                       dynamic_shapes=({{0: torch.export.Dim("batch")}},))
         torch.export.save(program, f"{{sys.argv[1]}}/{{name}}.pt2")
     ''')
@@ -382,6 +401,118 @@ def test_what_cannot_be_explained_is_refused_before_any_work(tmp_path, change, m
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
     assert not (root / "out").exists()
+
+
+@pytest.fixture(scope="module")
+def permutation_project(tmp_path_factory) -> Path:
+    """A stamped permutation job on ONNX Runtime, for settings given by --set alone."""
+    folder = tmp_path_factory.mktemp("settings")
+    return project(folder / "p", linear_onnx(folder / "lin.onnx"), {"method": "permutation"},
+                   backend="onnxruntime")
+
+
+@pytest.mark.parametrize("setting, key", [
+    ("explain.baseline=[.nan, 0.0, 0.0, 0.0]", "explain.baseline[0]"),
+    ("explain.baseline=[0.0, -.inf, 0.0, 0.0]", "explain.baseline[1]"),
+    ("explain.baseline=[]", "explain.baseline"),
+    ("explain.tolerance=.nan", "explain.tolerance"),
+    ("explain.tolerance=.inf", "explain.tolerance"),
+    ("explain.tolerance=-0.5", "explain.tolerance"),
+    ("explain.fraction=.nan", "explain.fraction"),
+    ("explain.fraction=1.5", "explain.fraction"),
+    ("explain.max_incomplete_fraction=.inf", "explain.max_incomplete_fraction"),
+    ("explain.max_incomplete_fraction=-0.1", "explain.max_incomplete_fraction"),
+    ("explain.samples=0", "explain.samples"),
+    ("explain.seed=-1", "explain.seed"),
+    ("explain.seed=18446744073709551616", "explain.seed"),
+])
+def test_a_non_finite_or_out_of_range_explain_setting_is_refused_by_every_command(
+        permutation_project, setting, key):
+    # contract §6 "Explanations": every numeric explain setting is a finite number in its range,
+    # checked with the spec: exit 2 before any work, one line naming the key
+    root = permutation_project
+    before = snapshot(root)
+    for command in (("stamp", "models/lin.onnx", "--job", "job.yaml", "--model-version", "lin:1"),
+                    ("plan", "job.yaml", "--ds", DS), ("run", "job.yaml", "--ds", DS)):
+        result = run_cli(*command, "--set", setting, cwd=root)
+        assert result.returncode == 2, (command, result.stderr)
+        line = one_line_error(result, command[0])
+        assert key in line, line
+    assert not (root / "out").exists()
+    assert snapshot(root) == before   # the declaration is not rewritten either
+
+
+def test_stamp_refuses_a_background_no_run_could_use(tmp_path):
+    # the background's mean is the baseline: what a run would refuse (exit 2) is not declared
+    model = linear_onnx(tmp_path / "lin.onnx")
+    root = project(tmp_path / "p", model, {"method": "permutation", "background": "background.parquet"},
+                   backend="onnxruntime", stamp=False)
+    (root / "background.parquet").write_bytes(b"not parquet")
+    result = run_cli("stamp", "models/lin.onnx", "--job", "job.yaml", "--model-version", "lin:1",
+                     cwd=root)
+    assert result.returncode == 2, result.stderr
+    assert "explain.background" in one_line_error(result, "stamp")
+    assert not (root / "models" / "lin.onnx.batchinfer.json").exists()
+
+
+def _by_row(table) -> dict[tuple[str, int], bytes]:
+    """Each row's ``_explanation`` (names and float64 attributions) and
+    ``_explanation_baseline`` as bytes, by (_source_shard, _source_row)."""
+    keys = zip(table.column("_source_shard").to_pylist(), table.column("_source_row").to_pylist())
+    rows = zip(table.column("_explanation").to_pylist(),
+               table.column("_explanation_baseline").to_pylist())
+    return {key: ("|".join(e["feature"] for e in entry).encode()
+                  + np.array([e["attribution"] for e in entry], dtype=np.float64).tobytes()
+                  + np.float64(at_base).tobytes())
+            for key, (entry, at_base) in zip(keys, rows)}
+
+
+@pytest.mark.parametrize("method, parameters", [("integrated_gradients", {"steps": 24}),
+                                                ("permutation", {"samples": 4})])
+def test_a_rows_attributions_do_not_depend_on_its_batch(programs, tmp_path, method, parameters):
+    # contract §5.4 and §6 "Explanations": a row's attributions are the same bytes whatever
+    # batch.rows, chunking or worker process put it with (a sigmoid: computed by another routine
+    # in a vector loop's tail, where a batch's shape puts other rows)
+    root = project(tmp_path / "p", programs / "logistic.pt2",
+                   {"method": method, "baseline": BASELINE, "top_k": "all", **parameters})
+    runs = {"7": ("--set", "batch.rows=7"), "64": ("--set", "batch.rows=64"),
+            "600": ("--set", "batch.rows=600"),
+            "64-workers": ("--set", "batch.rows=64", *MULTI_PROCESS)}
+    explained, seconds = {}, {}
+    for name, sets in runs.items():
+        result = run_cli("run", "job.yaml", "--ds", DS, *sets, "--set", f"output.path=out-{name}",
+                         cwd=root, timeout=600)
+        assert result.returncode == 0, result.stderr
+        table, _, _ = read_partition(root / f"out-{name}")
+        explained[name] = _by_row(table)
+        metrics = json.loads((root / f"out-{name}" / "_metrics.json").read_text())["metrics"]
+        seconds[name] = round(metrics["stage_seconds_explain"], 3)
+    print(f"{method}: stage_seconds_explain by run: {seconds}")
+    reference = explained["600"]
+    assert len(reference) == 2 * ROWS
+    for name, rows in explained.items():
+        differ = [key for key in reference if rows.get(key) != reference[key]]
+        assert not differ, f"{len(differ)} of {len(reference)} rows differ with {name}"
+
+
+@pytest.mark.parametrize("method", ["integrated_gradients", "gradient_x_input"])
+def test_non_finite_attributions_fail_the_run_naming_them(programs, tmp_path, method):
+    # |f0|'s gradient is 0/0 where f0 = 0, the baseline's too: those rows' attributions are NaN,
+    # never complete and not written; exit 4, nothing committed (not a damaged scratch record)
+    import pyarrow as pa
+
+    root = project(tmp_path / "p", programs / "kinked.pt2", {"method": method})
+    shard = sorted((root / "data" / f"dt={DS}").glob("*.parquet"))[0]
+    table = pq.read_table(shard)
+    f0 = table.column("f0").to_numpy().copy()
+    f0[[3, 50, 51]] = 0.0
+    pq.write_table(table.set_column(table.column_names.index("f0"), "f0",
+                                    pa.array(f0, pa.float32())), shard)
+    result = run_cli("run", "job.yaml", "--ds", DS, cwd=root)
+    assert result.returncode == 4, result.stderr
+    line = one_line_error(result)
+    assert "3 of" in line and "not finite" in line, line
+    assert not (root / "out" / f"dt={DS}" / "_manifest.json").exists()
 
 
 def test_an_output_of_several_values_per_row_is_refused(tmp_path):

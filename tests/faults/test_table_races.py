@@ -6,9 +6,9 @@ preprocessing; then the first commits, cleans its scratch and exits while the se
 scoring (held in its preprocessing until the first has exited). The second arrives at its
 commit to find a partition committed whole — tables at generation 1, the manifest naming it, no
 scratch left to finish anything from. It must lose: exit 0 ("already committed") when both have
-one triple, exit 3 when they do not, and in both cases its files go. It must never take the winner's commit for an orphan and replace it as the
-next generation (found from outside on Delta: both exited 0 and the later model's rows were
-served).
+one triple, exit 3 when they do not, and in both cases its files go. It must never take the
+winner's commit for an orphan and replace it as the next generation (found from outside on
+Delta: both exited 0 and the later model's rows were served).
 
 Rerun with ``.venv/bin/pytest tests/faults/test_table_races.py -q``.
 """

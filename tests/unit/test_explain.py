@@ -10,10 +10,14 @@ import math
 import numpy as np
 import pytest
 
-from batchinfer.errors import SpecError
+from batchinfer.errors import DataQualityError, SpecError
 from batchinfer.handlers.explain import (
+    GRADIENT_POINTS,
+    GRADIENT_ROWS,
+    PERMUTATION_CHUNK_ROWS,
     ExplainPlan,
     explain_rows,
+    gradient_rows,
     grouped,
     orderings,
     permutation,
@@ -154,3 +158,156 @@ def test_the_declaration_holds_every_parameter_but_the_thresholds():
         ExplainSpec(method="gradient_x_input", seed=1)
     with pytest.raises(ValueError, match="positive number"):
         ExplainSpec(method="permutation", top_k=0)
+
+
+def in_batches(plan: ExplainPlan, x: np.ndarray, rows: int, predict, gradients=None) -> np.ndarray:
+    """``explain_rows`` over ``x`` in batches of ``rows`` rows, as a job with ``batch.rows``
+    would call it."""
+    return np.concatenate([explain_rows(plan, x[s:s + rows], predict, gradients)[0]
+                           for s in range(0, x.shape[0], rows)])
+
+
+def test_every_gradient_call_has_one_shape_whatever_the_batch():
+    calls: list[tuple[int, ...]] = []
+
+    def gradients(z, base):   # a row's "attribution" is the row itself: it shows the padding
+        calls.append(z.shape)
+        return z.astype(np.float64) - base, np.zeros(z.shape[0])
+
+    x = np.random.default_rng(4).standard_normal((200, 3)).astype(np.float32)
+    plan = ExplainPlan(method="integrated_gradients", input="x", output="y", steps=50)
+    for rows in (1, 7, 64, 65, 200):
+        calls.clear()
+        got = in_batches(plan, x, rows, lambda z: z.sum(axis=1), gradients)
+        assert set(calls) == {(GRADIENT_ROWS, 3)}, (rows, set(calls))
+        np.testing.assert_array_equal(got, x.astype(np.float64))   # the padding is dropped
+    # past GRADIENT_POINTS / GRADIENT_ROWS steps a row goes alone (the backend would split it)
+    assert gradient_rows(GRADIENT_POINTS // GRADIENT_ROWS) == GRADIENT_ROWS
+    assert gradient_rows(GRADIENT_POINTS // GRADIENT_ROWS + 1) == 1
+    assert gradient_rows(0) == GRADIENT_ROWS    # gradient × input: one point a row
+
+
+def test_the_backend_makes_one_call_of_each_group():
+    # a group the torch backend cut again would bring back shapes that depend on the steps
+    from batchinfer.handlers import pytorch
+
+    assert GRADIENT_POINTS <= pytorch.IG_POINTS and GRADIENT_ROWS % 64 == 0
+
+
+def test_every_permutation_call_has_one_shape_whatever_the_batch():
+    shapes: set[tuple[int, ...]] = set()
+
+    def predict(z):
+        shapes.add(z.shape)
+        return interacting(z)
+
+    x = np.random.default_rng(6).standard_normal((300, 3))
+    whole = permutation(x, np.zeros(3), predict, 4, 2)
+    for rows in (1, 7, 300):
+        got = np.concatenate([permutation(x[s:s + rows], np.zeros(3), predict, 4, 2)
+                              for s in range(0, 300, rows)])
+        assert np.array_equal(got, whole)
+    assert shapes == {(4 * PERMUTATION_CHUNK_ROWS, 3)}
+
+
+def _torch_program(squash: bool):
+    torch = pytest.importorskip("torch")
+    from batchinfer.handlers.pytorch import TorchModel, TorchModelHandler
+
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)]
+    net = torch.nn.Sequential(*layers, *([torch.nn.Sigmoid()] if squash else [])).eval()
+    program = torch.export.export(net, (torch.randn(8, 4),),
+                                  dynamic_shapes=({0: torch.export.Dim("batch")},)).module()
+    model = TorchModel(module=program, device=torch.device("cpu"), inputs=["x"], outputs=["y"],
+                       input_dtypes={"x": np.dtype("float32")}, autocast=None)
+    handler = TorchModelHandler("unused.pt2", digest="d", device="cpu")
+
+    def predict(z):
+        return handler.predict(model, {"x": z})["y"].astype(np.float64).reshape(-1)
+
+    def gradients(method, steps):
+        return lambda z, base: handler.attribute(model, "x", z, base, "y", method, steps)
+
+    return predict, gradients
+
+
+@pytest.mark.parametrize("method, steps", [("integrated_gradients", 16),
+                                           ("gradient_x_input", 0), ("permutation", 0)])
+def test_a_rows_attributions_are_the_same_bytes_in_any_batch(method, steps):
+    # tanh and sigmoid: a vector loop's tail computes them by another routine, and the batch's
+    # shape decides which rows land there (contract §5.4, §6 "Explanations")
+    pytest.importorskip("captum")
+    predict, gradients = _torch_program(squash=True)
+    plan = ExplainPlan(method=method, input="x", output="y", steps=steps,
+                       samples=4 if method == "permutation" else 0, baseline=(0.5, -0.5, 1.0, 0.0))
+    x = np.random.default_rng(8).standard_normal((300, 4)).astype(np.float32)
+    by = {rows: in_batches(plan, x, rows, predict, gradients(method, steps)) for rows in (7, 64, 300)}
+    for rows, got in by.items():
+        differ = int((~(got == by[300]).all(axis=1)).sum())
+        assert got.tobytes() == by[300].tobytes(), f"{differ} rows differ in batches of {rows}"
+
+
+def test_non_finite_attributions_are_never_complete_and_refused():
+    plan = ExplainPlan(method="gradient_x_input", input="x", output="y")
+    x = np.ones((5, 2), dtype=np.float32)
+
+    def gradients(z, base):
+        values = z.astype(np.float64) - base
+        values[1, 0] = np.nan            # 0/0 in the model's gradient
+        return values, np.zeros(z.shape[0])
+
+    with pytest.raises(DataQualityError, match="1 of 5 explained rows .* not finite"):
+        explain_rows(plan, x, lambda z: z.sum(axis=1), gradients)
+    # a NaN gap with finite values: abs(nan) > tolerance is false, so it is refused here
+    with pytest.raises(DataQualityError, match="2 of 5 explained rows"):
+        explain_rows(plan, x, lambda z: z.sum(axis=1),
+                     lambda z, base: (np.ones(z.shape), np.where(np.arange(z.shape[0]) < 2, np.nan, 0.0)))
+    # permutation: a model that is not finite between the baseline and the rows
+    walk = ExplainPlan(method="permutation", input="x", output="y", samples=2)
+    with pytest.raises(DataQualityError, match="model's output is not finite"), np.errstate(invalid="ignore"):
+        explain_rows(walk, x, lambda z: np.where(z[:, 0] == 1, np.inf, 0.0) + z[:, 1])
+
+
+def test_a_baseline_the_model_or_the_input_cannot_hold_is_the_baselines_fault():
+    x = np.ones((3, 2), dtype=np.float32)
+    plan = ExplainPlan(method="permutation", input="x", output="y", samples=2)
+    with pytest.raises(SpecError, match=r"at the baseline \(explain.baseline\) is -inf"), \
+            np.errstate(divide="ignore"):
+        explain_rows(plan, x, lambda z: np.log(np.abs(z[:, 0])))      # log(0) at zeros
+    from_background = ExplainPlan(method="permutation", input="x", output="y", samples=2,
+                                  background=True, baseline=(1.0, 0.0))
+    with pytest.raises(SpecError, match=r"\(explain.background\) is nan"):
+        explain_rows(from_background, x, lambda z: np.full(z.shape[0], np.nan))
+    # finite in the spec, infinite in the model input's float32
+    huge = ExplainPlan(method="permutation", input="x", output="y", samples=2, baseline=(1e39, 0.0))
+    with pytest.raises(SpecError, match="explain.baseline: value 1e.39 at position 0 is not a finite float32"):
+        explain_rows(huge, x, lambda z: z.sum(axis=1))
+    assert huge.baseline_row(2, np.float64)[0] == 1e39
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"baseline": [0.0, float("nan")]}, r"explain.baseline\[1\] is nan"),
+    ({"baseline": [float("-inf")]}, r"explain.baseline\[0\] is -inf"),
+    ({"baseline": []}, "explain.baseline is empty"),
+    ({"tolerance": float("nan")}, "finite number"),
+    ({"tolerance": float("inf")}, "finite number"),
+    ({"fraction": float("nan")}, "finite number"),
+    ({"fraction": 0.0}, "greater than 0"),
+    ({"max_incomplete_fraction": float("inf")}, "finite number"),
+    ({"max_incomplete_fraction": 1.5}, "less than or equal to 1"),
+    ({"seed": 2**63}, "less than or equal to"),
+])
+def test_every_numeric_setting_is_finite_and_in_its_range(setting, message):
+    with pytest.raises(ValueError, match=message):
+        ExplainSpec(method="permutation", **setting)
+
+
+def test_a_spec_error_names_the_key():
+    from batchinfer.spec import parse_spec
+
+    job = {"name": "j", "input": {"path": "d/*.parquet"}, "schema": "s@1",
+           "model": {"uri": "m.onnx"}, "output": {"path": "out"},
+           "explain": {"method": "permutation", "tolerance": float("nan")}}
+    with pytest.raises(SpecError, match=r"explain.tolerance: Input should be a finite number \(got 'nan'\)"):
+        parse_spec(job)
