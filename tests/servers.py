@@ -777,9 +777,10 @@ def copy_project(template: Path, dest: Path, *, store: bool = True, **job_sectio
     return write_job(dest, **job_sections)
 
 
-def start_cli(*args: str, cwd: Path, env: dict | None = None,
-              fresh: bool = False) -> "subprocess.Popen | forkserver.Run":
-    """``batchinfer ARGS`` started in the background (for concurrent runs), tracked for real: a
+def start_cli(*args: str, cwd: Path, env: dict | None = None, fresh: bool = False,
+              track: bool = True) -> "subprocess.Popen | forkserver.Run":
+    """``batchinfer ARGS`` started in the background (for concurrent runs), tracked for real
+    (``track=False``: MLflow stubbed, where concurrency is the subject and tracking is not): a
     child of the session's fork server, or with ``fresh=True`` a plain ``python -m batchinfer``
     (where signals or the entry point are the subject). Both answer ``poll``, ``communicate``,
     ``send_signal``, ``kill``, ``wait`` and ``returncode`` alike."""
@@ -787,7 +788,7 @@ def start_cli(*args: str, cwd: Path, env: dict | None = None,
     if not fresh:
         import forkserver
 
-        return forkserver.shared().start(*args, cwd=Path(cwd), env=full_env, track=True)
+        return forkserver.shared().start(*args, cwd=Path(cwd), env=full_env, track=track)
     return subprocess.Popen([sys.executable, "-m", "batchinfer", *args], cwd=cwd, env=full_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

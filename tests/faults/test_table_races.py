@@ -116,9 +116,9 @@ def test_a_slower_run_loses_to_a_commit_that_finished_and_cleaned_up(tmp_path, f
         assert stamped.returncode == 0, stamped.stderr
         second = ("--set", "model.uri=models/other.onnx")
     barrier, later = {"BARRIER": str(tmp_path / "barrier")}, tmp_path / "later"
-    procs = [start_cli("run", "job.yaml", "--ds", DS, cwd=tmp_path, env=barrier),
+    procs = [start_cli("run", "job.yaml", "--ds", DS, cwd=tmp_path, env=barrier, track=False),
              start_cli("run", "job.yaml", "--ds", DS, *second, cwd=tmp_path,
-                       env={**barrier, "LATER": str(later)})]
+                       env={**barrier, "LATER": str(later)}, track=False)]
     try:
         release_at_barrier(procs, tmp_path / "barrier")
         fast_rc, fast_out, fast_err = finish_all(procs[:1])[0]
