@@ -23,9 +23,10 @@ distribution (and version) that holds it, which the manifest of a run that uses 
 """
 from __future__ import annotations
 
+import functools
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import EntryPoint, entry_points, packages_distributions, version
 from types import MappingProxyType
 from typing import Generic, Iterable, Mapping, Protocol, TypeVar
@@ -55,11 +56,16 @@ class Provenance:
         version: that distribution's version.
         origin: ``batchinfer``, ``entry point NAME = VALUE (group …)`` or ``register() in
             MODULE``: for messages.
+        module: the module that called ``register()``, whose distribution is looked up when
+            the provenance is first asked for (reading every installed distribution's files
+            takes a second or two: a program that registers need not pay it unless a run
+            names its entry).
     """
 
     distribution: str | None
     version: str | None
     origin: str
+    module: str | None = None
 
     @property
     def builtin(self) -> bool:
@@ -99,7 +105,7 @@ class Registry(Generic[E]):
         caller = _caller()
         with self._lock:
             self._discover()
-            self._add(entry, Provenance(*_distribution_of(caller), f"register() in {caller}"),
+            self._add(entry, Provenance(None, None, f"register() in {caller}", caller),
                       clobber=clobber)
 
     def entries(self) -> Mapping[str, E]:
@@ -119,7 +125,12 @@ class Registry(Generic[E]):
         """Where the entry called ``name`` came from (None: there is none)."""
         with self._lock:
             self._discover()
-            return self._origin.get(name)
+            found = self._origin.get(name)
+            if found is not None and found.module is not None:   # register()'s: look it up once
+                distribution, version = _distribution_of(found.module.split(".")[0])
+                found = replace(found, module=None, distribution=distribution, version=version)
+                self._origin[name] = found
+            return found
 
     def _add(self, entry: E, provenance: Provenance, *, clobber: bool) -> None:
         if not isinstance(entry, self.entry_type):
@@ -185,10 +196,11 @@ def _caller() -> str:
 _OURS = frozenset({__name__, "batchinfer.backends", "batchinfer.runners"})
 
 
-def _distribution_of(module: str) -> tuple[str | None, str | None]:
-    """The installed distribution (and its version) that holds ``module``'s top-level package,
+@functools.cache
+def _distribution_of(top: str) -> tuple[str | None, str | None]:
+    """The installed distribution (and its version) that holds the top-level package ``top``,
     or (None, None): a script's ``__main__``, a folder on ``sys.path`` with no metadata."""
-    names = packages_distributions().get(module.split(".")[0], [])
+    names = packages_distributions().get(top, [])
     if not names:
         return None, None
     try:
