@@ -1,9 +1,9 @@
-"""A registry of named entries (backends, runners), filled by batchinfer and by installed
+"""A registry of named entries (backends, runners, formats), filled by batchinfer and by installed
 distributions through entry points.
 
 What fsspec does for file systems: batchinfer registers its own entries when the module that
 owns them is imported; a distribution adds its own by naming an entry in an entry-point group
-(``batchinfer.backends``, ``batchinfer.runners``), as in its ``pyproject.toml``::
+(``batchinfer.backends``, ``batchinfer.runners``, ``batchinfer.formats``), as in its ``pyproject.toml``::
 
     [project.entry-points."batchinfer.backends"]
     echo = "echo_backend:BACKEND"       # a batchinfer.backends.Backend named "echo"
@@ -193,7 +193,7 @@ def _caller() -> str:
     return str(frame.f_globals.get("__name__", "?")) if frame is not None else "?"
 
 
-_OURS = frozenset({__name__, "batchinfer.backends", "batchinfer.runners"})
+_OURS = frozenset({__name__, "batchinfer.backends", "batchinfer.runners", "batchinfer.io.formats"})
 
 
 @functools.cache

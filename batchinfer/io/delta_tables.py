@@ -1,4 +1,7 @@
-"""``output.format: delta``: a partition's commit to Delta Lake tables (delta-rs, no JVM).
+"""``format: delta``: a partition's commit to Delta Lake tables, and a Delta table read as input
+(delta-rs, no JVM; the format's entry is in io/formats.py).
+
+**The commit** (``output.format: delta``).
 
 Each kind has its own table under ``output.path`` (io/outputs.py: predictions at the root,
 ``_quarantine/``, ``_challengers/<name>/``), partitioned by ``output.partition_column``. A
@@ -12,6 +15,18 @@ generation at once one gets through (measured on delta-rs 1.6.6: without it two 
 of an empty partition both land, and readers see both). A commit whose table holds the
 generation already is a retry, answered from the log. ``commitInfo`` names the attempt, the
 generation and the triple, for ``DESCRIBE HISTORY``.
+
+**The input** (``input.format: delta``, io/tables_in.py). ``input.path`` is the table's root; its
+data files of the partition ``input.filter`` names, at ``input.version`` (or the latest), are the
+shards. Refused before any work (exit 2): a selected file with a deletion vector (some of its
+rows are deleted), column mapping (the files' columns are not named as the table's), a filter on
+a column the table is not partitioned by (a filter on a data column would select files, not
+rows). The table's partition columns are in its log, not in its files, so they are not columns
+of the shards (:attr:`~batchinfer.io.shards.Listing.absent`).
+
+**Storage options.** On S3, delta-rs's object store gets conditional puts for the log (the store
+itself makes two commits of one version impossible, no lock table needed) and the endpoint that
+fsspec's S3 would use.
 """
 from __future__ import annotations
 
@@ -33,17 +48,31 @@ from deltalake.transaction import (
     create_table_with_add_actions,
 )
 
-from ..errors import ContractError, StorageError
+from ..errors import ContractError, SpecError, StorageError, one_line
 from .outputs import Layout
 from .records import FileRecord
+from .shards import Listing
 from .sinks import LostRace, Sink
-from .storage import delta_options as storage_options
-from .storage import join
+from .storage import join, protocol, s3_endpoint
+from .tables_in import TableRead, files_gone, listed, missing_version, no_files, plain
 
 ATTEMPT_KEY, GENERATION_KEY, PARTITION_KEY = "batchinfer.attempt", "batchinfer.generation", "batchinfer.partition"
 
 
 PATIENCE_S = 120.0   # how long a commit keeps going on top of other partitions' commits
+
+
+def storage_options(url: str) -> dict[str, str]:
+    """delta-rs's object-store options for ``url`` (module docstring: "Storage options")."""
+    if protocol(url) not in ("s3", "s3a"):
+        return {}
+    options = {"conditional_put": "etag"}
+    endpoint = s3_endpoint()
+    if endpoint:
+        options["endpoint_url"] = endpoint
+        if endpoint.startswith("http://"):
+            options["allow_http"] = "true"
+    return options
 
 
 class _Refused(Exception):
@@ -241,3 +270,80 @@ def _table_schema(layout: Layout, first: FileRecord, column: str) -> pa.Schema:
     fields = [pa.field(f.name, f.type.value_type if pa.types.is_dictionary(f.type) else f.type,
                        nullable=True) for f in schema]
     return pa.schema([*fields, pa.field(column, pa.string())])
+
+
+# -- the input -------------------------------------------------------------------------------------
+
+def list_input(read: TableRead) -> Listing:
+    """The table's data files of the partition at the version asked for (io/tables_in.py).
+
+    Raises:
+        SpecError: no Delta table there, no such version, or a refusal (module docstring).
+        TableVersionGone: a pinned version the table no longer has (exit 3).
+        NoShardsError: the partition has no data file.
+        StorageError: the log cannot be read.
+    """
+    root, shown, version = read.path, read.shown, read.version
+    try:
+        table = DeltaTable(root, storage_options=storage_options(root))
+    except TableNotFoundError:
+        raise SpecError(f"input.path {shown} is not a Delta table (no _delta_log there)") from None
+    except (OSError, DeltaError) as exc:
+        raise StorageError(f"cannot read Delta table {shown}: {one_line(exc)}") from None
+    latest = table.version()
+    if version is not None and version != latest:
+        if not 0 <= version <= latest:
+            raise missing_version(read, version, f"its versions are 0 to {latest}", latest)
+        try:
+            table = DeltaTable(root, version=version, storage_options=storage_options(root))
+        except (OSError, DeltaError) as exc:  # its log entry is gone
+            raise missing_version(read, version, one_line(exc), latest) from None
+    at = table.version()
+    partitioned = _readable_partitions(table, read)
+    try:
+        files = table.file_uris(file_pruning_predicate=[(k, "=", v) for k, v in read.filter.items()]
+                                or None)
+        deleted = _with_deletion_vectors(table)
+    except (OSError, DeltaError) as exc:
+        raise StorageError(f"cannot read Delta table {shown}: {one_line(exc)}") from None
+    shards = sorted(plain(f) for f in files)
+    marked = [f for f in shards if f in deleted]
+    if marked:
+        raise SpecError(f"input.path {shown}: {len(marked)} of the selected files have deletion "
+                        f"vectors (rows deleted without rewriting the file, e.g. {marked[0]}), "
+                        f"which plain Parquet reading would score; rewrite them (OPTIMIZE / purge) "
+                        f"or disable deletion vectors")
+    if not shards:
+        raise no_files(read, at)
+    if at != latest:
+        files_gone(read, at, shards, latest)
+    return listed(read, shards, at, absent=tuple(partitioned))
+
+
+def _readable_partitions(table: DeltaTable, read: TableRead) -> list[str]:
+    """The table's partition columns, once its files are known to name its columns and the
+    filter to name only partition columns (exit 2 otherwise)."""
+    metadata = table.metadata()
+    mapping = metadata.configuration.get("delta.columnMapping.mode", "none")
+    if mapping != "none":
+        raise SpecError(f"input.path {read.shown}: the Delta table uses column mapping ({mapping}): "
+                        f"its files do not name its columns, which batchinfer reads by name; "
+                        f"write the input without column mapping")
+    partitioned = list(metadata.partition_columns)
+    wrong = [k for k in read.filter if k not in partitioned]
+    if wrong:
+        raise SpecError(f"input.filter {', '.join(wrong)}: not a partition column of Delta table "
+                        f"{read.shown} (its partition columns: {', '.join(partitioned) or 'none'}); "
+                        f"filter by partition only")
+    return partitioned
+
+
+def _with_deletion_vectors(table: DeltaTable) -> set[str]:
+    """The files of ``table`` that have a deletion vector (only a table whose protocol has the
+    feature can hold one)."""
+    if "deletionVectors" not in (table.protocol().reader_features or []):
+        return set()
+    found: set[str] = set()
+    for batch in table.deletion_vectors():
+        found.update(plain(str(p)) for p in batch.column("filepath").to_pylist())
+    return found

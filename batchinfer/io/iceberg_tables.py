@@ -1,6 +1,8 @@
-"""``output.format: iceberg``: a partition's commit to Apache Iceberg tables (pyiceberg; a SQL
-catalog on sqlite in ``<output.path>/_catalog.db`` by default, any pyiceberg catalog by
-``output.catalog``).
+"""``format: iceberg``: a partition's commit to Apache Iceberg tables, and an Iceberg table read as
+input (pyiceberg; the format's entry is in io/formats.py).
+
+**The commit** (``output.format: iceberg``; a SQL catalog on sqlite in
+``<output.path>/_catalog.db`` by default, any pyiceberg catalog by ``output.catalog``).
 
 Each kind has its own table: the predictions table ``<output.table>``, ``<output.table>__quarantine``
 and ``<output.table>__challenger_<name>``, located where io/outputs.py puts each kind's table
@@ -19,6 +21,17 @@ this module reads the table again and decides: another attempt committed the gen
 (LostRace), or another partition's commit moved the table (commit again on top of it: both
 land). pyiceberg's own retry is off in our tables (``commit.retry.num-retries=0``): it would
 rebase an append onto a concurrent append of the same partition, and both would land.
+
+**The input** (``input.format: iceberg``, io/tables_in.py). ``input.path`` is the table's
+identifier in ``input.catalog``; its data files of the partition ``input.filter`` names, at the
+snapshot ``input.version`` (or the current one), are the shards. Refused before any work (exit
+2): a selected file with delete files, a filter on a column that is not an identity partition of
+every selected file's partition spec, a column renamed since the table was made (older files name
+it as it was).
+
+**Storage options.** A catalog's tables on S3 are read and written through pyiceberg's FileIO, at
+the endpoint and region that fsspec's S3 would use unless the catalog's properties say otherwise
+(without them it resolves every bucket at amazonaws.com).
 """
 from __future__ import annotations
 
@@ -39,7 +52,7 @@ from pyiceberg.exceptions import (
     TableAlreadyExistsError,
     ValidationError,
 )
-from pyiceberg.expressions import EqualTo
+from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo
 from pyiceberg.io.pyarrow import parquet_file_to_data_file
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
@@ -49,10 +62,12 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 from pyiceberg.utils.concurrent import ExecutorFactory
 
-from ..errors import ContractError, StorageError
+from ..errors import ContractError, SpecError, StorageError, one_line
 from .outputs import CHALLENGERS, PREDICTIONS, QUARANTINE, Layout
+from .shards import Listing
 from .sinks import LostRace, Sink
-from .storage import iceberg_s3_options, is_local, join, local_path, url_to_fs
+from .storage import is_local, join, local_path, protocol, s3_endpoint, s3_region
+from .tables_in import TableRead, files_gone, listed, missing_version, no_files, plain
 
 if TYPE_CHECKING:
     from pyiceberg.manifest import DataFile
@@ -304,11 +319,15 @@ def catalog_properties(sink: Sink, url: str) -> tuple[str, dict[str, str]]:
     S3 the endpoint and region that fsspec's S3 would use, unless the properties set them."""
     properties = {key: value.value() for key, value in sink.catalog}
     name = properties.pop("name", "batchinfer")
-    fs, _ = url_to_fs(url)
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    if protocol in ("s3", "s3a"):
-        properties = {**iceberg_s3_options(), **properties}
+    if protocol(url) in ("s3", "s3a"):
+        properties = {**s3_options(), **properties}
     return name, properties
+
+
+def s3_options() -> dict[str, str]:
+    """pyiceberg's S3 FileIO properties (module docstring: "Storage options")."""
+    found = {"s3.endpoint": s3_endpoint(), "s3.region": s3_region()}
+    return {key: value for key, value in found.items() if value}
 
 
 def _sqlite_file(properties: dict[str, Any]) -> str | None:
@@ -321,3 +340,101 @@ def _sqlite_file(properties: dict[str, Any]) -> str | None:
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
+
+
+# -- the input -------------------------------------------------------------------------------------
+
+def list_input(read: TableRead) -> Listing:
+    """The table's data files of the partition at the snapshot asked for (io/tables_in.py).
+
+    Raises:
+        SpecError: the catalog cannot be opened, no such table or snapshot, or a refusal
+            (module docstring).
+        TableVersionGone: a pinned snapshot the table no longer has (exit 3).
+        NoShardsError: the partition has no data file.
+        StorageError: the table's metadata cannot be read.
+    """
+    table, shown = _input_table(read), read.shown
+    current = table.current_snapshot()
+    if read.version is None:
+        snapshot = current
+        if snapshot is None:
+            raise no_files(read, 0)
+    else:
+        snapshot = table.snapshot_by_id(read.version)
+        if snapshot is None:
+            known = ", ".join(str(s.snapshot_id) for s in table.snapshots()[-3:]) or "none"
+            raise missing_version(read, read.version, f"latest snapshots: {known}",
+                                  current.snapshot_id if current is not None else None)
+    _refuse_renames(table, shown)
+    schema = table.schema()
+    for column in read.filter:
+        if column not in {f.name for f in schema.fields}:
+            raise SpecError(f"input.filter {column}: not a column of Iceberg table {shown}")
+    row_filter: BooleanExpression = AlwaysTrue()
+    for column, value in read.filter.items():
+        row_filter = And(row_filter, EqualTo(column, value))  # type: ignore[call-arg, arg-type]
+    try:
+        tasks = list(table.scan(row_filter=row_filter, snapshot_id=snapshot.snapshot_id).plan_files())
+    except OSError as exc:
+        raise StorageError(f"cannot read Iceberg table {shown}: {one_line(exc)}") from None
+    except ValueError as exc:   # what pyiceberg cannot plan (equality deletes): the table's
+        raise SpecError(f"input.path {shown}: cannot read the Iceberg table as plain Parquet "
+                        f"files: {one_line(exc)}") from None
+    _refuse_unreadable(read, table, tasks)
+    shards = sorted(plain(t.file.file_path) for t in tasks)
+    if not shards:
+        raise no_files(read, snapshot.snapshot_id)
+    if current is not None and snapshot.snapshot_id != current.snapshot_id:
+        files_gone(read, snapshot.snapshot_id, shards, current.snapshot_id)
+    return listed(read, shards, snapshot.snapshot_id)
+
+
+def _input_table(read: TableRead) -> Table:
+    """The input table, from its catalog (read through pyiceberg's FileIO at fsspec's S3
+    endpoint, unless the catalog's properties say otherwise)."""
+    try:
+        catalog = load_catalog(read.catalog_name, **{**s3_options(), **read.catalog})
+    except Exception as exc:  # pyiceberg raises many types for a catalog it cannot open
+        raise SpecError(f"input.catalog {read.catalog_name}: cannot open the Iceberg catalog: "
+                        f"{one_line(exc)}") from None
+    try:
+        return catalog.load_table(read.path)
+    except (NoSuchTableError, NoSuchNamespaceError):
+        raise SpecError(f"input.path {read.shown}: no such table in Iceberg catalog "
+                        f"{read.catalog_name}") from None
+    except OSError as exc:
+        raise StorageError(f"cannot read Iceberg table {read.shown}: {one_line(exc)}") from None
+
+
+def _refuse_unreadable(read: TableRead, table: Table, tasks: list[Any]) -> None:
+    """Refuse a filter on what is not an identity partition of every selected file's spec, and
+    files with delete files: plain Parquet reading would get either wrong."""
+    schema, specs, shown = table.schema(), table.specs(), read.shown
+    for column in read.filter:
+        source_id = schema.find_field(column).field_id
+        for task in tasks:
+            spec = specs[task.file.spec_id]
+            if not any(f.source_id == source_id and isinstance(f.transform, IdentityTransform)
+                       for f in spec.fields):
+                raise SpecError(f"input.filter {column}: Iceberg table {shown} is not partitioned by "
+                                f"{column} (identity) in partition spec {spec.spec_id} of "
+                                f"{plain(task.file.file_path)}; filter by identity partition only")
+    deleting = [t for t in tasks if t.delete_files]
+    if deleting:
+        raise SpecError(f"input.path {shown}: {len(deleting)} of the selected files have delete "
+                        f"files (rows deleted without rewriting the file, e.g. "
+                        f"{plain(deleting[0].file.file_path)}), which plain Parquet reading would "
+                        f"score; rewrite them (compaction) first")
+
+
+def _refuse_renames(table: Table, shown: str) -> None:
+    """A column renamed since: files written before name it as it was, and batchinfer reads
+    columns by name (Iceberg's readers by field id)."""
+    current = {f.field_id: f.name for f in table.schema().fields}
+    for older in table.schemas().values():
+        for f in older.fields:
+            if f.field_id in current and current[f.field_id] != f.name:
+                raise SpecError(f"input.path {shown}: Iceberg column {current[f.field_id]!r} was "
+                                f"renamed from {f.name!r}: older files name it as it was; rewrite "
+                                f"the table, or score it under its old name")

@@ -4,8 +4,8 @@ Every format keeps batchinfer's own protocol — the writers put Parquet files u
 folders (:class:`~batchinfer.io.outputs.Layout`), the commit step writes ``_manifest.json`` last,
 and every reader of ours follows the manifest — and a table format adds one step to the commit:
 its :class:`Tables` put the partition's files into the tables in their own transactions, which
-every reader of the table sees atomically (Spark, polars, DuckDB, Trino, …). A format is one
-module with a :class:`Tables` class and one entry in :data:`FORMATS`.
+every reader of the table sees atomically (Spark, polars, DuckDB, Trino, …). What a format is,
+and which :class:`Tables` it has, is its entry in the format registry (io/formats.py).
 
     sink = Sink(format="delta", column="dt", value="2026-01-31")
     layout = sink.layout(url, attempt)             # where the writers put files
@@ -20,35 +20,15 @@ manifest is finished by the next run from the pending manifest, never written ag
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
-from ..errors import RuntimeFailure
 from ..redaction import Deferred
+from . import formats
 from .outputs import Layout
 
 if TYPE_CHECKING:
     from .records import FileRecord
-
-# format → "module:Class" of its Tables; files has none (the manifest is its only commit).
-FORMATS: dict[str, str | None] = {
-    "files": None,
-    "delta": "batchinfer.io.delta_tables:DeltaTables",
-    "iceberg": "batchinfer.io.iceberg_tables:IcebergTables",
-}
-EXTRAS = {"delta": ("deltalake", "batchinfer[delta]"), "iceberg": ("pyiceberg", "batchinfer[iceberg]")}
-
-
-def require(fmt: str, key: str, module: str | None = None) -> Any:
-    """The library of ``fmt`` tables (or ``module`` of it), for ``key`` (``input.format`` or
-    ``output.format``), or exit 5 saying what to install."""
-    library, extra = EXTRAS[fmt]
-    try:
-        return importlib.import_module(module or library)
-    except ImportError:
-        raise RuntimeFailure(f"{key} {fmt} needs {library}, which is not installed: "
-                             f"pip install '{extra}'") from None
 
 
 class LostRace(Exception):
@@ -61,33 +41,44 @@ class Sink:
     properties travel as :class:`~batchinfer.redaction.Deferred`).
 
     Attributes:
-        format: ``files``, ``delta`` or ``iceberg``.
+        format: a name in the format registry (io/formats.py).
         column: tables: the partition column (``output.partition_column``).
         value: tables: the partition's value (the job's ``ds``).
-        table: iceberg: the predictions table's identifier (the others are named after it).
-        catalog: iceberg: the catalog's name and pyiceberg properties.
+        table: a catalog's tables: the predictions table's identifier (the others are named
+            after it).
+        catalog: a catalog's tables: the catalog's name and pyiceberg properties.
     """
 
-    format: str = "files"
+    format: str = formats.FILES.name
     column: str = ""
     value: str = ""
     table: str = ""
     catalog: tuple[tuple[str, Deferred], ...] = ()
 
     @property
+    def entry(self) -> formats.Format:
+        """The format's registry entry."""
+        return formats.get(self.format)
+
+    @property
     def partition(self) -> str:
         """``<column>=<value>``, the partition's folder in each table ("" for files)."""
-        return f"{self.column}={self.value}" if self.format != "files" else ""
+        return f"{self.column}={self.value}" if self.is_table else ""
 
     @property
     def is_table(self) -> bool:
-        return self.format != "files"
+        return self.entry.is_table
 
     def constants(self) -> dict[str, str]:
         """Columns every data file carries with one value: Iceberg infers a file's partition
         from its column statistics, so its files hold the partition column; Delta keeps it in
-        the log (and readers add it), so its files do not."""
-        return {self.column: self.value} if self.format == "iceberg" else {}
+        the log (and readers add it), so its files do not (``Format.partition_in_files``)."""
+        return {self.column: self.value} if self.entry.partition_in_files else {}
+
+    @property
+    def arrow_schema(self) -> bool:
+        """Its data files keep the Arrow schema in their metadata (``Format.arrow_schema``)."""
+        return self.entry.arrow_schema
 
     def layout(self, url: str, attempt: str) -> Layout:
         return Layout.for_url(url, attempt, self.partition)
@@ -108,7 +99,7 @@ class Sink:
         Raises:
             KeyError, TypeError, ValueError: ``data`` is not such a record.
         """
-        if data["format"] not in FORMATS:
+        if formats.find(data["format"]) is None:
             raise ValueError(f"unknown format {data['format']!r}")
         return cls(format=str(data["format"]), column=str(data["column"]), value=str(data["value"]),
                    table=str(data["table"]),
@@ -119,15 +110,13 @@ class Sink:
         """The format's tables under ``url`` (``output.path``), or None for files.
 
         Raises:
-            RuntimeFailure: the format's library is not installed (exit 5, naming the extra).
+            RuntimeFailure: the format's library is not installed (exit 5, naming the extra),
+                or a plugin's module cannot be loaded.
         """
-        target = FORMATS[self.format]
-        if target is None:
+        entry = self.entry
+        if entry.tables is None:
             return None
-        require(self.format, "output.format")
-        module_name, class_name = target.split(":")
-        cls = getattr(importlib.import_module(module_name), class_name)
-        return cls(url, self)
+        return formats.load(entry, entry.tables, "output.format")(url, self)
 
 
 FILES = Sink()

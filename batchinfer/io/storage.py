@@ -44,33 +44,17 @@ def _protocols(fs: AbstractFileSystem) -> tuple[str, ...]:
     return (proto,) if isinstance(proto, str) else tuple(proto)
 
 
-def delta_options(url: str) -> dict[str, str]:
-    """delta-rs's object-store options for ``url``: on S3, conditional puts for the log (the
-    store itself makes two commits of one version impossible, no lock table needed) and the
-    endpoint that fsspec's S3 would use."""
-    fs, _ = url_to_fs(url)
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    if protocol not in ("s3", "s3a"):
-        return {}
-    options = {"conditional_put": "etag"}
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    if endpoint:
-        options["endpoint_url"] = endpoint
-        if endpoint.startswith("http://"):
-            options["allow_http"] = "true"
-    return options
+def protocol(url: str) -> str:
+    """The fsspec protocol of ``url`` (``file``, ``s3``, ``gcs``, …): the first of its names."""
+    return _protocols(url_to_fs(url)[0])[0]
 
 
-def iceberg_s3_options() -> dict[str, str]:
-    """pyiceberg's S3 FileIO properties for the endpoint and region that fsspec's S3 would use
-    (from ``AWS_ENDPOINT_URL`` and ``AWS_REGION``): without them it resolves every bucket at
-    amazonaws.com."""
-    options = {}
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    if endpoint:
-        options["s3.endpoint"] = endpoint
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-    if region:
-        options["s3.region"] = region
-    return options
+def s3_endpoint() -> str | None:
+    """The S3 endpoint that fsspec's S3 would use (``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``),
+    for libraries with stores of their own (a table format's), which must be told it."""
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
 
+
+def s3_region() -> str | None:
+    """The region that fsspec's S3 would use (``AWS_REGION``, ``AWS_DEFAULT_REGION``)."""
+    return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None

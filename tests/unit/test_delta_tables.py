@@ -13,11 +13,10 @@ import pytest
 from deltalake import DeltaTable
 
 from batchinfer.errors import ContractError
-from batchinfer.io.delta_tables import DeltaTables
+from batchinfer.io.delta_tables import DeltaTables, storage_options
 from batchinfer.io.outputs import PREDICTIONS, QUARANTINE
 from batchinfer.io.records import FileRecord
 from batchinfer.io.sinks import LostRace, Sink
-from batchinfer.io.storage import delta_options as storage_options
 
 
 def sink(ds: str) -> Sink:

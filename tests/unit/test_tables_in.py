@@ -273,13 +273,13 @@ def test_a_schema_needing_a_delta_partition_column_is_refused(delta, tmp_path):
 
 def test_a_missing_library_is_exit_5_naming_the_extra(monkeypatch):
     from batchinfer.errors import RuntimeFailure
-    from batchinfer.io.tables_in import require
 
     monkeypatch.setitem(sys.modules, "deltalake", None)   # what an uninstalled package looks like
-    with pytest.raises(RuntimeFailure, match=r"needs deltalake, .*pip install 'batchinfer\[delta\]'") as caught:
-        require("delta")
+    with pytest.raises(RuntimeFailure, match=r"^input.format delta needs deltalake, .*pip install "
+                                             r"'batchinfer\[delta\]'") as caught:
+        list_table("delta", "tables/features", filter={}, version=None)
     assert caught.value.exit_code == 5
-    monkeypatch.setitem(sys.modules, "pyiceberg.catalog", None)
+    monkeypatch.setitem(sys.modules, "pyiceberg", None)
     with pytest.raises(RuntimeFailure, match=r"batchinfer\[iceberg\]"):
         list_table("iceberg", "a.b", filter={}, version=None)
 
