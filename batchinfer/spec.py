@@ -37,6 +37,7 @@ from pydantic_core import PydanticCustomError
 
 from . import backends, redaction, runners
 from .errors import SpecError
+from .io import formats
 from .io.reach import ANY_DATE, reach_conflict
 from .rows.columns import check_output_columns
 
@@ -53,9 +54,19 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
 
 
+def _known_format(value: Any) -> Any:
+    """A name in the format registry (io/formats.py), refused as pydantic refuses a Literal."""
+    if isinstance(value, str) and formats.find(value) is not None:
+        return value
+    known = [repr(name) for name in formats.names()]
+    expected = " or ".join([", ".join(known[:-1]), known[-1]] if len(known) > 1 else known)
+    raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+
+
 # How a partition is stored (contract §4): Parquet files and our manifest, or a table whose own
-# commit every reader sees atomically (the manifest stays the audit record).
-TableFormat = Literal["files", "delta", "iceberg"]
+# commit every reader sees atomically (the manifest stays the audit record). What each format
+# is, and what it takes, is its entry in io/formats.py.
+TableFormat = Annotated[str, BeforeValidator(_known_format)]
 PARTITION_COLUMN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 TABLE_IDENTIFIER = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+")
 
@@ -76,8 +87,9 @@ class CatalogSpec(_Strict):
 class InputSpec(_Strict):
     path: str = Field(min_length=1)
     # files: path is a file, a folder or a glob of Parquet shards. delta: path is the table's
-    # root. iceberg: path is the table's identifier (namespace.table) in `catalog`.
-    format: TableFormat = "files"
+    # root. iceberg (a catalog's tables): path is the table's identifier (namespace.table) in
+    # `catalog`.
+    format: TableFormat = formats.FILES.name
     # A table's rows to score: partition column → value (`{ds}` templated), equality only.
     filter: dict[str, str] = Field(default_factory=dict)
     # The table version (Delta) or snapshot id (Iceberg) to read; None: the latest, pinned by the
@@ -87,22 +99,26 @@ class InputSpec(_Strict):
 
     @model_validator(mode="after")
     def _table_keys(self) -> "InputSpec":
-        if self.format == "files":
+        stored = formats.get(self.format)
+        if stored.inputs is None:
+            raise ValueError(f"input.format {self.format} cannot be read: the format has no input "
+                             f"side (input formats: {', '.join(_input_formats())})")
+        if not stored.is_table:
             given = [k for k in ("filter", "version", "catalog") if getattr(self, k)
                      not in (None, {})]
             if given:
                 raise ValueError(f"input.{given[0]} is for a table input: set input.format "
-                                 f"(delta, iceberg), or leave input.{given[0]} out")
-        elif self.format == "delta" and self.catalog is not None:
-            raise ValueError("input.catalog is for input.format iceberg (a Delta table is its "
-                             "folder: input.path)")
-        elif self.format == "iceberg":
+                                 f"({', '.join(formats.table_inputs())}), or leave input.{given[0]} out")
+        elif not stored.catalog and self.catalog is not None:
+            raise ValueError(f"input.catalog is for input.format {', '.join(formats.catalog_formats())} "
+                             f"({_a(stored.shown)} table is its folder: input.path)")
+        elif stored.catalog:
             if self.catalog is None:
-                raise ValueError("input.format iceberg needs input.catalog (its uri, or type and "
-                                 "properties)")
+                raise ValueError(f"input.format {self.format} needs input.catalog (its uri, or type "
+                                 f"and properties)")
             if not TABLE_IDENTIFIER.fullmatch(self.path):
-                raise ValueError(f"input.path {self.path!r} is not an Iceberg table identifier "
-                                 f"(namespace.table)")
+                raise ValueError(f"input.path {self.path!r} is not {_a(stored.shown)} table "
+                                 f"identifier (namespace.table)")
         for column in self.filter:
             if not PARTITION_COLUMN.fullmatch(column):
                 raise ValueError(f"input.filter {column!r} is not a column name (letters, "
@@ -116,6 +132,15 @@ class InputSpec(_Strict):
         named = {"uri": self.catalog.uri, "type": self.catalog.type,
                  "warehouse": self.catalog.warehouse}
         return {**{k: v for k, v in named.items() if v is not None}, **self.catalog.properties}
+
+
+def _input_formats() -> list[str]:
+    return [name for name, entry in formats.entries().items() if entry.inputs]
+
+
+def _a(title: str) -> str:
+    """``a Delta``, ``an Iceberg``: a format's title with its article, for messages."""
+    return f"{'an' if title[:1].lower() in 'aeiou' else 'a'} {title}"
 
 
 class SchemasSpec(_Strict):
@@ -199,10 +224,11 @@ class OutputSpec(_Strict):
     path: str = Field(min_length=1)
     id_columns: list[str] = Field(default_factory=list)
     predictions: dict[str, str] | None = None
-    format: TableFormat = "files"
+    format: TableFormat = formats.FILES.name
     partition_column: str = "dt"
-    # iceberg: the predictions table's identifier (default `batchinfer.<job name>`) and its
-    # catalog (default: a sqlite catalog in `<path>/_catalog.db`, for a local path).
+    # A catalog's tables (iceberg): the predictions table's identifier (default
+    # `batchinfer.<job name>`) and its catalog (default: a sqlite catalog in
+    # `<path>/_catalog.db`, for a local path).
     table: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+$")
     catalog: CatalogSpec | None = None
 
@@ -211,9 +237,20 @@ class OutputSpec(_Strict):
         if not PARTITION_COLUMN.fullmatch(self.partition_column):
             raise ValueError(f"output.partition_column {self.partition_column!r} is not a column "
                              f"name (letters, digits, '_')")
-        if self.format != "iceberg" and (self.table or self.catalog):
-            raise ValueError("output.table and output.catalog are for output.format iceberg")
+        if not formats.get(self.format).catalog and (self.table or self.catalog):
+            raise ValueError(f"output.table and output.catalog are for output.format "
+                             f"{', '.join(formats.catalog_formats())}")
         return self
+
+    @property
+    def is_table(self) -> bool:
+        """A table format's: ``path`` is the root of the job's tables, each date a partition."""
+        return formats.get(self.format).is_table
+
+    @property
+    def table_partition(self) -> str | None:
+        """The partition column, which a table format's tables hold (None for files)."""
+        return self.partition_column if self.is_table else None
 
 
 class QuarantineSpec(_Strict):
@@ -525,7 +562,7 @@ def _check_paths(data: dict, spec: "JobSpec", folder: Path, ds: str | None,
                  env: Mapping[str, str]) -> None:
     """The rules about input and output paths that concern every date, not just this one."""
     raw_input, raw_output = data["input"]["path"], data["output"]["path"]
-    if spec.output.format != "files" and "{ds}" in raw_output:
+    if spec.output.is_table and "{ds}" in raw_output:
         raise SpecError(f"output.path of output.format {spec.output.format} is the root of the "
                         f"job's tables, the same for every date: leave {{ds}} out (each date is "
                         f"the partition {spec.output.partition_column}=<ds> in them)")
@@ -534,7 +571,7 @@ def _check_paths(data: dict, spec: "JobSpec", folder: Path, ds: str | None,
                         f"character (* ? [): an output is one folder")
     # Compare the input as it reads *any* date with the output of one date: a run must not be
     # able to read its own (or another date's) predictions as shards, nor write into its input.
-    if spec.input.format == "iceberg":   # an identifier: the catalog says where its files are
+    if formats.get(spec.input.format).catalog:   # an identifier: the catalog says where its files are
         return
     secrets: dict[str, str] = {}
     any_input = resolve_path(_template(raw_input, ds=ANY_DATE, env=env, secrets=secrets,
@@ -556,7 +593,7 @@ def parse_spec(data: Any, *, source: str = "job spec") -> JobSpec:
         raise SpecError(f"{source}: {_describe(exc)}") from None
     try:
         check_output_columns(spec.output.id_columns, spec.output.predictions or {},
-                             partition=spec.output.partition_column if spec.output.format != "files" else None)
+                             partition=spec.output.table_partition)
     except SpecError as exc:
         raise SpecError(f"{source}: {exc.message}") from None
     return spec
@@ -685,9 +722,9 @@ def _resolve_paths(spec: JobSpec, folder: Path) -> JobSpec:
 
 
 def _resolve_input(spec: InputSpec, folder: Path) -> InputSpec:
-    """An Iceberg input's path is an identifier, not a path; its catalog's sqlite file and
-    local warehouse are relative to the job file like every other path."""
-    if spec.format != "iceberg":
+    """A catalog's table (Iceberg's) is named by an identifier, not a path; its catalog's sqlite
+    file and local warehouse are relative to the job file like every other path."""
+    if not formats.get(spec.format).catalog:
         return spec.model_copy(update={"path": resolve_path(spec.path, folder)})
     catalog = spec.catalog
     assert catalog is not None   # the spec's check

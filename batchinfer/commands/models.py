@@ -138,5 +138,5 @@ def load_model(resolved: Resolved, spec: ModelFields, found: "ResolvedModel", di
     else:  # each output becomes a column of its own name: it must not take an id's or ours
         check_output_columns(output_spec.id_columns, {o: o for o in outputs},
                              source="the model's outputs (output.predictions maps none)",
-                             partition=output_spec.partition_column if output_spec.format != "files" else None)
+                             partition=output_spec.table_partition)
     return handler, handler.loaded(model).device_used(), list(outputs)

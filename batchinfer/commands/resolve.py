@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 
 from ..backends import declared_options, implied_options
 from ..errors import ContractError, SpecError, TableVersionGone
+from ..io import formats
 from ..io.commit import PartitionCommit
 from ..io.outputs import RECORDS
 from ..io.records import InputTable, Manifest
-from ..io.shards import Listing, Shard, list_input
+from ..io.shards import Listing, Shard
 from ..io.sinks import FILES, Sink
 from ..io.storage import join, local_path
 from ..redaction import Deferred
@@ -74,7 +75,7 @@ def pinned_version(job: Job, committed: Manifest | None, *, update: bool = False
     files (contract §3 ``input``). None: the latest."""
     spec = job.spec.input
     held = committed.input_table if committed is not None else None
-    if spec.format == "files" or spec.version is not None or update or held is None:
+    if not formats.get(spec.format).is_table or spec.version is not None or update or held is None:
         return None
     if (held.format, held.table, held.filter) != (spec.format, job.display(spec.path), spec.filter):
         return None
@@ -110,20 +111,19 @@ def partition_listing(job: Job, partition: PartitionCommit, *, update: bool = Fa
                       reading: bool = False) -> Listing | None:
     """For a table input, the shards a run of ``partition`` reads (:func:`list_partition_input`
     on its committed manifest); None for files (:func:`resolve` lists them)."""
-    if job.spec.input.format == "files":
+    if not formats.get(job.spec.input.format).is_table:
         return None
     return list_partition_input(job, partition.committed(), update=update, reading=reading)
 
 
 def list_job_input(job: Job, *, pinned: int | None = None) -> Listing:
-    """The job's shards: the files ``input.path`` lists (:func:`~batchinfer.io.shards.list_input`),
-    or a table's data files at ``input.version``, else at ``pinned`` (:func:`pinned_version`),
-    else at its latest version (:mod:`batchinfer.io.tables_in`). Every command that reads the
-    input lists it here."""
-    spec = job.spec.input
-    if spec.format == "files":
-        return list_input(spec.path)
+    """The job's shards, as ``input.format`` lists them (:mod:`batchinfer.io.tables_in`): the
+    files ``input.path`` stands for, or a table's data files at ``input.version``, else at
+    ``pinned`` (:func:`pinned_version`), else at its latest version. Every command that reads
+    the input lists it here."""
     from ..io.tables_in import list_table
+
+    spec = job.spec.input
 
     version = spec.version if spec.version is not None else pinned
     return list_table(spec.format, spec.path, filter=spec.filter, version=version,
@@ -137,17 +137,17 @@ def sink_of(job: Job) -> Sink:
     """How the job's output partition is stored (``output.format``, io/sinks.py).
 
     Raises:
-        SpecError: a table format without a date (its tables are partitioned by it), or an
-            Iceberg output on an object store without ``output.catalog``.
+        SpecError: a table format without a date (its tables are partitioned by it), or a
+            catalog's tables (Iceberg's) on an object store without ``output.catalog``.
     """
     output = job.spec.output
-    if output.format == "files":
+    if not output.is_table:
         return FILES
     if job.ds is None:
         raise SpecError(f"output.format {output.format} partitions its tables by "
                         f"{output.partition_column}: run with --ds YYYY-MM-DD")
     catalog: tuple[tuple[str, Deferred], ...] = ()
-    if output.format == "iceberg":
+    if formats.get(output.format).catalog:
         catalog = tuple((k, Deferred.of(v, job.secrets)) for k, v in _catalog(job).items())
     return Sink(format=output.format, column=output.partition_column, value=job.ds,
                 table=output.table or f"batchinfer.{job.spec.name.replace('-', '_').replace('.', '_')}",
@@ -155,14 +155,14 @@ def sink_of(job: Job) -> Sink:
 
 
 def _catalog(job: Job) -> dict[str, str]:
-    """The Iceberg catalog's pyiceberg properties (name under ``name``): ``output.catalog``, or
-    a sqlite catalog in ``<output.path>/_catalog.db`` for a local ``output.path``."""
+    """The catalog's pyiceberg properties (name under ``name``): ``output.catalog``, or a sqlite
+    catalog in ``<output.path>/_catalog.db`` for a local ``output.path``."""
     output = job.spec.output
     spec = output.catalog
     if spec is None:
         local = local_path(output.path)
         if local is None:
-            raise SpecError(f"output.format iceberg on {job.display(output.path)} needs "
+            raise SpecError(f"output.format {output.format} on {job.display(output.path)} needs "
                             f"output.catalog (a sqlite catalog is the default only for a local "
                             f"output.path)")
         return {"name": "batchinfer", "type": "sql", "uri": f"sqlite:///{join(local, '_catalog.db')}",
@@ -189,7 +189,8 @@ def shown_partition(job: Job) -> str:
 
 
 def output_format(job: Job) -> str:
-    return {"delta": "Delta", "iceberg": "Iceberg"}.get(job.spec.output.format, "files")
+    """How messages name the output's tables: ``Delta``, ``Iceberg``, ``files``."""
+    return formats.get(job.spec.output.format).shown
 
 
 def records_url(job: Job) -> str:
@@ -242,12 +243,14 @@ def resolve(job: Job, *, list_input_files: bool = True, check: bool = True,
 
 
 def check_table_columns(job: Job, schema: SchemaVersion, listing: Listing) -> None:
-    """A Delta table's partition columns are in its log, not in its files: a schema that needs
-    one would quarantine every row (exit 2 before any work instead)."""
+    """A table's columns that its files do not hold (a Delta table's partition columns are in
+    its log): a schema that needs one would quarantine every row (exit 2 before any work
+    instead)."""
     needed = [c for c in listing.absent if c in schema.columns]
     if needed:
         raise SpecError(f"schema {schema.ref} has {', '.join(needed)}, a partition column of "
-                        f"Delta table {job.display(job.spec.input.path)}: its value is in the "
+                        f"{formats.get(job.spec.input.format).shown} table "
+                        f"{job.display(job.spec.input.path)}: its value is in the "
                         f"table's log, not in its data files, which batchinfer reads; leave it "
                         f"out of the schema (and of output.id_columns)")
 

@@ -425,7 +425,7 @@ class WritePredictions(beam.DoFn):
     def setup(self):
         self.layout = self.plan.sink.layout(self.plan.output_url.value(), self.plan.attempt)
         self.constants = self.plan.sink.constants()
-        self.arrow_schema = self.plan.sink.format != "iceberg"
+        self.arrow_schema = self.plan.sink.arrow_schema
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="batchinfer-write")
 
     def start_bundle(self):
