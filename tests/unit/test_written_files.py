@@ -8,7 +8,8 @@ The expected values were made by the writer of commit f694606, before it was spl
 parts (pipeline/writer/): the same columns, order, types, Parquet encoding and statistics
 choices, file names and digests. Everything here is deterministic (fixed attempt, fixed model
 time), so the files are too; a change that alters one byte of a file fails here, and must be a
-change of the contract (docs/contract.md §4), never of the code's shape.
+change of the contract (docs/contract.md §4), never of the code's shape. Such a change makes the
+values anew from :func:`write_case` (its record's files; ``_digest`` of the record).
 """
 from __future__ import annotations
 
