@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 from ..backends import declared_options, handler_class
 from ..errors import BatchInferError, ModelError, SpecError
-from ..io.outputs import PREDICTIONS, challenger_folder
 from ..rows.columns import check_output_columns
 from ..spec import ExplainSpec, ModelFields
 from .explain import challenger_output, plan_for
@@ -41,6 +40,7 @@ def load_champion(resolved: Resolved) -> "ModelRun":
     any work (exit 5 early; in-process workers reuse this load, see handlers.base.shared_model).
     The model's outputs must name prediction columns that collide with nothing (exit 2)."""
     from ..pipeline.transforms import ModelRun
+    from ..pipeline.writer.policy import WritePolicy
 
     spec = resolved.job.spec
     mapped = spec.output.predictions
@@ -49,9 +49,8 @@ def load_champion(resolved: Resolved) -> "ModelRun":
     explain = plan_for(resolved, handler, spec.explain.output if spec.explain else None)
     return ModelRun(name="", triple=resolved.triple, handler=handler, device=device,
                     backend=spec.model.backend, model_options=declared(spec.model, spec.explain),
-                    folder=PREDICTIONS, prediction_names=dict(mapped or {}) or None,
-                    columns=tuple(mapped.values()) if mapped else tuple(outputs),
-                    rejects="quarantine", explain=explain)
+                    policy=WritePolicy.champion(), prediction_names=dict(mapped or {}) or None,
+                    columns=tuple(mapped.values()) if mapped else tuple(outputs), explain=explain)
 
 
 def load_challengers(resolved: Resolved, champion: "ModelRun") -> "list[ModelRun]":
@@ -63,6 +62,7 @@ def load_challengers(resolved: Resolved, champion: "ModelRun") -> "list[ModelRun
     if not resolved.challengers:
         return []
     from ..pipeline.transforms import ModelRun
+    from ..pipeline.writer.policy import WritePolicy
 
     output = resolved.job.spec.output
     columns = list(champion.columns)   # the champion's outputs, or as mapped
@@ -94,9 +94,9 @@ def load_challengers(resolved: Resolved, champion: "ModelRun") -> "list[ModelRun
         loaded.append(ModelRun(name=challenger.name, triple=challenger.triple, handler=handler,
                                device=device, backend=challenger.spec.backend,
                                model_options=declared(challenger.spec, resolved.job.spec.explain),
-                               folder=challenger_folder(challenger.name),
+                               policy=WritePolicy.challenger(challenger.name),
                                prediction_names=dict(own or output.predictions or {}) or None,
-                               columns=champion.columns, rejects="count", explain=explain))
+                               columns=champion.columns, explain=explain))
     return loaded
 
 

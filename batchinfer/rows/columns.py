@@ -4,7 +4,8 @@ takes one of them.
 A partition's prediction files hold the job's id columns, the prediction columns and the audit
 columns (contract §4); its quarantine files hold the quarantine columns. Each is declared here
 once — its name, its Arrow type, how prediction files encode it and whether ``diff`` compares it —
-and the writer (``pipeline/transforms.py``), the Parquet encoding of prediction files, ``diff``'s
+and the writer (``pipeline/writer/``: ``audit.py`` computes the audit columns, one entry per
+declared column), the Parquet encoding of prediction files, ``diff``'s
 exemptions and the collision check below all derive from these declarations.
 
 Two columns with one name cannot both be written: the later one silently replaces the earlier

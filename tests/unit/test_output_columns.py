@@ -16,10 +16,13 @@ from batchinfer.beam_compat import PredictionResult
 from batchinfer.commands import diff
 from batchinfer.errors import SpecError
 from batchinfer.handlers.base import Inference, Prepared
-from batchinfer.io.outputs import PREDICTIONS, QUARANTINE, challenger_folder
+from batchinfer.io.outputs import QUARANTINE
 from batchinfer.io.records import PreprocessStats
 from batchinfer.pipeline.records import BatchRecord, ChallengerBatchRecord
-from batchinfer.pipeline.transforms import ModelRun, Payload, ScoringPlan, WritePredictions, build
+from batchinfer.pipeline.transforms import ModelRun, ScoringPlan, WritePredictions, build
+from batchinfer.pipeline.writer.audit import AuditColumns
+from batchinfer.pipeline.writer.policy import WritePolicy
+from batchinfer.pipeline.writer.scored import Payload, ScoredBatch
 from batchinfer.redaction import Deferred
 from batchinfer.rows import columns
 from batchinfer.rows.quarantine import QUARANTINE_SCHEMA, Failure, build_quarantine
@@ -53,8 +56,8 @@ def _run(rejects: str) -> ModelRun:
     name = "" if rejects == "quarantine" else "c"
     return ModelRun(name=name, triple=TRIPLE, handler=None, device="cpu",  # type: ignore[arg-type]
                     backend="onnxruntime", model_options={},
-                    folder=PREDICTIONS if rejects == "quarantine" else challenger_folder(name),
-                    prediction_names=NAMES, rejects=rejects)  # type: ignore[arg-type]
+                    policy=WritePolicy.champion() if rejects == "quarantine" else WritePolicy.challenger(name),
+                    prediction_names=NAMES)
 
 
 def _write(tmp_path, run: ModelRun):
@@ -90,6 +93,20 @@ def test_prediction_files_hold_exactly_the_declared_columns(tmp_path, rejects):
         assert chunk.is_stats_set == (name in encoding["statistics"]), name
     assert set(encoding["dictionary"]) == {c.name for c in columns.AUDIT if c.encoding == "dictionary"}
     assert encoding["statistics"] == ["id", columns.SOURCE_ROW.name]
+
+
+def test_the_audit_part_computes_every_declared_audit_column_and_no_other():
+    """A new audit column is its declaration (rows/columns.py) and its entry in
+    ``AuditColumns.values`` (pipeline/writer/audit.py): one without the other fails here."""
+    result = _result()
+    batch = ScoredBatch.of(result.example, result.inference, shard_names=("s0.parquet",),
+                           hash_columns=("id", "f1"), explain=None)
+    values = AuditColumns("A1", TRIPLE).values(batch)
+    assert sorted(values) == sorted(columns.AUDIT_COLUMNS)
+    for declared in columns.AUDIT:
+        assert str(values[declared.name].type) == declared.type, declared.name
+        assert len(values[declared.name]) == batch.ok.size, declared.name
+    assert list(AuditColumns("A1", TRIPLE).columns(batch)) == list(columns.AUDIT_COLUMNS)
 
 
 def test_the_champion_quarantines_what_a_challenger_only_counts(tmp_path):
