@@ -16,10 +16,18 @@ that moves or changes one fails there, with its name, rather than somewhere insi
 - The flags Beam's option parser knows, by the options class that registers them
   (``PipelineOptions._add_argparse_args``, on Beam's own parser class): Beam only warns about a
   flag it does not know and runs without it; batchinfer refuses it (``pipeline/runners.py``).
+- Two replacements, each scoped to one call and restored after it (nothing else in batchinfer
+  assigns to Beam's modules or objects; ``tests/unit/test_beam_compat.py`` checks it):
+  :func:`dask_bundles_applied_by` swaps the function the DaskRunner applies to each bundle
+  while it builds a graph (``pipeline/dask.py``), and :func:`pipeline_handing_over` lets the
+  caller see a pipeline's result between ``run`` and ``wait_until_finish`` (what
+  ``with beam.Pipeline(...)`` does, with Beam's services context and its
+  ``no_wait_until_finish`` kept).
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
 from .imports import without
 
@@ -60,3 +68,39 @@ def option_flags() -> dict[type, tuple[str, ...]]:
 def in_global_window(value: Any) -> WindowedValue:
     """``value`` as an element of the global window (what ``finish_bundle`` must yield)."""
     return WindowedValue(value, MIN_TIMESTAMP, (GlobalWindow(),))
+
+
+@contextlib.contextmanager
+def dask_bundles_applied_by(apply: Callable[..., list]) -> Iterator[None]:
+    """While it lasts, Beam's DaskRunner builds each ParDo as ``apply`` over a Dask partition
+    instead of its own ``transform_evaluator.apply_dofn_to_bundle``. The translation looks the
+    function up when the graph is built, so the graph keeps naming ``apply`` after this ends."""
+    from apache_beam.runners.dask import transform_evaluator
+
+    stock = transform_evaluator.apply_dofn_to_bundle
+    transform_evaluator.apply_dofn_to_bundle = apply
+    try:
+        yield
+    finally:
+        transform_evaluator.apply_dofn_to_bundle = stock
+
+
+@contextlib.contextmanager
+def pipeline_handing_over(options: Any, on_result: Callable[[Any], None]) -> Iterator[Any]:
+    """``with beam.Pipeline(options=options) as pipeline`` (run when the block ends without an
+    exception, then wait), with ``on_result(result)`` called once ``run`` returns, before the
+    wait: a runner that hands over a running job is followed while it runs."""
+    pipeline = beam.Pipeline(options=options)
+    run = pipeline.run
+
+    def handing_over(*args: Any, **kwargs: Any) -> Any:
+        result = run(*args, **kwargs)
+        on_result(result)
+        return result
+
+    setattr(pipeline, "run", handing_over)  # the instance's, over the class's, for this block only
+    try:
+        with pipeline:
+            yield pipeline
+    finally:
+        del pipeline.run

@@ -99,7 +99,7 @@ def run_pipeline(resolved: Resolved, champion: "ModelRun", attempt: Attempt, hea
         KeyboardInterrupt: Ctrl-C, however Beam wrapped it.
         RuntimeFailure: the pipeline failed otherwise.
     """
-    from ..beam_compat import beam
+    from ..beam_compat import pipeline_handing_over
     from ..pipeline.runners import live_metrics, pipeline_options
     from ..pipeline.transforms import build
 
@@ -109,11 +109,10 @@ def run_pipeline(resolved: Resolved, champion: "ModelRun", attempt: Attempt, hea
     try:
         to_score = len(resolved.shards) - (len(resume.adopted) if resume else 0)
         with watch(to_score, live) if watch else contextlib.nullcontext() as watching:
-            # What ``with beam.Pipeline(...)`` does (run, then wait), with the result in between.
-            with beam.Pipeline(options=options) as pipeline:
+            follow = watching.follow if watching is not None else (lambda result: None)
+            with pipeline_handing_over(options, follow) as pipeline:
                 build(pipeline, *pipeline_plans(resolved, attempt, header, baseline, resume),
                       models=(champion, *challengers))
-                pipeline.run = _handing_over(pipeline.run, watching)  # type: ignore[method-assign]
             if watching is not None:
                 watching.end(pipeline.result)
     except Exception as exc:
@@ -125,16 +124,6 @@ def run_pipeline(resolved: Resolved, champion: "ModelRun", attempt: Attempt, hea
             # --debug shows); Beam's wrapping goes.
             raise ours from ours.__cause__
         raise RuntimeFailure(f"the scoring pipeline failed: {last_line(exc)}") from exc
-
-
-def _handing_over(run: Callable[..., Any], watching: Any) -> Callable[..., Any]:
-    """``Pipeline.run``, telling ``watching`` the result before the pipeline waits on it."""
-    def handing_over(*args: Any, **kwargs: Any) -> Any:
-        result = run(*args, **kwargs)
-        if watching is not None:
-            watching.follow(result)
-        return result
-    return handing_over
 
 
 def pipeline_plans(resolved: Resolved, attempt: Attempt, header: Manifest,

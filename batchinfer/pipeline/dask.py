@@ -6,7 +6,8 @@ is lost. ``BatchElements`` (inside every ``RunInference``) emits the last batch 
 ``finish_bundle``, and so does WriteBatch with its writer thread, so on the stock runner the
 last batch of every partition vanished and the shard accounting failed ("5000 rows in the
 footer, 4000 read"). This runner swaps in the same function with the two steps in the right
-order, for the pipelines it runs.
+order, for the pipelines it runs (while it builds their graph only:
+:func:`batchinfer.beam_compat.dask_bundles_applied_by`).
 
 It also keeps the job alive without its launcher. dask.distributed runs a task only while some
 client wants it, and releases every task of a client that disconnects: Beam's runner computes
@@ -45,10 +46,11 @@ from apache_beam.metrics.execution import MetricKey, MetricResult, MetricsContai
 from apache_beam.metrics.metric import MetricResults
 from apache_beam.metrics.metricbase import MetricName
 from apache_beam.runners.common import DoFnInvoker
-from apache_beam.runners.dask import dask_runner, transform_evaluator
+from apache_beam.runners.dask import dask_runner
 from apache_beam.runners.worker import statesampler
 from apache_beam.utils.counters import CounterFactory
 
+from ..beam_compat import dask_bundles_applied_by
 from .progress import NAMESPACE
 
 TOPIC = "batchinfer-metrics"
@@ -188,8 +190,8 @@ class DaskRunner(dask_runner.DaskRunner):
         # import (batchinfer is installed there, as for every runner).
         # The job's id goes with the function: workers tag their metrics with it.
         job = uuid.uuid4().hex
-        transform_evaluator.apply_dofn_to_bundle = functools.partial(apply_dofn_to_bundle, job)
-        result = super().run_pipeline(pipeline, options)
+        with dask_bundles_applied_by(functools.partial(apply_dofn_to_bundle, job)):
+            result = super().run_pipeline(pipeline, options)
         ours = DaskRunnerResult(result.client, result.futures)
         ours.follow(job)
         return ours
