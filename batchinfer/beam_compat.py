@@ -98,7 +98,7 @@ def pipeline_handing_over(options: Any, on_result: Callable[[Any], None]) -> Ite
         on_result(result)
         return result
 
-    setattr(pipeline, "run", handing_over)  # the instance's, over the class's, for this block only
+    pipeline.run = handing_over  # type: ignore[method-assign]  # this instance, this block only
     try:
         with pipeline:
             yield pipeline

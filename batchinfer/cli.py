@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from . import __version__
+from .commands.remedies import error_line
 from .errors import BatchInferError, ContractError, UsageError, one_line
 from .redaction import redact
 
@@ -171,8 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BatchInferError as exc:
         if args.debug:
             _print_traceback()
-        print(f"batchinfer {args.command}: {redact(exc.message)}", file=sys.stderr)
-        _record_error(exc.exit_code, type(exc).__name__, redact(exc.message))
+        print(f"batchinfer {args.command}: {redact(error_line(exc))}", file=sys.stderr)
+        _record_error(exc.exit_code, type(exc).__name__, redact(error_line(exc)))
         return exc.exit_code
     except BrokenPipeError:
         # The reader of our output went away (`batchinfer inspect OUT | head`): as a pipe's

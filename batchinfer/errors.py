@@ -20,13 +20,21 @@
           │                           ≠ input rows)
           └── StorageError
 
-Every error carries a one-line message that says what was wrong and what to do; the CLI prints
-exactly that line. Secrets — ``${NAME}`` values named or listed as secrets, credentials inside
+Every error carries what was wrong (``what``, one line), the file and the field it is about when
+there is one (``path``, ``field``), and what to do about it as values (``remedies``, each a
+:class:`Remedy`: an action and what it achieves). Only the commands' layer says a remedy in a
+command line's words — ``--overwrite``, ``batchinfer stamp`` (``batchinfer/commands/remedies.py``,
+which the CLI prints through); ``str(error)`` says it plainly for a caller of the Python API.
+Secrets — ``${NAME}`` values named or listed as secrets, credentials inside
 URLs — are masked when the message is made (:mod:`batchinfer.redaction`), so no output path can
 show them. Exceptions must survive
 pickling (they may cross Beam workers), so each one keeps its constructor arguments in ``args``.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Sequence
 
 from .redaction import redact
 
@@ -36,15 +44,63 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     return " ".join(str(exc).split())[:limit] or type(exc).__name__
 
 
+class Action(Enum):
+    """What a user can do about an error, in the data's terms: the commands' layer knows which
+    flag or command does it."""
+
+    OVERWRITE = "overwrite"   # score the partition again, replacing what is committed
+    UPDATE = "update"         # score only the shards that are new or changed
+    UNPIN = "unpin"           # score again from the table's latest version, not the pinned one
+    STAMP = "stamp"           # declare the model (again) for this job
+
+
+@dataclass(frozen=True)
+class Remedy:
+    """One thing to do about an error: ``action``, and ``purpose``, what it achieves ("to
+    replace it"); ``subject`` what it acts on where the action needs one (the model to stamp,
+    the version to unpin to)."""
+
+    action: Action
+    purpose: str = ""
+    subject: str = ""
+
+    def plain(self) -> str:
+        """The remedy in words that name no command line (``str`` of an error)."""
+        return " ".join(w for w in (self.action.value, self.subject, self.purpose) if w)
+
+
 class BatchInferError(Exception):
-    """Root of every error batchinfer raises on purpose."""
+    """Root of every error batchinfer raises on purpose.
+
+    Attributes:
+        what: what was wrong, one line (masked: :mod:`batchinfer.redaction`).
+        path: the file (or table, folder) it is about, when there is one.
+        field: the field of that file, when there is one.
+        remedies: what to do about it, alternatives in order (none: the line says it).
+    """
 
     exit_code = 1
 
-    def __init__(self, message: str):
-        message = redact(message)
-        super().__init__(message)
-        self.message = message
+    def __init__(self, what: str, *, path: str | None = None, field: str | None = None,
+                 remedies: Sequence[Remedy] = ()):
+        what = redact(what)
+        super().__init__(what)
+        self.what = what
+        self.path = path
+        self.field = field
+        self.remedies = tuple(remedies)
+
+    @property
+    def message(self) -> str:
+        """The line, with its remedies in plain words."""
+        if not self.remedies:
+            return self.what
+        return f"{self.what}: " + ", or ".join(r.plain() for r in self.remedies)
+
+    def within(self, context: str) -> "BatchInferError":
+        """The same error (type, path, field, remedies) about ``context`` ("challenger x")."""
+        return type(self)(f"{context}: {self.what}", path=self.path, field=self.field,
+                          remedies=self.remedies)
 
     def __str__(self) -> str:
         return self.message

@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 from ..errors import BatchInferError, SpecError
 from ..io.records import Manifest
 from ..spec import check_date, load_job
+from .remedies import error_line
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def backfill(job_path: str | Path, dates: Sequence[str], *, overrides: Sequence[
             result = PartitionResult(ds, outcome.status, outcome.message, 0, outcome.manifest)
         except BatchInferError as exc:
             # Messages are masked when made (batchinfer.redaction): no ${NAME} value in them.
-            result = PartitionResult(ds, "failed", exc.message, exc.exit_code)
+            result = PartitionResult(ds, "failed", error_line(exc), exc.exit_code)
         results.append(result)
         done(result)
         if result.status == "failed" and not keep_going:

@@ -90,7 +90,7 @@ def load_challengers(resolved: Resolved, champion: "ModelRun") -> "list[ModelRun
                     champion.explain.output, output.predictions,
                     own if own is not None else output.predictions), "the challenger's model")
         except BatchInferError as exc:
-            raise type(exc)(f"challenger {challenger.name}: {exc.message}") from None
+            raise exc.within(f"challenger {challenger.name}") from None
         loaded.append(ModelRun(name=challenger.name, triple=challenger.triple, handler=handler,
                                device=device, backend=challenger.spec.backend,
                                model_options=declared(challenger.spec, resolved.job.spec.explain),

@@ -231,7 +231,7 @@ def resolve(job: Job, *, list_input_files: bool = True, check: bool = True,
         try:
             found, its_triple = _resolve_model(job, challenger, schema, preprocessor, check)
         except ContractError as exc:  # which model: the champion's message would look the same
-            raise ContractError(f"challenger {challenger.name}: {exc.message}") from None
+            raise exc.within(f"challenger {challenger.name}") from None
         challengers.append(ResolvedChallenger(challenger, found, its_triple))
     if listing is None and list_input_files:
         listing = list_job_input(job)

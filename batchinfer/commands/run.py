@@ -59,6 +59,7 @@ from ..rows.drift import Baseline, DriftVerdict, observe
 from ..spec import Job
 from . import models, record, scoring
 from .monitor import load_baseline
+from .remedies import error_line
 from .resolve import (
     Resolved,
     list_job_input,
@@ -254,8 +255,8 @@ def decide(run: Resolution, overwrite: bool, update: bool = False) -> Decision:
             declares), without ``--overwrite``.
     """
     decision = run.partition.decide(run.wanted, overwrite=overwrite, shown=run.shown, update=update)
-    if decision.action == "conflict":
-        raise ContractError(decision.reason)
+    if decision.action == "conflict" and decision.refusal is not None:
+        raise decision.refusal
     return decision
 
 
@@ -270,8 +271,8 @@ def updating(run: Resolution, decision: Decision) -> Update | None:
     if decision.action != "update" or decision.manifest is None:
         return None
     updated = _plan_update(run.job, run.resolved, decision.manifest, run.shown)
-    if updated.refusal:
-        raise ContractError(updated.refusal)
+    if updated.refusal is not None:
+        raise updated.refusal
     return updated
 
 
@@ -336,7 +337,7 @@ def planned(job: Job, resolved: Resolved) -> str:
         plain = decide_partition(committed, wanted, overwrite=False, shown=shown)
         line = f"committed by attempt {committed.attempt}: " + (
             "a run reuses it (nothing to do)" if plain.action == "reuse"
-            else f"a run exits 3 ({plain.reason})")
+            else f"a run exits 3 ({error_line(plain.refusal) if plain.refusal else 'conflict'})")
         if resolved.table is not None and pinned_version(job, committed) is not None:
             # --update reads the table's latest version, where a plain run reads the pinned one
             listing = list_job_input(job)
@@ -505,8 +506,8 @@ def publish(run: Resolution, launched: Launch, scored: Scored, read: ReadBack,
         attempt.abort()
         tracking.finish({"attempt": attempt.attempt}, {}, {}, "KILLED")
         if outcome.status == "conflict":
-            raise ContractError(triple_conflict(
-                run.shown, outcome.manifest.triple if outcome.manifest else {}, run.wanted.triple))
+            raise triple_conflict(
+                run.shown, outcome.manifest.triple if outcome.manifest else {}, run.wanted.triple)
         return _lost(outcome.manifest, run)
     manifest = outcome.manifest
     run.partition.tidy(manifest)  # the commit step's record
@@ -544,7 +545,7 @@ def _refused(run: Resolution, launched: Launch, scored: Scored, read: ReadBack,
                                                launched.baseline, read.results)
     accept = launched.baseline.accept if drifted and launched.baseline is not None else None
     error = _refusal(read.outcome, where, accept)
-    tags = {**record.run_tags(job, attempt.attempt, device), "batchinfer.error": error.message,
+    tags = {**record.run_tags(job, attempt.attempt, device), "batchinfer.error": error_line(error),
             "batchinfer.exit_code": str(error.exit_code)}
     if drifted:
         tags["batchinfer.drift"] = "fail"

@@ -30,7 +30,7 @@ from fsspec import AbstractFileSystem
 
 from .. import backends, faults
 from ..clock import Clock, utc_now
-from ..errors import RuntimeFailure, SpecError, StorageError
+from ..errors import Action, ContractError, Remedy, RuntimeFailure, SpecError, StorageError
 from .manifest import (
     clean_after_commit,
     create_manifest,
@@ -118,13 +118,13 @@ class Decision:
             (score a new attempt that replaces ``manifest``, None when nothing is committed),
             ``update`` (``--update`` of a partition this run's but maybe for its shards: which
             to keep, score and drop is io/update.py's, from the shards' bytes), ``conflict``
-            (committed as another partition: exit 3, ``reason`` says why).
+            (committed as another partition: exit 3, ``refusal`` is the error to raise).
         manifest: the manifest committed now, or None.
     """
 
     action: Literal["reuse", "replace", "update", "conflict"]
     manifest: Manifest | None = None
-    reason: str = ""
+    refusal: ContractError | None = None
 
 
 def decide(committed: Manifest | None, wanted: Identity, *, overwrite: bool, shown: str,
@@ -141,37 +141,38 @@ def decide(committed: Manifest | None, wanted: Identity, *, overwrite: bool, sho
     if committed is None or overwrite:
         return Decision("replace", committed)
     if committed.job != wanted.job or committed.ds != wanted.ds:
-        return Decision("conflict", committed, (
+        return Decision("conflict", committed, ContractError(
             f"{shown} holds the partition of job {committed.job!r}, ds {committed.ds!r}, not of job "
             f"{wanted.job!r}, ds {wanted.ds!r}: give each job and date its own output.path (e.g. "
-            f"out/dt={{ds}}), or pass --overwrite to replace it"))
+            f"out/dt={{ds}})", path=shown, remedies=[Remedy(Action.OVERWRITE, "to replace it")]))
     held = {s.path for s in committed.shards}
     listed = set(wanted.shards)
     if not update and held != listed and held != wanted.shards_as_then:
         added, gone = len(listed - held), len(held - listed)
-        return Decision("conflict", committed, (
+        return Decision("conflict", committed, ContractError(
             f"{shown} was committed from other shards than input.path lists now ({added} new, "
-            f"{gone} no longer listed; e.g. {sorted(listed ^ held)[0]}): pass --update to score "
-            f"only the new and changed shards, or --overwrite to score the partition as it is now"))
+            f"{gone} no longer listed; e.g. {sorted(listed ^ held)[0]})", path=shown, remedies=[
+                Remedy(Action.UPDATE, "to score only the new and changed shards"),
+                Remedy(Action.OVERWRITE, "to score the partition as it is now")]))
     if committed.triple != wanted.triple:
         return Decision("conflict", committed, triple_conflict(shown, committed.triple, wanted.triple))
     if with_implied(committed.model_options, committed.backend) != with_implied(
             wanted.model_options, committed.backend):
-        return Decision("conflict", committed, (
+        return Decision("conflict", committed, ContractError(
             f"{shown} was committed with model.options {committed.model_options or '{}'}, which "
-            f"change predictions; this run has {wanted.model_options}: pass --overwrite to "
-            f"replace it"))
+            f"change predictions; this run has {wanted.model_options}", path=shown,
+            field="model.options", remedies=[Remedy(Action.OVERWRITE, "to replace it")]))
     missing = not_committed(committed, wanted.challengers)
     if missing:
         # The job asks for challenger predictions the partition does not have: a silent no-op
         # would leave the user without them. Challengers it has and this run does not ask for
         # (an analyst's one-off comparison) are no reason to refuse: the champion's are here.
         names = ", ".join(c.name for c in committed.challengers) or "none"
-        return Decision("conflict", committed, (
+        return Decision("conflict", committed, ContractError(
             f"{shown} was committed without challenger {', '.join(missing)} as this run declares "
             f"it (committed: {names}; a challenger counts only with the same name, triple and "
-            f"declared options): pass --overwrite to score the partition with this run's "
-            f"challengers"))
+            f"declared options)", path=shown, field="challengers", remedies=[
+                Remedy(Action.OVERWRITE, "to score the partition with this run's challengers")]))
     return Decision("update" if update else "reuse", committed)
 
 
@@ -193,12 +194,13 @@ def with_implied(options: Mapping[str, str], backend: str) -> dict[str, str]:
     return {**implied, **options}
 
 
-def triple_conflict(shown: str, committed: dict, wanted: dict) -> str:
-    """The message of a partition committed under another triple than ``wanted``."""
+def triple_conflict(shown: str, committed: dict, wanted: dict) -> ContractError:
+    """The error of a partition committed under another triple than ``wanted``."""
     diffs = [f"{k} committed {committed.get(k)} now {wanted[k]}" for k in wanted
              if committed.get(k) != wanted[k]]
-    return (f"{shown} is committed under another triple ({'; '.join(diffs)}): pass --overwrite "
-            f"to replace it")
+    return ContractError(f"{shown} is committed under another triple ({'; '.join(diffs)})",
+                         path=shown, field="triple",
+                         remedies=[Remedy(Action.OVERWRITE, "to replace it")])
 
 
 class PartitionCommit:

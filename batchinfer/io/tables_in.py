@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ..errors import NoShardsError, SpecError, StorageError, TableVersionGone, one_line
+from ..errors import Action, NoShardsError, Remedy, SpecError, StorageError, TableVersionGone, one_line
 from . import formats
 from .formats import Format
 from .records import InputTable
@@ -114,9 +114,9 @@ def missing_version(read: TableRead, version: int, known: str, latest: int | Non
         newest = f"{what} ({latest}: only what changed since)" if latest is not None else what
         return TableVersionGone(
             f"the committed partition was scored from {what} {version} of {fmt} table {shown}, "
-            f"which the table no longer has ({known}): run with --update to score the latest "
-            f"{newest}, or drop the pin with --overwrite --set input.version="
-            f"{latest if latest is not None else 'N'}")
+            f"which the table no longer has ({known})", path=shown, field="input.version", remedies=[
+                Remedy(Action.UPDATE, f"to score the latest {newest}"),
+                Remedy(Action.UNPIN, subject=str(latest if latest is not None else "N"))])
     return SpecError(f"input.version {version}: {fmt} table {shown} has no such {what} ({known})")
 
 

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
+from ..errors import Action, ContractError, Remedy
 from .records import Manifest, ShardResult
 from .resume import THREADS, digest_url
 
@@ -38,7 +39,7 @@ class Update:
         removed: shards it holds that ``input.path`` no longer lists (their rows go).
         dropped_challengers: challengers the partition holds that this run does not declare:
             they would not cover the shards it scores, so the new manifest has none of them.
-        refusal: why this is no update (exit 3), or None.
+        refusal: why this is no update (the error to raise, exit 3), or None.
     """
 
     committed: Manifest
@@ -47,7 +48,7 @@ class Update:
     rewritten: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
     dropped_challengers: tuple[str, ...] = ()
-    refusal: str | None = None
+    refusal: ContractError | None = None
 
     @property
     def unchanged(self) -> bool:
@@ -114,12 +115,12 @@ def plan_update(committed: Manifest, listed: Sequence[tuple[str, str | None]], *
     update = Update(committed, kept, tuple(added), tuple(rewritten), removed,
                     tuple(c.name for c in committed.challengers if c.name not in declared))
     if not update.unchanged and committed.job_spec_sha256 != job_spec_sha256:
-        return replace(update, refusal=(
+        return replace(update, refusal=ContractError(
             f"{shown} was committed from another job spec (sha256 {committed.job_spec_sha256[:12]}…, "
             f"this run's {job_spec_sha256[:12]}…; a --set counts), and its shards changed since "
             f"({len(added)} new, {len(rewritten)} rewritten, {len(removed)} no longer listed): "
-            f"--update keeps shards only under the spec that scored them; pass --overwrite to "
-            f"score the partition again"))
+            f"an update keeps shards only under the spec that scored them", path=shown,
+            field="job_spec_sha256", remedies=[Remedy(Action.OVERWRITE, "to score the partition again")]))
     return update
 
 

@@ -8,7 +8,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from batchinfer.errors import SpecError
+from batchinfer.commands.remedies import error_line
+from batchinfer.errors import Action, ContractError, SpecError
 from batchinfer.io.commit import Identity, PartitionCommit, decide
 from batchinfer.io.manifest import create_manifest
 from batchinfer.io.outputs import write_json
@@ -83,7 +84,11 @@ def test_another_partition_is_a_conflict_naming_why(wanted, message):
     committed = _manifest()
     decision = decide(committed, wanted, overwrite=False, shown=SHOWN)
     assert (decision.action, decision.manifest) == ("conflict", committed)
-    assert message in decision.reason, decision.reason
+    assert isinstance(decision.refusal, ContractError) and decision.refusal.path == SHOWN
+    said = error_line(decision.refusal)   # as the CLI prints it: the remedy as flags
+    assert message in said, said
+    assert [r.action for r in decision.refusal.remedies][-1] is Action.OVERWRITE
+    assert "--" not in str(decision.refusal)   # below the CLI, the remedy is a value
     assert decide(committed, wanted, overwrite=True, shown=SHOWN).action == "replace"
 
 

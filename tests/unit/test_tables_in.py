@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from batchinfer.errors import ContractError, NoShardsError, SpecError
+from batchinfer.commands.remedies import error_line
+from batchinfer.errors import Action, ContractError, NoShardsError, SpecError
 from batchinfer.io.manifest import manifest_bytes
 from batchinfer.io.readback import ManifestModel, check
 from batchinfer.io.records import InputTable, Manifest, Totals
@@ -64,8 +65,13 @@ def test_delta_refusals(delta, tmp_path):
         list_table("delta", str(delta), filter={"f0": "1.0"}, version=None)
     with pytest.raises(SpecError, match="input.version 7: delta table .* has no such version"):
         list_table("delta", str(delta), filter={"dt": DS}, version=7)
-    with pytest.raises(ContractError, match="scored from version 7 .* --update"):
+    with pytest.raises(ContractError, match="scored from version 7 ") as gone:
         list_table("delta", str(delta), filter={"dt": DS}, version=7, pinned=True)
+    assert [r.action for r in gone.value.remedies] == [Action.UPDATE, Action.UNPIN]
+    assert gone.value.field == "input.version"
+    assert error_line(gone.value).endswith(
+        "pass --update to score the latest version (1: only what changed since), or drop the pin "
+        "with --overwrite --set input.version=1")
     with pytest.raises(SpecError, match="is not a Delta table"):
         list_table("delta", str(tmp_path / "nothing"), filter={}, version=None)
     with pytest.raises(NoShardsError, match="no data file where dt = '2030-01-01' at version 1"):

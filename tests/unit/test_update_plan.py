@@ -6,6 +6,8 @@ import dataclasses
 
 import pytest
 
+from batchinfer.commands.remedies import error_line
+from batchinfer.errors import Action, Remedy
 from batchinfer.io.commit import Identity, PartitionCommit, decide
 from batchinfer.io.manifest import create_manifest
 from batchinfer.io.records import (
@@ -80,8 +82,10 @@ def test_the_same_shards_with_the_same_bytes_are_unchanged_whatever_the_spec():
 def test_changed_shards_under_another_spec_are_refused(listed):
     update = _plan(_manifest(_shard("a"), _shard("b")), listed, job_spec_sha256="another")
     assert update.refusal is not None
-    assert update.refusal.startswith(f"{SHOWN} was committed from another job spec (sha256 spec…")
-    assert "pass --overwrite to score the partition again" in update.refusal
+    said = error_line(update.refusal)
+    assert said.startswith(f"{SHOWN} was committed from another job spec (sha256 spec…")
+    assert "pass --overwrite to score the partition again" in said
+    assert update.refusal.remedies == (Remedy(Action.OVERWRITE, "to score the partition again"),)
 
 
 def test_challengers_the_run_does_not_declare_are_dropped():
@@ -114,7 +118,8 @@ def test_decide_with_update_takes_another_set_of_shards_and_nothing_else():
                   _wanted(model_options={"precision": "bf16"}),
                   _wanted(challengers=(("v3", TRIPLE, {}),))):
         decision = decide(committed, other, overwrite=False, shown=SHOWN, update=True)
-        assert decision.action == "conflict" and "--overwrite" in decision.reason
+        assert decision.action == "conflict" and decision.refusal is not None \
+            and "--overwrite" in error_line(decision.refusal)
 
 
 def test_current_digests_hash_the_bytes_and_say_none_for_a_missing_shard(tmp_path):
