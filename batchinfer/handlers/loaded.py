@@ -34,7 +34,7 @@ class LoadedModel(Generic[ModelT]):
             :func:`~batchinfer.handlers.sharing.call_lock`, or None for a thread-safe backend.
     """
 
-    __slots__ = ("_backend", "_model", "_predict", "_lock", "_facts", "_waits")
+    __slots__ = ("_backend", "_model", "_predict", "_lock", "_facts", "_waits", "__weakref__")
 
     def __init__(self, backend: ModelBackend[ModelT], model: ModelT,
                  lock: Optional[threading.Lock] = None):
