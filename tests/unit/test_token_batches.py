@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from batchinfer.handlers import tokens as token_calls
 from batchinfer.handlers.base import BatchModelHandler, Prepared
-from batchinfer.handlers.protocol import ModelFacts
 from batchinfer.handlers.calls import plan_calls
+from batchinfer.handlers.protocol import ModelFacts
 
 POISON = 666   # a token id the fake model rejects
 
@@ -219,7 +219,8 @@ def test_a_lengths_input_that_is_not_rows_by_length_is_refused():
     assert PreprocessError("x").exit_code == 2
     handler = FakeEncoder(chunk_rows=8)
     handler.model_backend.input_shapes = lambda model: {}
-    handler.model_backend.predict = lambda model, inputs: {"total": inputs["input_ids"].sum(1), "length": inputs["attention_mask"]}
+    handler.model_backend.predict = lambda model, inputs: {"total": inputs["input_ids"].sum(1),
+                                                           "length": inputs["attention_mask"]}
     result = infer(handler, features)
     assert result.tokens == 0 and result.outputs["length"].tolist() == [4, 9, 2]
 
