@@ -1,10 +1,11 @@
 """The backend registry: the one place that says what a ``model.backend`` is.
 
 A :class:`Backend` owns its name, the suffixes of its model files, the ``model.options`` it
-accepts (with their types) and its handler class, named as ``"module:Class"`` so that checking a
-job spec, planning or parsing a DAG never imports ONNX Runtime, torch or TensorRT. The spec
+accepts (with their types) and the class that implements it (a model backend:
+handlers/protocol.py), named as ``"module:Class"`` so that checking a job spec, planning or
+parsing a DAG never imports ONNX Runtime, torch or TensorRT. The spec
 validates ``model.backend`` and ``model.options`` here, the model resolver looks for a registry
-model's file by these suffixes, and the run builds the handler from here; ``register()`` adds a
+model's file by these suffixes, and the run builds its backend from here; ``register()`` adds a
 backend everywhere at once, and so does an installed distribution that names a :class:`Backend`
 in the ``batchinfer.backends`` entry-point group (:mod:`batchinfer.registry`).
 """
@@ -35,8 +36,9 @@ class Backend:
             with one of them).
         options: ``model.options`` keys this backend accepts, with their types, or with the
             tuple of the strings they may be.
-        handler: ``"package.module:Class"`` of its :class:`~batchinfer.handlers.base.BatchModelHandler`;
-            None for a backend the contract names but this version does not ship.
+        implementation: ``"package.module:Class"`` of its model backend (the protocol of
+            handlers/protocol.py, built as ``Class(device=…, options=…)``); None for a backend
+            the contract names but this version does not ship.
         install: what to install (or do) when its library is missing.
         declared: options that change predictions, with their defaults: ``stamp`` records their
             values in the model's declaration and a run with other values is a contract
@@ -49,7 +51,7 @@ class Backend:
     name: str
     suffixes: tuple[str, ...]
     options: Mapping[str, type | tuple[str, ...]] = field(default_factory=dict)
-    handler: str | None = None
+    implementation: str | None = None
     install: str = ""
     declared: Mapping[str, str] = field(default_factory=dict)
     implied: Mapping[str, str] = field(default_factory=dict)
@@ -129,17 +131,17 @@ def implied_options(name: str) -> dict[str, str]:
     return dict(get(name).implied)
 
 
-def handler_class(name: str) -> Any:
-    """The handler class of backend ``name`` (imports the backend's module and library).
+def backend_class(name: str) -> Any:
+    """The model backend class of backend ``name`` (imports the backend's module and library).
 
     Raises:
         ModelError: the backend is not in this version, or its library is not installed (exit 5).
     """
     backend = get(name)
-    if backend.handler is None:
+    if backend.implementation is None:
         raise ModelError(f"backend {name!r} is not available in this version of batchinfer "
-                         f"(available: {', '.join(n for n in names() if entries()[n].handler)})")
-    module_name, class_name = backend.handler.split(":")
+                         f"(available: {', '.join(n for n in names() if entries()[n].implementation)})")
+    module_name, class_name = backend.implementation.split(":")
     where = provenance(name)
     plugin = where is not None and not where.builtin
     held = f" (distribution {where.distribution} {where.version or ''})".replace(" )", ")") \
@@ -152,15 +154,26 @@ def handler_class(name: str) -> Any:
     except Exception as exc:
         if not plugin:
             raise
-        # A plugin's handler module that fails as it is imported (one that tries to replace a
+        # A plugin's backend module that fails as it is imported (one that tries to replace a
         # built-in entry, say): its name and its distribution, in one line.
-        raise ModelError(f"backend {name!r}{held}: its handler module {module_name} cannot be "
+        raise ModelError(f"backend {name!r}{held}: its backend module {module_name} cannot be "
                          f"imported: {type(exc).__name__}: {' '.join(str(exc).split())}") from None
-    handler = getattr(module, class_name, None)
-    if handler is None:
-        raise ModelError(f"backend {name!r}{held} names the handler {backend.handler}, which "
-                         f"{module_name} does not define: fix or reinstall what provides it")
-    return handler
+    implementation = getattr(module, class_name, None)
+    if implementation is None:
+        raise ModelError(f"backend {name!r}{held} names the backend class {backend.implementation}, "
+                         f"which {module_name} does not define: fix or reinstall what provides it")
+    return implementation
+
+
+def build_facts(name: str, model_path: str) -> dict[str, str]:
+    """What backend ``name``'s model file was built for that the runtime must match (its class's
+    ``build_facts``, if it has one: a TensorRT engine's TensorRT version and GPU), for ``stamp``.
+
+    Raises:
+        ModelError: as :func:`backend_class`.
+    """
+    facts = getattr(backend_class(name), "build_facts", None)
+    return dict(facts(model_path)) if facts is not None else {}
 
 
 # batchinfer's own backends; installed distributions add theirs (group batchinfer.backends).
@@ -179,7 +192,7 @@ BUILTIN: tuple[Backend, ...] = (
             "io_binding": bool,               # bind inputs/outputs (default: on CUDA only)
             "precision": PRECISIONS,          # what the model file computes in; declared
         },
-        handler="batchinfer.handlers.onnx:OnnxModelHandler",
+        implementation="batchinfer.handlers.onnx:OnnxBackend",
         install="pip install onnxruntime (CPU) or onnxruntime-gpu (CUDA/TensorRT), e.g. "
                 "pip install 'batchinfer[cpu]'",
         declared={"precision": "fp32"}, implied={"precision": "fp32"}),
@@ -190,14 +203,14 @@ BUILTIN: tuple[Backend, ...] = (
             "chunk_rows": int,                # rows per model call (default: 4,096 on CPU, all on CUDA)
             "intra_op_num_threads": int,      # torch.set_num_threads (0 = torch's default)
         },
-        handler="batchinfer.handlers.pytorch:TorchModelHandler",
+        implementation="batchinfer.handlers.pytorch:TorchBackend",
         install="pip install 'batchinfer[torch]' (CPU), or a CUDA build of torch 2.13 for GPUs",
         declared={"precision": "fp32"}),
     Backend(
         name="tensorrt", suffixes=(".engine", ".plan"),
         options={"chunk_rows": int,           # default: the engine profile's max batch
                  "precision": PRECISIONS},    # what the engine was built for; declared
-        handler="batchinfer.handlers.tensorrt:TensorRTModelHandler",
+        implementation="batchinfer.handlers.tensorrt:TensorRTBackend",
         install="pip install 'batchinfer[gpu]' on a machine with an NVIDIA GPU (TensorRT >= 10 and a "
                 "CUDA build of torch)",
         declared={"precision": "fp32"}, implied={"precision": "fp32"}),

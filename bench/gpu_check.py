@@ -149,14 +149,13 @@ def end_to_end(work: Path, label: str, model: Path, device: str, precision: str,
 
 def parity_check(torch, path: Path, device: str, rows: int) -> dict:
     from batchinfer import parity
-    from batchinfer.handlers.base import Prepared
-    from batchinfer.handlers.pytorch import TorchModelHandler
+    from batchinfer.handlers.base import Prepared, handler_for
 
     x = np.random.default_rng(2).standard_normal((rows, FEATURES)).astype(np.float32)
 
     def score(dev: str, precision: str) -> np.ndarray:
-        handler = TorchModelHandler(str(path), digest=f"{path}-{dev}-{precision}", device=dev,
-                                    options={"precision": precision})
+        handler = handler_for("torch", str(path), digest=f"{path}-{dev}-{precision}", device=dev,
+                              options={"precision": precision})
         model = handler.load_model()
         return handler.infer(model, Prepared(key=(0, 0), rows=rows, features=x)).outputs["sigmoid"]
 

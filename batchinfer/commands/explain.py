@@ -141,7 +141,7 @@ def plan_for(resolved: "Resolved", handler: "BatchModelHandler", output: str | N
     if explain.method == "integrated_gradients" and importlib.util.find_spec("captum") is None:
         raise ModelError("explain.method integrated_gradients needs captum, which is not "
                          "installed: pip install 'batchinfer[explain]'")
-    loaded = handler.loaded(handler.load_model())
+    loaded = handler.load_model()
     inputs, outputs = loaded.input_names(), loaded.output_names()
     if len(inputs) != 1:
         raise SpecError(f"explain attributes a model with one input [rows, positions]; {who} "

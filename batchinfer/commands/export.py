@@ -299,8 +299,8 @@ def _to_tensorrt(model: Path, out: Path, fp16: bool, sample_job) -> ExportReport
     trt = _require_tensorrt()
     import onnxruntime as ort
 
-    from ..handlers.base import Prepared
-    from ..handlers.tensorrt import BUILD_SUFFIX, TensorRTModelHandler, _here
+    from ..handlers.base import Prepared, handler_for
+    from ..handlers.tensorrt import BUILD_SUFFIX, _here
 
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
@@ -312,7 +312,7 @@ def _to_tensorrt(model: Path, out: Path, fp16: bool, sample_job) -> ExportReport
     scratch, built = _scratch(out, out.suffix or ".engine"), None
     try:
         Path(scratch).write_bytes(engine)
-        handler = TensorRTModelHandler(scratch, digest=f"export-{os.getpid()}", device="cuda")
+        handler = handler_for("tensorrt", scratch, digest=f"export-{os.getpid()}", device="cuda")
         loaded = handler.load_model()
         n = len(next(iter(feed.values())))
         got = handler.infer(loaded, Prepared(key=(0, 0), rows=n, features=dict(feed)))
@@ -720,12 +720,12 @@ def _int8_settings(scratch: str, model: Path, method: str, quantizable: Sequence
 def _handler(model: str, job: Any, what: str) -> tuple[Any, Any]:
     """The onnxruntime backend's handler for ONNX model ``model`` with the job's ``batch``, on
     the CPU, and the model it loaded."""
-    from ..handlers.onnx import OnnxModelHandler
+    from ..handlers.base import handler_for
 
     batch = job.spec.batch
-    handler = OnnxModelHandler(model, digest=f"export-{what}-{os.getpid()}", device="cpu",
-                               tokens=batch.tokens, lengths_from=batch.lengths_from,
-                               sequence_inputs=batch.sequence_inputs)
+    handler = handler_for("onnxruntime", model, digest=f"export-{what}-{os.getpid()}", device="cpu",
+                          tokens=batch.tokens, lengths_from=batch.lengths_from,
+                          sequence_inputs=batch.sequence_inputs)
     return handler, handler.load_model()
 
 

@@ -3,13 +3,13 @@ work, as the :class:`~batchinfer.pipeline.transforms.ModelRun` the pipeline runs
 
 A model that cannot load is exit 5 here, before the partition is touched; outputs that name no
 usable prediction column are exit 2. The model is loaded once in this process: in-process
-workers reuse the load (``handlers.base.shared_model``).
+workers reuse the load (``handlers.sharing.shared_model``).
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..backends import declared_options, handler_class
+from ..backends import backend_class, declared_options
 from ..errors import BatchInferError, ModelError, SpecError
 from ..rows.columns import check_output_columns
 from ..spec import ExplainSpec, ModelFields
@@ -37,7 +37,7 @@ def challenger_identity(challenger: ResolvedChallenger,
 
 def load_champion(resolved: Resolved) -> "ModelRun":
     """The champion as the pipeline runs it: its handler built and the model loaded once before
-    any work (exit 5 early; in-process workers reuse this load, see handlers.base.shared_model).
+    any work (exit 5 early; in-process workers reuse this load, see handlers.sharing.shared_model).
     The model's outputs must name prediction columns that collide with nothing (exit 2)."""
     from ..pipeline.transforms import ModelRun
     from ..pipeline.writer.policy import WritePolicy
@@ -104,14 +104,18 @@ def load_model(resolved: Resolved, spec: ModelFields, found: "ResolvedModel", di
                predictions: dict[str, str] | None,
                key: str = "output.predictions") -> "tuple[BatchModelHandler, str, list[str]]":
     """Load one model; ``predictions`` (named ``key`` in errors) maps its outputs to columns."""
+    from ..handlers.base import BatchModelHandler
+
     batch = resolved.job.spec.batch   # a challenger gets the champion's batches: sized alike
-    cls = handler_class(spec.backend)
+    cls = backend_class(spec.backend)
     options = {k: v for k, v in spec.options.items() if k != "allow_pickle"}
     # A model in a store: the handler holds its URL and digest and loads it through the model
     # cache, here (the entry resolve placed) as on every worker (its own cache).
-    handler = cls(found.where, digest=digest, device=spec.device, options=options,
-                  tokens=batch.tokens, lengths_from=batch.lengths_from,
-                  sequence_inputs=batch.sequence_inputs, source=found.source(digest))
+    handler = BatchModelHandler(cls(device=spec.device, options=options), found.where,
+                                name=spec.backend, digest=digest, device=spec.device,
+                                options=options, tokens=batch.tokens,
+                                lengths_from=batch.lengths_from,
+                                sequence_inputs=batch.sequence_inputs, source=found.source(digest))
     declared = found.declaration or {}
     for key, here in handler.runtime_facts().items():
         # e.g. a TensorRT engine runs only under the TensorRT version and on the GPU
@@ -122,13 +126,13 @@ def load_model(resolved: Resolved, spec: ModelFields, found: "ResolvedModel", di
                              f"here (batchinfer export) and stamp it, or run where it was built")
     model = handler.load_model()
     if batch.tokens:
-        inputs = handler.loaded(model).input_names()
+        inputs = model.input_names()
         if batch.lengths_from not in inputs:
             raise SpecError(f"batch.tokens sizes model calls by the lengths in the model input "
                             f"{batch.lengths_from!r}, which this model does not take (its inputs: "
                             f"{inputs}): set batch.lengths_from, or size batches by batch.rows")
         handler.sequence_inputs(model)   # which inputs a call cuts: exit 2 here if it cannot tell
-    outputs = handler.loaded(model).output_names()
+    outputs = model.output_names()
     output_spec = resolved.job.spec.output
     if predictions:
         unknown = [o for o in predictions if o not in outputs]
@@ -139,4 +143,4 @@ def load_model(resolved: Resolved, spec: ModelFields, found: "ResolvedModel", di
         check_output_columns(output_spec.id_columns, {o: o for o in outputs},
                              source="the model's outputs (output.predictions maps none)",
                              partition=output_spec.table_partition)
-    return handler, handler.loaded(model).device_used(), list(outputs)
+    return handler, model.device_used(), list(outputs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from ..backends import declared_options, handler_class
+from ..backends import build_facts, declared_options
 from ..errors import SpecError
 from ..spec import Job, resolve_path
 from ..triple.contract import PACKAGE_POLICIES, PACKAGES, PACKAGES_POLICY, SCHEMA_SHA256, Triple
@@ -63,7 +63,7 @@ def stamp(job: Job, model_uri: str | None, model_version: str | None,
     extra = declared_options(model.backend, model.options)
     if challenger is None:
         _refuse_challengers_file(whole, model.uri, version, extra)
-    facts = handler_class(model.backend).build_facts(str(resolved.model.path))
+    facts = build_facts(model.backend, str(resolved.model.path))
     for key in sorted(extra.keys() & facts.keys()):   # the file's precision is the file's
         if facts[key] != extra[key]:
             raise SpecError(f"{job.display(model.uri)} computes in {key} {facts[key]} (how it was "

@@ -1,111 +1,102 @@
-"""A loaded model as the rest of batchinfer calls it: :class:`LoadedModel`, typed.
+"""A loaded model, as everything outside its backend reaches it: :class:`LoadedModel`.
 
-A backend implements its hooks on the handler, each taking the backend's own model
-(``handler.predict(session, inputs)``). Everything that calls them — the handler's own machinery
-(handlers/base.py) and the run's pre-flight checks — goes through a ``LoadedModel`` instead, so
-that the calls are checked and one object answers them wherever the model is:
+It is what ``BatchModelHandler.load_model()`` returns, the one surface to a model: the backend
+(handlers/protocol.py) bound to the model it loaded, its declared facts as plain data, and the
+model's call lock around ``predict`` for a backend that is not thread-safe. The handler's
+scoring (handlers/scoring.py), the run's pre-flight checks and explain all call it.
 
-- :class:`LocalModel`: the model in this process, the handler's hooks bound to it;
-- :class:`ServedModel`: the model that ``share_across_processes`` serves from a process of its
-  own (Beam's ``multi_process_shared``); workers hold a proxy to it, which pickles whatever a
-  method takes or returns, so it answers with plain data.
-
-Both hold the model's call lock around ``predict`` for a backend that is not thread-safe; a
-served model's is in the process that serves it, where the calls of every worker process arrive,
-each in a thread of its own.
+The same object serves a model that ``share_across_processes`` serves from a process of its own
+(Beam's ``multi_process_shared``): workers hold a proxy to it, which pickles whatever a method
+takes or returns, so every answer is plain data (lists, dicts, strings, arrays; a backend's own
+answers may not pickle, ONNX Runtime's ``NodeArg`` say), and its lock is in the process that
+serves it, where the calls of every worker process arrive, each in a thread of its own.
 """
 from __future__ import annotations
 
+import threading
 import time
-from typing import TYPE_CHECKING, Any, Generic, Optional, Protocol, TypeVar
+from typing import Any, Generic, Optional, TypeVar
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .base import BatchModelHandler
+from .protocol import ModelBackend, ModelFacts
 
 ModelT = TypeVar("ModelT")
 
 
-class LoadedModel(Protocol):
-    """What a loaded model is asked; see the hooks of the same names on ``BatchModelHandler``."""
+class LoadedModel(Generic[ModelT]):
+    """A backend's model in this process, with its facts and its call lock.
 
-    def input_names(self) -> list[str]: ...
+    Args:
+        backend: what loaded it.
+        model: what ``backend.load`` returned.
+        lock: held around every ``predict`` (and ``attribute``): the model's
+            :func:`~batchinfer.handlers.sharing.call_lock`, or None for a thread-safe backend.
+    """
 
-    def output_names(self) -> list[str]: ...
+    __slots__ = ("_backend", "_model", "_predict", "_lock", "_facts", "_waits", "__weakref__")
 
-    def input_shapes(self) -> dict[str, tuple]: ...
-
-    def default_chunk_rows(self) -> Optional[int]: ...
-
-    def device_used(self) -> str: ...
-
-    def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
-
-    def attribute(self, name: str, x: np.ndarray, baseline: np.ndarray, output: str,
-                  method: str, steps: int) -> tuple[np.ndarray, np.ndarray]: ...
-
-
-class LocalModel(Generic[ModelT]):
-    """A backend's model in this process, with the handler's hooks bound to it.
-
-    ``predict`` holds the model's call lock when the backend is not thread-safe
-    (``BatchModelHandler.thread_safe``, ``base.call_lock``): every thread's calls on one model
-    take turns, whichever handler they come from. ``waited_s`` is the time this object's calls
-    waited for it."""
-
-    __slots__ = ("_handler", "_model", "_lock", "waited_s")
-
-    def __init__(self, handler: "BatchModelHandler[ModelT]", model: ModelT):
-        self._handler = handler
+    def __init__(self, backend: ModelBackend[ModelT], model: ModelT,
+                 lock: Optional[threading.Lock] = None):
+        declared = backend.facts(model)
+        self._backend = backend
         self._model = model
-        self._lock = handler.calls_lock()
-        self.waited_s = 0.0
+        self._predict = backend.predict
+        self._lock = lock
+        # plain data, asked once: it crosses to the workers of a served model as it is
+        self._facts = ModelFacts(inputs=list(declared.inputs), outputs=list(declared.outputs),
+                                 input_shapes={k: tuple(v) for k, v in declared.input_shapes.items()},
+                                 device=str(declared.device),
+                                 default_chunk_rows=declared.default_chunk_rows)
+        self._waits = threading.local()
+
+    @property
+    def model(self) -> ModelT:
+        """What the backend loaded (its own object: an ``InferenceSession``, a ``TorchModel``)."""
+        return self._model
+
+    def facts(self) -> ModelFacts:
+        return self._facts
 
     def input_names(self) -> list[str]:
-        return self._handler.input_names(self._model)
+        return list(self._facts.inputs)
 
     def output_names(self) -> list[str]:
-        return self._handler.output_names(self._model)
+        return list(self._facts.outputs)
 
     def input_shapes(self) -> dict[str, tuple]:
-        return self._handler.input_shapes(self._model)
+        return dict(self._facts.input_shapes)
 
     def default_chunk_rows(self) -> Optional[int]:
-        return self._handler.default_chunk_rows(self._model)
+        return self._facts.default_chunk_rows
 
     def device_used(self) -> str:
-        return self._handler.device_used(self._model)
+        return self._facts.device
 
     def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if self._lock is None:
-            return self._handler.predict(self._model, inputs)
+        """The backend's ``predict`` on this model, taking turns with other threads' calls
+        when the backend is not thread-safe."""
+        lock = self._lock
+        if lock is None:
+            return self._predict(self._model, inputs)
         t0 = time.perf_counter()
-        with self._lock:
-            self.waited_s += time.perf_counter() - t0
-            return self._handler.predict(self._model, inputs)
+        with lock:
+            waits = self._waits
+            waits.s = getattr(waits, "s", 0.0) + time.perf_counter() - t0
+            return self._predict(self._model, inputs)
+
+    def waited_s(self) -> float:
+        """Seconds this thread's calls have waited for the call lock (not the model's time)."""
+        return float(getattr(self._waits, "s", 0.0))
 
     def attribute(self, name: str, x: np.ndarray, baseline: np.ndarray, output: str,
                   method: str, steps: int) -> tuple[np.ndarray, np.ndarray]:
-        """The backend's gradient attributions (explain), under the same call lock as predict."""
+        """The backend's gradient attributions (explain: handlers/protocol.py), under the same
+        call lock as predict."""
+        attribute: Any = getattr(self._backend, "attribute", None)
+        if attribute is None:
+            raise NotImplementedError(f"{type(self._backend).__name__} gives no gradients")
         if self._lock is None:
-            return self._handler.attribute(self._model, name, x, baseline, output, method, steps)
+            return attribute(self._model, name, x, baseline, output, method, steps)
         with self._lock:
-            return self._handler.attribute(self._model, name, x, baseline, output, method, steps)
-
-
-class ServedModel(LocalModel[Any]):
-    """A :class:`LocalModel` for ``share_across_processes``: Beam serves it from one process and
-    hands every worker a proxy to it. A backend's own answers may not pickle (ONNX Runtime's
-    ``NodeArg``); these are plain lists, dicts, strings and arrays."""
-
-    __slots__ = ()
-
-    def input_names(self) -> list[str]:
-        return list(super().input_names())
-
-    def output_names(self) -> list[str]:
-        return list(super().output_names())
-
-    def input_shapes(self) -> dict[str, tuple]:
-        return dict(super().input_shapes())
+            return attribute(self._model, name, x, baseline, output, method, steps)

@@ -1,4 +1,5 @@
-"""ONNX Runtime backend: CPU, CUDA and TensorRT execution providers.
+"""ONNX Runtime backend: CPU, CUDA and TensorRT execution providers (the model protocol of
+handlers/protocol.py: ``load``, ``facts``, ``predict``).
 
 ``onnxruntime`` is imported only when a model is loaded. Session options come from the job's
 ``model.options``, whose keys and types the backend's entry in :mod:`batchinfer.backends`
@@ -9,13 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
 from ..errors import ModelError, SpecError, one_line
-from .base import BatchModelHandler, cast_input
+from .protocol import ModelFacts, cast_input
 
 # Rows per session.run on the CPU provider. A whole 65,536-row batch makes every intermediate
 # activation of a 256-wide MLP 64 MB, which goes out to memory and back between layers; in
@@ -112,22 +114,36 @@ def providers_for(device: str, options: dict[str, Any], model_path: str = "") ->
     return ["CPUExecutionProvider"], "cpu"
 
 
-class OnnxModelHandler(BatchModelHandler[Any]):
-    """Runs an ONNX model (a local ``.onnx`` file, external data beside it) with ONNX Runtime;
-    the loaded model is an ``onnxruntime.InferenceSession``."""
+@dataclass
+class OnnxModel:
+    """A loaded model: the ``onnxruntime.InferenceSession`` and what every call asks of it."""
 
-    backend = "onnxruntime"
+    session: Any
+    inputs: list[tuple[str, Any]]    # each input's name and the numpy dtype it takes (or None)
+    outputs: list[str]
+    device: str
+    io_binding: bool
+
+
+class OnnxBackend:
+    """Runs an ONNX model (a local ``.onnx`` file, external data beside it) with ONNX Runtime."""
+
+    name = "onnxruntime"
     # ONNX Runtime guarantees that threads may call run() on one InferenceSession at once (its
     # TensorRT provider locks its own engine for it, onnxruntime#19301), and predict keeps nothing
     # between calls: the feed, and the IO binding, are made per call.
     thread_safe = True
+
+    def __init__(self, *, device: str = "auto", options: Optional[Mapping[str, Any]] = None):
+        self.device = device
+        self.options = dict(options or {})
 
     @classmethod
     def build_facts(cls, model_path: str) -> dict[str, str]:
         # a quantized model declares its precision (int8), calibration sample and gate figures
         return quantization_facts(model_path)
 
-    def open_model(self) -> Any:
+    def load(self, path: str) -> OnnxModel:
         import onnxruntime as ort
 
         so = ort.SessionOptions()
@@ -152,51 +168,48 @@ class OnnxModelHandler(BatchModelHandler[Any]):
             "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
         }[level]
-        providers, _ = providers_for(self.device, self.options, self.model_path)
+        providers, _ = providers_for(self.device, self.options, path)
         try:
-            return ort.InferenceSession(self.model_path, sess_options=so, providers=providers)
+            session = ort.InferenceSession(path, sess_options=so, providers=providers)
         except Exception as exc:
-            raise ModelError(f"ONNX Runtime cannot load {self.model_path}: {one_line(exc)}") from None
-
-    def default_chunk_rows(self, model: Any) -> Optional[int]:
-        return CPU_CHUNK_ROWS if model.get_providers()[:1] == ["CPUExecutionProvider"] else None
-
-    def device_used(self, model: Any) -> str:
-        gpu = model.get_providers()[:1] in (["CUDAExecutionProvider"], ["TensorrtExecutionProvider"])
-        return "cuda:0" if gpu else "cpu"
-
-    def input_names(self, model: Any) -> list[str]:
-        return [i.name for i in model.get_inputs()]
-
-    def output_names(self, model: Any) -> list[str]:
-        return [o.name for o in model.get_outputs()]
-
-    def input_shapes(self, model: Any) -> dict[str, tuple]:
-        # An input of unknown rank reports [] (a scalar too): left out, so unknown.
-        return {i.name: tuple(_dim(d) for d in i.shape[1:]) for i in model.get_inputs() if i.shape}
-
-    def predict(self, model: Any, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        feed = {}
-        for meta in model.get_inputs():
-            value = inputs[meta.name]
+            raise ModelError(f"ONNX Runtime cannot load {path}: {one_line(exc)}") from None
+        gpu = session.get_providers()[:1] in (["CUDAExecutionProvider"], ["TensorrtExecutionProvider"])
+        device = "cuda:0" if gpu else "cpu"
+        wanted = self.options.get("io_binding")
+        inputs = []
+        for meta in session.get_inputs():
             want = _ORT_TYPES.get(meta.type)
-            if want is not None and want is not np.object_:
-                value = cast_input(meta.name, value, want)
-            feed[meta.name] = value
-        names = self.output_names(model)
-        if not self._io_binding(model):
-            return dict(zip(names, model.run(names, feed)))
+            inputs.append((meta.name, want if want is not np.object_ else None))
+        return OnnxModel(session, inputs, [o.name for o in session.get_outputs()], device,
+                         device != "cpu" if wanted is None else bool(wanted))
+
+    def facts(self, model: OnnxModel) -> ModelFacts:
+        session = model.session
+        cpu = session.get_providers()[:1] == ["CPUExecutionProvider"]
+        # An input of unknown rank reports [] (a scalar too): left out, so unknown.
+        shapes = {i.name: tuple(_dim(d) for d in i.shape[1:]) for i in session.get_inputs() if i.shape}
+        return ModelFacts(inputs=[name for name, _ in model.inputs], outputs=model.outputs,
+                          input_shapes=shapes, device=model.device,
+                          default_chunk_rows=CPU_CHUNK_ROWS if cpu else None)
+
+    def predict(self, model: OnnxModel, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        feed = {}
+        for name, want in model.inputs:
+            value = inputs[name]
+            if want is not None:
+                value = cast_input(name, value, want)
+            feed[name] = value
+        names = model.outputs
+        session = model.session
+        if not model.io_binding:
+            return dict(zip(names, session.run(names, feed)))
         # IO binding: inputs are copied to the device once, outputs are allocated by ONNX
         # Runtime on the provider's device and copied back once, instead of going through
         # run()'s per-call host staging.
-        binding = model.io_binding()
+        binding = session.io_binding()
         for name, value in feed.items():
             binding.bind_cpu_input(name, np.ascontiguousarray(value))
         for name in names:
             binding.bind_output(name)
-        model.run_with_iobinding(binding)
+        session.run_with_iobinding(binding)
         return dict(zip(names, binding.copy_outputs_to_cpu()))
-
-    def _io_binding(self, model: Any) -> bool:
-        wanted = self.options.get("io_binding")
-        return self.device_used(model) != "cpu" if wanted is None else bool(wanted)

@@ -33,12 +33,12 @@ import warnings
 import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 import numpy as np
 
 from ..errors import ModelError, ModelFileError, SpecError, one_line
-from .base import BatchModelHandler, cast_input
+from .protocol import ModelFacts, cast_input, require
 
 # Rows per call on CPU, as for ONNX Runtime: intermediate activations stay in cache. Measured on
 # the bench MLP (32-256-256-1), one 65,536-row batch in calls of 1,024 / 4,096 / 16,384 / 65,536
@@ -63,29 +63,34 @@ class TorchModel:
     shapes: dict[str, tuple] = field(default_factory=dict)  # input name → shape past the rows
 
 
-class TorchModelHandler(BatchModelHandler[TorchModel]):
-    """Runs a ``torch.export`` program; see the module docstring."""
+class TorchBackend:
+    """Runs a ``torch.export`` program (the model protocol of handlers/protocol.py); see the
+    module docstring."""
 
-    backend = "torch"
+    name = "torch"
     # Not thread-safe on CUDA: every call stages its inputs in the model's one set of pinned
     # buffers and runs on its one stream, so a second thread would overwrite a buffer that a
     # non-blocking copy is still reading and synchronise on the other's work. On CPU the program's
     # forward keeps no state, but each call already runs on every core (intra-op threads), so
-    # taking turns costs little there: the calls are serialised on both (base.call_lock).
+    # taking turns costs little there: the calls are serialised on both (sharing.call_lock).
     thread_safe = False
+
+    def __init__(self, *, device: str = "auto", options: Optional[Mapping[str, Any]] = None):
+        self.device = device
+        self.options = dict(options or {})
 
     @property
     def precision(self) -> str:
         return self.options.get("precision", "fp32")   # the choices are checked by the registry
 
-    def open_model(self) -> TorchModel:
-        if not zipfile.is_zipfile(self.model_path):
+    def load(self, path: str) -> TorchModel:
+        if not zipfile.is_zipfile(path):
             # Not the format at all: the same bytes fail on every retry (exit 2). A zip that
             # torch refuses may be a version skew or the device, so it stays a runtime failure.
-            raise ModelFileError(f"{self.model_path} is not a torch.export program (torch.export.save "
+            raise ModelFileError(f"{path} is not a torch.export program (torch.export.save "
                                  f"writes a zip archive): point model.uri at a .pt2 it wrote")
         with _passive_openmp():
-            torch = self.require("torch")
+            torch = require(self.name, "torch")
         device = _device(torch, self.device)
         if "intra_op_num_threads" in self.options and self.options["intra_op_num_threads"] > 0:
             torch.set_num_threads(self.options["intra_op_num_threads"])
@@ -95,14 +100,14 @@ class TorchModelHandler(BatchModelHandler[TorchModel]):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                program = torch.export.load(self.model_path)
+                program = torch.export.load(path)
                 if device.type != "cpu":
                     from torch.export.passes import move_to_device_pass
 
                     program = move_to_device_pass(program, device)
                 module = program.module()
         except Exception as exc:
-            raise ModelError(f"torch cannot load {self.model_path} as a torch.export program: "
+            raise ModelError(f"torch cannot load {path} as a torch.export program: "
                              f"{one_line(exc)}") from None
         signature = program.graph_signature
         inputs = list(signature.user_inputs)
@@ -122,21 +127,11 @@ class TorchModelHandler(BatchModelHandler[TorchModel]):
         stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         return TorchModel(module, device, inputs, outputs, dtypes, autocast, stream, shapes=shapes)
 
-    def input_names(self, model: TorchModel) -> list[str]:
-        return model.inputs
-
-    def output_names(self, model: TorchModel) -> list[str]:
-        return model.outputs
-
-    def input_shapes(self, model: TorchModel) -> dict[str, tuple]:
-        return model.shapes
-
-    def device_used(self, model: TorchModel) -> str:
+    def facts(self, model: TorchModel) -> ModelFacts:
         device = model.device
-        return f"cuda:{device.index or 0}" if device.type == "cuda" else "cpu"
-
-    def default_chunk_rows(self, model: TorchModel) -> Optional[int]:
-        return CPU_CHUNK_ROWS if model.device.type == "cpu" else None
+        return ModelFacts(inputs=model.inputs, outputs=model.outputs, input_shapes=model.shapes,
+                          device=f"cuda:{device.index or 0}" if device.type == "cuda" else "cpu",
+                          default_chunk_rows=CPU_CHUNK_ROWS if device.type == "cpu" else None)
 
     def is_out_of_memory(self, exc: BaseException) -> bool:
         import torch
@@ -166,7 +161,7 @@ class TorchModelHandler(BatchModelHandler[TorchModel]):
                   output: str, method: str, steps: int) -> tuple[np.ndarray, np.ndarray]:
         """Integrated gradients (Captum's ``IntegratedGradients``, Gauss-Legendre steps, its
         convergence delta as the gap) or gradient × (input − baseline), in chunks of rows that
-        keep ``rows × steps`` near one batch's worth of points; see the base class."""
+        keep ``rows × steps`` near one batch's worth of points; see handlers/protocol.py."""
         import torch
 
         if len(model.inputs) != 1:

@@ -15,7 +15,7 @@ batch axis is dynamic between the profile's min and max. CUDA memory and streams
 torch, which the ``gpu`` extra installs beside TensorRT.
 
 The threads of a worker share one model copy, and with it that context, its buffers and its
-stream: their calls take turns (``thread_safe = False``, the lock in handlers/base.py), as in
+stream: their calls take turns (``thread_safe = False``, the lock of handlers/sharing.py), as in
 Beam's TensorRT handler. A context per thread (with its own buffers and stream) would let calls
 overlap on the GPU, but each context holds its own activation memory and buffers at the
 profile's maximum, so the memory grows with the number of SDK threads per process, for a
@@ -29,12 +29,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
 from ..errors import ModelError, SpecError, one_line
-from .base import BatchModelHandler, cast_input
+from .protocol import ModelFacts, cast_input, require
 
 BUILD_SUFFIX = ".build.json"   # beside the engine: what export --to tensorrt built it with
 
@@ -51,15 +51,23 @@ class TrtModel:
     max_batch: int
     device: str
     shapes: dict[str, tuple] = field(default_factory=dict)   # input → declared shape past the rows
+    path: str = ""                    # the engine file, for messages
 
 
-class TensorRTModelHandler(BatchModelHandler[TrtModel]):
-    backend = "tensorrt"
+class TensorRTBackend:
+    """Runs a serialized TensorRT engine (the model protocol of handlers/protocol.py); see the
+    module docstring."""
+
+    name = "tensorrt"
     # Not thread-safe: predict sets the input shapes and the tensor addresses on the model's one
     # execution context and stages through its one set of device buffers on its one stream;
-    # calls take turns (base.call_lock), as Beam's own TensorRT handler holds a lock around
+    # calls take turns (sharing.call_lock), as Beam's own TensorRT handler holds a lock around
     # execution. See the module docstring for why not a context per thread.
     thread_safe = False
+
+    def __init__(self, *, device: str = "auto", options: Optional[Mapping[str, Any]] = None):
+        self.device = device
+        self.options = dict(options or {})
 
     @classmethod
     def build_facts(cls, model_path: str) -> dict[str, str]:
@@ -75,17 +83,17 @@ class TensorRTModelHandler(BatchModelHandler[TrtModel]):
     def runtime_facts(self) -> dict[str, str]:
         return _here()
 
-    def open_model(self) -> TrtModel:
-        trt = self.require("tensorrt")
-        torch = self.require("torch")
+    def load(self, path: str) -> TrtModel:
+        trt = require(self.name, "tensorrt")
+        torch = require(self.name, "torch")
         if not torch.cuda.is_available():
             raise ModelError("backend tensorrt needs a CUDA GPU and this machine has none (torch "
                              "sees no CUDA device)")
         logger = trt.Logger(trt.Logger.WARNING)
         runtime = trt.Runtime(logger)
-        engine = runtime.deserialize_cuda_engine(Path(self.model_path).read_bytes())
+        engine = runtime.deserialize_cuda_engine(Path(path).read_bytes())
         if engine is None:
-            raise ModelError(f"TensorRT {trt.__version__} cannot deserialize {self.model_path} (an "
+            raise ModelError(f"TensorRT {trt.__version__} cannot deserialize {path} (an "
                              f"engine built by another TensorRT version or for another GPU?)")
         context = engine.create_execution_context()
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
@@ -106,26 +114,15 @@ class TensorRTModelHandler(BatchModelHandler[TrtModel]):
         for name in names:
             shape = tuple(context.get_tensor_shape(name))
             if any(d < 0 for d in shape):
-                raise ModelError(f"{self.model_path}: tensor {name!r} has no fixed shape at the "
+                raise ModelError(f"{path}: tensor {name!r} has no fixed shape at the "
                                  f"profile's maximum ({shape})")
             buffers[name] = torch.empty(shape, dtype=_torch_dtype(torch, dtypes[name]), device=device)
         return TrtModel(engine, context, torch.cuda.Stream(device), inputs, outputs, dtypes, buffers,
-                        int(max_batch or 1), f"cuda:{device.index}", shapes)
+                        int(max_batch or 1), f"cuda:{device.index}", shapes, path)
 
-    def input_names(self, model: TrtModel) -> list[str]:
-        return model.inputs
-
-    def output_names(self, model: TrtModel) -> list[str]:
-        return model.outputs
-
-    def input_shapes(self, model: TrtModel) -> dict[str, tuple]:
-        return model.shapes
-
-    def device_used(self, model: TrtModel) -> str:
-        return model.device
-
-    def default_chunk_rows(self, model: TrtModel) -> Optional[int]:
-        return model.max_batch
+    def facts(self, model: TrtModel) -> ModelFacts:
+        return ModelFacts(inputs=model.inputs, outputs=model.outputs, input_shapes=model.shapes,
+                          device=model.device, default_chunk_rows=model.max_batch)
 
     def is_out_of_memory(self, exc: BaseException) -> bool:
         return "out of memory" in str(exc).lower()
@@ -152,7 +149,7 @@ class TensorRTModelHandler(BatchModelHandler[TrtModel]):
                 views[name] = _front(model.buffers[name], shape)
                 context.set_tensor_address(name, views[name].data_ptr())
             if not context.execute_async_v3(model.stream.cuda_stream):
-                raise ModelError(f"TensorRT failed to run {self.model_path} on {rows} rows")
+                raise ModelError(f"TensorRT failed to run {model.path} on {rows} rows")
             host = {name: view.to("cpu", non_blocking=True) for name, view in views.items()}
         model.stream.synchronize()
         return {name: tensor.numpy() for name, tensor in host.items()}

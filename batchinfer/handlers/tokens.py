@@ -14,12 +14,18 @@ default; a row's length is the position after its last non-zero entry in the len
 (``attention_mask`` unless ``batch.lengths_from`` names another). Which inputs are sequences —
 cut to each call's longest row — is told by the model's declared shapes, never by an array's
 width, which a dense input can share by chance (:func:`sequence_inputs`).
+
+:class:`TokenOrder` is the policy as the handler's scoring (handlers/scoring.py) composes it:
+the job's ``batch.tokens``, ``batch.lengths_from`` and ``batch.sequence_inputs``, checked
+against a batch's inputs, the rows put longest first and back again.
 """
 from __future__ import annotations
 
-from typing import Collection, Mapping, Sequence
+from typing import Collection, Mapping, Optional, Sequence
 
 import numpy as np
+
+from ..errors import PreprocessError, SpecError
 
 
 def sequence_lengths(mask: np.ndarray) -> np.ndarray:
@@ -109,3 +115,86 @@ def shape_text(dims: Sequence) -> str:
     ``[N, L]``, a dynamic dim without a name ``?``."""
     return "[" + ", ".join(["N", *("?" if d is None else str(d) for d in dims)]) + "]"
 
+
+
+class TokenOrder:
+    """The job's token sizing (``batch.tokens``), as one handler applies it to its batches.
+
+    Args:
+        tokens: padded tokens per model call; None sizes calls by rows (the rows are then left
+            in their order, and only counted).
+        lengths_from: the input whose non-zero entries mark a row's real tokens.
+        listed: the inputs cut to each call's longest row (``batch.sequence_inputs``); None:
+            the lengths input and the inputs the model declares alike (:func:`sequence_inputs`).
+    """
+
+    def __init__(self, tokens: Optional[int] = None, lengths_from: str = "attention_mask",
+                 listed: Optional[Sequence[str]] = None):
+        self.tokens = tokens
+        self.lengths_from = lengths_from
+        self.listed = tuple(listed) if listed is not None else None
+        self._sequences: Optional[frozenset[str]] = None   # asked of the model once
+
+    def lengths(self, inputs: Mapping[str, np.ndarray]) -> Optional[np.ndarray]:
+        """Each row's real tokens, if the model takes the lengths input (else None).
+
+        Raises:
+            PreprocessError: calls are sized by tokens and the lengths input is not
+                ``[rows, length]`` (sizing them by rows instead would not be what was asked).
+        """
+        mask = inputs.get(self.lengths_from)
+        if mask is None:
+            return None
+        if np.ndim(mask) != 2:
+            if self.tokens:
+                raise PreprocessError(
+                    f"batch.tokens sizes model calls by the lengths in model input "
+                    f"{self.lengths_from!r}, which the preprocessing returned as "
+                    f"{list(np.shape(mask))}, not [rows, length]; nothing committed")
+            return None
+        return sequence_lengths(mask)
+
+    def sequences(self, names: Sequence[str], shapes: Mapping[str, tuple]) -> frozenset[str]:
+        """The inputs that ``batch.tokens`` cuts to each call's longest row, for the model of
+        inputs ``names`` and declared ``shapes`` (asked once).
+
+        Raises:
+            SpecError: the choice cannot be made or made safely (:func:`sequence_inputs`).
+        """
+        if self._sequences is None:
+            try:
+                self._sequences = sequence_inputs(self.lengths_from, names, shapes, self.listed)
+            except ValueError as exc:
+                raise SpecError(f"batch.tokens: {exc}") from None
+        return self._sequences
+
+    def checked_sequences(self, inputs: Mapping[str, np.ndarray], names: Sequence[str],
+                          shapes: Mapping[str, tuple]) -> frozenset[str]:
+        """The sequence inputs, each padded to the lengths input's length: a call cuts them all
+        to one width, which must mean the same positions in each.
+
+        Raises:
+            PreprocessError: a sequence input padded to another length.
+        """
+        padded = np.shape(inputs[self.lengths_from])[1]
+        sequences = self.sequences(names, shapes)
+        for name in sorted(sequences):
+            shape = np.shape(inputs[name])
+            if len(shape) < 2 or shape[1] != padded:
+                raise PreprocessError(
+                    f"batch.tokens cuts sequence input {name!r} like {self.lengths_from!r}, but the "
+                    f"preprocessing returned it as {list(shape)} beside {self.lengths_from!r} "
+                    f"padded to {padded}: pad every sequence input to the same length (or leave "
+                    f"{name!r} out of batch.sequence_inputs); nothing committed")
+        return sequences
+
+    @staticmethod
+    def put_back(order: np.ndarray, ok_rows: np.ndarray, outputs: dict[str, np.ndarray],
+                 failed: list[tuple[int, str]]
+                 ) -> tuple[np.ndarray, dict[str, np.ndarray], list[tuple[int, str]]]:
+        """Rows scored in ``order`` (indices into it) back in their places: the scored rows
+        ascending with their outputs, the failed ones by their own index."""
+        ok_rows = order[ok_rows]
+        back = np.argsort(ok_rows, kind="stable")
+        return (ok_rows[back], {k: v[back] for k, v in outputs.items()},
+                sorted((int(order[row]), error) for row, error in failed))

@@ -297,7 +297,7 @@ class ExplainBatch(beam.DoFn):
     (:class:`~batchinfer.handlers.explain.Attributions` in ``inference.explained``) of the rows
     the model scored that ``explain.fraction`` picks by ``_input_hash`` (contract §6
     "Explanations"). It holds the model its RunInference loaded (the process's model cache
-    gives both one copy) and calls it through the handler's ``LoadedModel``."""
+    gives both one copy) and calls it through its ``LoadedModel``."""
 
     def __init__(self, plan: ScoringPlan, run: ModelRun):
         assert run.explain is not None
@@ -306,8 +306,7 @@ class ExplainBatch(beam.DoFn):
         self.handler = run.handler
 
     def setup(self):
-        self._model = self.handler.load_model()
-        self._loaded = self.handler.loaded(self._model)
+        self._loaded = self.handler.load_model()
 
     def process(self, result: PredictionResult) -> Iterator[PredictionResult]:
         t0 = time.perf_counter()

@@ -1,8 +1,10 @@
-"""A conformance kit for model handlers, for batchinfer's own backends and anyone else's (as
-fsspec's ``fsspec/tests/abstract`` is for filesystems).
+"""A conformance kit for model backends, for batchinfer's own and anyone else's (as fsspec's
+``fsspec/tests/abstract`` is for filesystems).
 
-The backend-independent part of the handler contract (docs/contract.md §3) as checks that take
-a handler: the batch contract at 1 row, odd sizes and more rows than a call takes; predictions
+The model protocol (handlers/protocol.py: ``load``, ``facts``, ``predict``) checked on a backend
+(``check_protocol``), and the backend-independent part of the handler contract
+(docs/contract.md §3) as checks that take a backend in its handler (``handler_of``): the batch
+contract at 1 row, odd sizes and more rows than a call takes; predictions
 against a reference; bit-identical reruns; rows that do not depend on their neighbours, and a
 bad (NaN) row that stays in its row; threads that share one model getting what each gets alone
 (a backend's ``thread_safe``); calls halved after running out of device memory, losing no
@@ -22,12 +24,15 @@ from .conformance import (
     check_distribution,
     check_out_of_memory_loses_no_row,
     check_predictions,
+    check_protocol,
     check_rows_do_not_depend_on_their_neighbours,
     check_threads_sharing_a_model,
+    handler_of,
     score,
 )
 
 __all__ = ["SIZES", "BackendCase", "BackendConformance", "check_a_bad_row_stays_in_its_row",
            "check_bit_identical_reruns",
            "check_distribution", "check_out_of_memory_loses_no_row", "check_predictions",
-           "check_rows_do_not_depend_on_their_neighbours", "check_threads_sharing_a_model", "score"]
+           "check_protocol", "check_rows_do_not_depend_on_their_neighbours",
+           "check_threads_sharing_a_model", "handler_of", "score"]

@@ -1,16 +1,19 @@
 """The checks of the conformance kit (see the package docstring), and the suite that runs them.
 
-Every check takes handlers as ``BatchModelHandler.infer`` runs them — loaded with
-``load_model()``, fed a :class:`~batchinfer.handlers.base.Prepared` batch — and fails with an
-``AssertionError`` that names the output, so the same checks serve a pytest suite and a script.
-Inputs are dicts of arrays by input name (axis 0 rows); a single-input model is fed its one
-array, as the pipeline feeds it.
+:func:`check_protocol` checks a backend against the model protocol itself
+(handlers/protocol.py: ``load``, ``facts``, ``predict``). Every other check takes handlers —
+a backend wrapped in the one :class:`~batchinfer.handlers.base.BatchModelHandler`
+(:func:`handler_of`, or ``handler_for`` for a registered backend) — as a run uses them: loaded
+with ``load_model()``, fed a :class:`~batchinfer.handlers.base.Prepared` batch. Each fails with
+an ``AssertionError`` that names what is wrong (the output, the fact), so the same checks serve
+a pytest suite and a script. Inputs are dicts of arrays by input name (axis 0 rows); a
+single-input model is fed its one array, as the pipeline feeds it.
 """
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import pytest
@@ -18,9 +21,63 @@ import pytest
 from .. import faults, parity
 from ..handlers.base import BatchModelHandler, Inference, Prepared
 from ..handlers.loaded import LoadedModel
+from ..handlers.protocol import ModelFacts
 
 Arrays = dict[str, np.ndarray]
 SIZES = (1, 7, 4097)   # one row, an odd size, more rows than a CPU call takes (4,096)
+
+
+PROTOCOL = ("load(path) → model, facts(model) → ModelFacts, predict(model, inputs) → outputs "
+            "(batchinfer/handlers/protocol.py)")
+
+
+def handler_of(backend: Any, path: str = "model", *, chunk_rows: Optional[int] = None,
+               digest: Optional[str] = None, **kwargs: Any) -> BatchModelHandler:
+    """``backend`` (any object with the protocol's three methods) in the one handler a run wraps
+    every backend in, for model file ``path``; ``chunk_rows`` (None: the model's default) sets
+    the rows per model call, ``kwargs`` as ``BatchModelHandler`` takes them."""
+    options = {"chunk_rows": chunk_rows} if chunk_rows else {}
+    return BatchModelHandler(backend, path, digest=digest or f"{type(backend).__name__}-{id(backend)}",
+                             options=options, **kwargs)
+
+
+def check_protocol(backend: Any, path: str = "model",
+                   inputs: Optional[Mapping[str, np.ndarray]] = None) -> ModelFacts:
+    """``backend`` implements the model protocol: its three methods, facts of the declared
+    types (names, shapes of the inputs named, a device, a positive call size or None), and, given
+    ``inputs``, a ``predict`` that answers every declared output, one entry per row. Its facts."""
+    name = type(backend).__name__
+    for method in ("load", "facts", "predict"):
+        assert callable(getattr(backend, method, None)), \
+            f"{name} has no method {method!r}: a model backend implements {PROTOCOL}"
+    model = backend.load(path)
+    facts = backend.facts(model)
+    assert isinstance(facts, ModelFacts), \
+        f"{name}.facts returned {type(facts).__name__}, not a ModelFacts: {PROTOCOL}"
+    for what in ("inputs", "outputs"):
+        names = getattr(facts, what)
+        assert isinstance(names, (list, tuple)) and names and all(isinstance(n, str) for n in names), \
+            f"{name}.facts: {what} must be a non-empty list of names, not {names!r}"
+        assert len(set(names)) == len(names), f"{name}.facts: {what} {list(names)} repeat a name"
+    unknown = sorted(set(facts.input_shapes) - set(facts.inputs))
+    assert not unknown, f"{name}.facts: input_shapes names {unknown}, which are not inputs {list(facts.inputs)}"
+    for key, shape in facts.input_shapes.items():
+        assert isinstance(shape, tuple) and all(d is None or isinstance(d, (int, str)) for d in shape), \
+            f"{name}.facts: input_shapes[{key!r}] must be a tuple of int | str | None, not {shape!r}"
+    assert isinstance(facts.device, str) and facts.device, f"{name}.facts: device must be a str, not {facts.device!r}"
+    chunk = facts.default_chunk_rows
+    assert chunk is None or (isinstance(chunk, int) and chunk > 0), \
+        f"{name}.facts: default_chunk_rows must be a positive int or None, not {chunk!r}"
+    if inputs is not None:
+        rows = len(next(iter(inputs.values())))
+        out = backend.predict(model, {k: inputs[k] for k in facts.inputs})
+        assert isinstance(out, Mapping) and list(out) == list(facts.outputs), \
+            f"{name}.predict answered {list(out) if isinstance(out, Mapping) else type(out).__name__}, " \
+            f"not the declared outputs {list(facts.outputs)}"
+        for key, value in out.items():
+            assert np.shape(value)[:1] == (rows,), \
+                f"{name}.predict: output {key!r} has shape {list(np.shape(value))} for {rows} rows"
+    return facts
 
 
 def score(handler: BatchModelHandler, inputs: Mapping[str, np.ndarray]) -> tuple[Inference, LoadedModel]:
@@ -28,7 +85,7 @@ def score(handler: BatchModelHandler, inputs: Mapping[str, np.ndarray]) -> tuple
     model = handler.load_model()
     rows = len(next(iter(inputs.values())))
     features = dict(inputs) if len(inputs) > 1 else next(iter(inputs.values()))
-    return handler.infer(model, Prepared(key=(0, 0), rows=rows, features=features)), handler.loaded(model)
+    return handler.infer(model, Prepared(key=(0, 0), rows=rows, features=features)), model
 
 
 def check_predictions(handler: BatchModelHandler, inputs: Mapping[str, np.ndarray],
@@ -134,7 +191,7 @@ def check_threads_sharing_a_model(make_handler: Callable[[], BatchModelHandler],
     """Threads that share one loaded model, as a Beam worker's threads do (each with a handler
     of its own; one loads the model and the others are handed it), score ``inputs`` (one batch
     each) at once and get the bytes each batch gets alone. A backend that says it is
-    ``thread_safe`` must really be; for one that does not, the handler base's lock is checked.
+    ``thread_safe`` must really be; for one that does not, the handler's call lock is checked.
     That the calls did overlap is up to the scheduler: a pass is evidence, not proof."""
     handlers = [make_handler() for _ in inputs]
     model = handlers[0].load_model()
@@ -203,8 +260,8 @@ class BackendConformance:
             @pytest.fixture
             def backend(self):
                 return BackendCase(
-                    make_handler=lambda chunk_rows=None: MyHandler(
-                        "model.bin", digest="test", options={"chunk_rows": chunk_rows} if chunk_rows else {}),
+                    make_handler=lambda chunk_rows=None: handler_of(
+                        MyBackend(), "model.bin", chunk_rows=chunk_rows),
                     inputs=lambda rows, seed: {"x": np.random.default_rng(seed).random((rows, 4), np.float32)},
                     reference=my_numpy_model)
 
@@ -214,6 +271,10 @@ class BackendConformance:
     @pytest.fixture
     def backend(self) -> BackendCase:
         raise NotImplementedError("override the `backend` fixture with a BackendCase")
+
+    def test_the_model_protocol(self, backend: BackendCase) -> None:
+        handler = backend.make_handler()
+        check_protocol(handler.model_backend, handler.model_path, backend.inputs(3, 0))
 
     @pytest.mark.parametrize("rows", SIZES)
     def test_predictions_and_the_batch_contract(self, backend: BackendCase, rows: int) -> None:

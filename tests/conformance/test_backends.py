@@ -157,7 +157,7 @@ def models() -> dict[str, dict]:
 
 
 def _handler(kind: tuple, model: dict, chunk_rows: int | None = None):
-    from batchinfer.backends import handler_class
+    from batchinfer.handlers.base import handler_for
 
     backend, device, options, _ = kind
     options = dict(options)
@@ -166,8 +166,8 @@ def _handler(kind: tuple, model: dict, chunk_rows: int | None = None):
     path = {"onnxruntime": model["onnx"], "torch": model["pt2"], "tensorrt": model.get("engine")}[backend]
     if path is None:
         pytest.skip("no TensorRT engine was built for this model")
-    cls = handler_class(backend)
-    return cls(str(path), digest=f"{path.name}-{sorted(options.items())}", device=device, options=options)
+    return handler_for(backend, str(path), digest=f"{path.name}-{sorted(options.items())}", device=device,
+                       options=options)
 
 
 def _reference(model: dict, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -91,13 +91,13 @@ def test_orderings_come_from_the_seed_alone_in_antithetic_pairs():
 def test_integrated_gradients_is_captums_on_the_same_model():
     torch = pytest.importorskip("torch")
     captum = pytest.importorskip("captum.attr")
-    from batchinfer.handlers.pytorch import TorchModel, TorchModelHandler
+    from batchinfer.handlers.pytorch import TorchBackend, TorchModel
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).eval()
     model = TorchModel(module=net, device=torch.device("cpu"), inputs=["x"], outputs=["y"],
                        input_dtypes={"x": np.dtype("float32")}, autocast=None)
-    handler = TorchModelHandler("unused.pt2", digest="d", device="cpu")
+    handler = TorchBackend(device="cpu")
     x = np.random.default_rng(2).standard_normal((9, 4)).astype(np.float32)
     base = np.full(4, 0.25)
     got, gap = handler.attribute(model, "x", x, base, "y", "integrated_gradients", 24)
@@ -212,7 +212,7 @@ def test_every_permutation_call_has_one_shape_whatever_the_batch():
 
 def _torch_program(squash: bool):
     torch = pytest.importorskip("torch")
-    from batchinfer.handlers.pytorch import TorchModel, TorchModelHandler
+    from batchinfer.handlers.pytorch import TorchBackend, TorchModel
 
     torch.manual_seed(0)
     layers = [torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)]
@@ -221,7 +221,7 @@ def _torch_program(squash: bool):
                                   dynamic_shapes=({0: torch.export.Dim("batch")},)).module()
     model = TorchModel(module=program, device=torch.device("cpu"), inputs=["x"], outputs=["y"],
                        input_dtypes={"x": np.dtype("float32")}, autocast=None)
-    handler = TorchModelHandler("unused.pt2", digest="d", device="cpu")
+    handler = TorchBackend(device="cpu")
 
     def predict(z):
         return handler.predict(model, {"x": z})["y"].astype(np.float64).reshape(-1)

@@ -1,7 +1,7 @@
-"""The parts of the handler base (batchinfer/handlers): call planning (calls.py), the
-out-of-memory policy (oom.py), the batch contract (batch_contract.py), the loaded model
-(loaded.py), the per-process model cache and the lock on a model that is not thread-safe
-(base.py), and the fault value the handler carries (faults.py). Each is checked on its own
+"""The parts the handler composes around a backend (batchinfer/handlers): call planning
+(calls.py), the out-of-memory policy (oom.py), the batch contract (batch_contract.py), the loaded
+model (loaded.py), the per-process model cache and the lock on a model that is not thread-safe
+(sharing.py), and the fault value the handler carries (faults.py). Each is checked on its own
 here; tests/unit/test_model_failures.py and test_token_batches.py check them together through
 ``BatchModelHandler.infer``.
 Rerun with ``.venv/bin/pytest tests/unit/test_handler_parts.py -q``.
@@ -22,12 +22,13 @@ from hypothesis import strategies as st
 
 from batchinfer import faults
 from batchinfer.errors import ModelError
-from batchinfer.handlers import base
+from batchinfer.handlers import base, sharing
 from batchinfer.handlers.base import BatchModelHandler, Prepared
 from batchinfer.handlers.batch_contract import BatchContract
 from batchinfer.handlers.calls import plan_calls
-from batchinfer.handlers.loaded import LocalModel, ServedModel
+from batchinfer.handlers.loaded import LoadedModel
 from batchinfer.handlers.oom import InjectedOutOfMemory, OutOfMemoryPolicy
+from batchinfer.handlers.protocol import ModelFacts
 
 # -- call planning ------------------------------------------------------------------------------
 
@@ -96,48 +97,48 @@ def test_the_batch_contract_wants_a_row_out_per_row_in_and_one_signature():
 
 # -- the loaded model and the model cache --------------------------------------------------------
 
-class Counting(BatchModelHandler):
+class CountingBackend:
     """A model that is a Python object (so that it can be watched being freed)."""
 
     warm_up = False
     opened: list[str] = []
 
-    def __init__(self, digest="counting", **options):
-        super().__init__("counting.model", digest=digest, options=options)
+    def __init__(self, digest):
+        self.digest = digest
 
-    def open_model(self):
-        Counting.opened.append(self.digest)
+    def load(self, path):
+        CountingBackend.opened.append(self.digest)
         return {"weights": np.arange(3)}
 
-    def input_names(self, model):
-        return ("x",)     # a tuple: ServedModel answers with a list
-
-    def output_names(self, model):
-        return ["y"]
-
-    def input_shapes(self, model):
-        return {"x": (1,)}
-
-    def default_chunk_rows(self, model):
-        return 2
+    def facts(self, model):
+        # a tuple and a list: the loaded model answers with plain lists and tuples
+        return ModelFacts(inputs=("x",), outputs=["y"], input_shapes={"x": [1]}, default_chunk_rows=2)
 
     def predict(self, model, inputs):
         return {"y": inputs["x"][:, 0] * model["weights"][2]}
 
 
+class Counting(BatchModelHandler):
+    """The handler a run wraps CountingBackend in (a subclass for the tests' one-line builds)."""
+
+    opened = CountingBackend.opened
+
+    def __init__(self, digest="counting", **options):
+        super().__init__(CountingBackend(digest), "counting.model", digest=digest, options=options)
+
+
 def test_a_local_model_binds_the_hooks_and_a_served_one_answers_plain_data():
     handler = Counting()
-    model = handler.load_model()
-    loaded = handler.loaded(model)
-    assert isinstance(loaded, LocalModel) and not isinstance(loaded, ServedModel)
-    assert loaded.input_names() == ("x",) and loaded.output_names() == ["y"]
+    loaded = handler.load_model()
+    assert isinstance(loaded, LoadedModel) and handler.load_model() is loaded
+    assert loaded.input_names() == ["x"] and loaded.output_names() == ["y"]
     assert loaded.input_shapes() == {"x": (1,)} and loaded.default_chunk_rows() == 2
     assert loaded.device_used() == "cpu"
     assert loaded.predict({"x": np.ones((2, 1))})["y"].tolist() == [2.0, 2.0]
     shared = Counting(share_across_processes=True)
     served = shared.load_model()
-    assert isinstance(served, ServedModel) and shared.loaded(served) is served
-    assert served._lock is base.call_lock(shared.model_key())   # held where it is served
+    assert isinstance(served, LoadedModel) and pickle.loads(pickle.dumps(served.facts())) == served.facts()
+    assert served._lock is sharing.call_lock(shared.model_key())   # held where it is served
     assert served.input_names() == ["x"]
     result = shared.infer(served, Prepared((0, 0), 5, np.ones((5, 1))))
     assert result.outputs["y"].tolist() == [2.0] * 5 and result.chunk_rows == 2
@@ -148,15 +149,15 @@ def test_a_model_is_cached_while_a_handler_holds_it_and_freed_after():
     first = Counting(digest="cached")
     model = first.load_model()
     worker = pickle.loads(pickle.dumps(first))         # what Beam hands an in-process worker
-    assert worker._held is None                        # the model does not travel
-    assert worker.load_model() is model and Counting.opened == ["cached"]
+    assert worker._held is None and worker._loaded is None   # the model does not travel
+    assert worker.load_model().model is model.model and Counting.opened == ["cached"]
     key = first.model_key()
     del worker, model
     gc.collect()
-    assert key in base._models                         # `first` still holds it
+    assert key in sharing._models                      # `first` still holds it
     del first
     gc.collect()
-    assert key not in base._models                     # no handler left: evicted
+    assert key not in sharing._models                  # no handler left: evicted
     Counting(digest="cached").load_model()
     assert Counting.opened == ["cached", "cached"]
 
@@ -176,7 +177,7 @@ class Entered:
 ENTERED: dict[str, Entered] = {}   # by digest: the model each test's handlers load
 
 
-class OneAtATime(BatchModelHandler):
+class OneAtATimeBackend:
     """A backend whose ``predict`` may not run in two threads at once, as TensorRT's one
     execution context or the torch CUDA path's one set of staging buffers: a call that finds
     another thread inside fails its rows."""
@@ -184,16 +185,13 @@ class OneAtATime(BatchModelHandler):
     warm_up = False
 
     def __init__(self, digest):
-        super().__init__("one-at-a-time.model", digest=digest, options={"chunk_rows": 2})
+        self.digest = digest
 
-    def open_model(self):
+    def load(self, path):
         return ENTERED.setdefault(self.digest, Entered())
 
-    def input_names(self, model):
-        return ["x"]
-
-    def output_names(self, model):
-        return ["y"]
+    def facts(self, model):
+        return ModelFacts(inputs=["x"], outputs=["y"])
 
     def predict(self, model, inputs):
         with model.guard:
@@ -211,11 +209,16 @@ class OneAtATime(BatchModelHandler):
                 model.inside -= 1
 
 
+def OneAtATime(digest):
+    return BatchModelHandler(OneAtATimeBackend(digest), "one-at-a-time.model", digest=digest,
+                             options={"chunk_rows": 2})
+
+
 def test_a_beam_workers_threads_take_turns_on_a_model_that_is_not_thread_safe():
     """Beam's direct runner with 4 threads in this process: each thread unpickles a handler of
     its own and one of them loads the model, which Beam's ``Shared`` hands the others — the
     threads' handlers share nothing but the model and its key. Its calls never overlap and every
-    row is scored. (With the lock off, ``thread_safe = True`` here, 4 threads were inside at once
+    row is scored. (With the lock off, ``thread_safe = True`` on the backend, 4 threads were inside at once
     and rows failed.)"""
     import apache_beam as beam
     from apache_beam.testing.util import assert_that, equal_to
@@ -250,13 +253,13 @@ def test_the_time_a_call_waits_for_the_lock_is_not_the_models(monkeypatch):
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
     monkeypatch.setattr(base, "call_lock", lambda key: SlowLock())
     handler = OneAtATime("slow-lock")
+    monkeypatch.setattr(OneAtATimeBackend, "predict", lambda self, model, inputs: {"y": inputs["x"][:, 0]})
     model = handler.load_model()
-    monkeypatch.setattr(OneAtATime, "predict", lambda self, model, inputs: {"y": inputs["x"][:, 0]})
     result = handler.infer(model, Prepared((0, 0), 4, np.ones((4, 1), np.float32)))
     assert result.failed == [] and result.compute_ms == 0.0          # 2 calls, 2 s waited, 0 s computed
-    loaded = handler.loaded(model)
-    loaded.predict({"x": np.ones((1, 1), np.float32)})
-    assert loaded.waited_s == 1.0
+    waited = model.waited_s()
+    model.predict({"x": np.ones((1, 1), np.float32)})
+    assert model.waited_s() - waited == 1.0
 
 
 # -- the fault value the handler carries ----------------------------------------------------------
@@ -291,11 +294,11 @@ def test_the_oom_fault_travels_with_the_handler_and_halves_its_calls():
 
 def test_torch_out_of_memory_is_recognised():
     torch = pytest.importorskip("torch")
-    from batchinfer.handlers.pytorch import TorchModelHandler
+    from batchinfer.handlers.pytorch import TorchBackend
 
-    handler = TorchModelHandler("m.pt2", digest="d", device="cpu")
-    assert handler.is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
-    assert not handler.is_out_of_memory(RuntimeError("shape mismatch"))
+    backend = TorchBackend(device="cpu")
+    assert backend.is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
+    assert not backend.is_out_of_memory(RuntimeError("shape mismatch"))
 
 
 def test_omp_wait_policy_is_set_for_torchs_import_only(monkeypatch):

@@ -129,7 +129,7 @@ def test_external_data_comes_along_and_is_in_the_digest(tmp_path):
 
 
 def test_a_handler_loads_through_the_cache_and_pickles_the_url(tmp_path, monkeypatch):
-    from batchinfer.handlers.onnx import OnnxModelHandler
+    from batchinfer.handlers.base import handler_for
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     # A model no other test loads (a live handler of the same digest would be reused instead).
@@ -137,8 +137,8 @@ def test_a_handler_loads_through_the_cache_and_pickles_the_url(tmp_path, monkeyp
     url = f"memory://handler-{uuid.uuid4().hex[:8]}/model.onnx"
     fsspec.filesystem("memory").pipe_file(url, data)
     digest = sha(data)
-    handler = OnnxModelHandler(url, digest=digest, device="cpu", source=ModelSource(url, digest))
-    model = handler.loaded(handler.load_model())
+    handler = handler_for("onnxruntime", url, digest=digest, device="cpu", source=ModelSource(url, digest))
+    model = handler.load_model()
     assert handler.model_path == str(tmp_path / "cache" / digest / "model.onnx")
     x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
     np.testing.assert_allclose(model.predict({"x": x})["y"][:, 0],

@@ -213,7 +213,7 @@ def test_model_that_returns_another_number_of_rows_is_a_model_failure(project, k
         assert not any(p.is_file() for p in out.rglob("*.parquet"))
 
 
-# -- BatchModelHandler.infer with a fake model ----------------------------------------------------
+# -- BatchModelHandler.infer with a fake backend ---------------------------------------------------
 
 MARK = -999.0
 
@@ -221,26 +221,19 @@ MARK = -999.0
 def fake_handler(mode: str, chunk_rows: int | None = None):
     """A handler over a Python "model" (built here so that collecting this file imports no Beam)."""
     from batchinfer.handlers.base import BatchModelHandler
+    from batchinfer.handlers.protocol import ModelFacts
 
-    class Fake(BatchModelHandler):
+    class Fake:
         warm_up = False   # every call counted below is a scoring call
 
         def __init__(self):
-            super().__init__("fake.model", digest="fake",
-                             options={"chunk_rows": chunk_rows} if chunk_rows else {})
             self.calls = []
 
-        def open_model(self):
+        def load(self, path):
             return "model"
 
-        def model_key(self):
-            return ("fake", id(self))
-
-        def input_names(self, model):
-            return ["x"]
-
-        def output_names(self, model):
-            return ["y", "z"]
+        def facts(self, model):
+            return ModelFacts(inputs=["x"], outputs=["y", "z"])
 
         def predict(self, model, inputs):
             x = inputs["x"]
@@ -254,7 +247,10 @@ def fake_handler(mode: str, chunk_rows: int | None = None):
                 raise RuntimeError("cannot score anything")
             return {"y": x[:, 0] * 2, "z": x[:, 1:3]}
 
-    return Fake()
+    handler = BatchModelHandler(Fake(), "fake.model", digest=f"fake-{mode}-{chunk_rows}",
+                                options={"chunk_rows": chunk_rows} if chunk_rows else {})
+    handler.calls = handler.model_backend.calls   # type: ignore[attr-defined]  # the tests' view
+    return handler
 
 
 def prepared(n: int, marked: list[int]):
@@ -330,22 +326,19 @@ class _DeviceFull(RuntimeError):
 def oom_handler(limit: int, chunk_rows: int = 1000):
     """A handler whose "device" holds at most ``limit`` rows a call."""
     from batchinfer.handlers.base import BatchModelHandler
+    from batchinfer.handlers.protocol import ModelFacts
 
-    class Small(BatchModelHandler):
+    class Small:
         warm_up = False
 
         def __init__(self):
-            super().__init__("small.model", digest=f"small-{limit}", options={"chunk_rows": chunk_rows})
             self.calls = []
 
-        def open_model(self):
+        def load(self, path):
             return "model"
 
-        def input_names(self, model):
-            return ["x"]
-
-        def output_names(self, model):
-            return ["y"]
+        def facts(self, model):
+            return ModelFacts(inputs=["x"], outputs=["y"])
 
         def is_out_of_memory(self, exc):
             return isinstance(exc, _DeviceFull)
@@ -357,7 +350,10 @@ def oom_handler(limit: int, chunk_rows: int = 1000):
                 raise _DeviceFull(f"out of memory at {len(x)} rows")
             return {"y": x[:, 0] * 2}
 
-    return Small()
+    handler = BatchModelHandler(Small(), "small.model", digest=f"small-{limit}",
+                                options={"chunk_rows": chunk_rows})
+    handler.calls = handler.model_backend.calls   # type: ignore[attr-defined]  # the tests' view
+    return handler
 
 
 def test_out_of_memory_halves_the_chunk_and_retries_the_same_rows():

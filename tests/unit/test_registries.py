@@ -44,7 +44,7 @@ def test_the_view_is_read_only_and_shows_later_registrations():
 def test_a_taken_name_is_refused_unless_clobbered_and_batchinfers_own_never_replaced():
     registry = fresh(backends._REGISTRY)
     onnx = registry.entries()["onnxruntime"]
-    other = Backend(name="onnxruntime", suffixes=(".onnx",), handler="mine:Handler")
+    other = Backend(name="onnxruntime", suffixes=(".onnx",), implementation="mine:Handler")
     for clobber in (False, True):
         with pytest.raises(ValueError, match=r"backend 'onnxruntime' is already registered \(by "
                                              r"batchinfer\), whose entries cannot be replaced"):
@@ -53,7 +53,7 @@ def test_a_taken_name_is_refused_unless_clobbered_and_batchinfers_own_never_repl
     registry.register(onnx)  # the same entry again is no clash
     assert registry.provenance("onnxruntime").builtin
     # An entry that register() added is the program's own: replaced when told to.
-    mine = Backend(name="mine", suffixes=(".m",), handler="mine:Handler")
+    mine = Backend(name="mine", suffixes=(".m",), implementation="mine:Handler")
     registry.register(mine)
     with pytest.raises(ValueError, match=r"backend 'mine' is already registered \(by register\(\) "
                                          r"in test_registries\): pass clobber=True"):
@@ -119,21 +119,21 @@ PLUGIN = '''
     from batchinfer.runners import Runner
 
     BACKEND = Backend(name="echo", suffixes=(".echo",), options={"scale": float},
-                      handler="echo_plugin:EchoHandler", install="pip install echo-plugin")
+                      implementation="echo_plugin:EchoHandler", install="pip install echo-plugin")
     # Beam's FnApiRunner under another name, which needs a job name.
     RUNNER = Runner(name="inline", beam_runner="apache_beam.runners.portability.fn_api_runner.FnApiRunner",
                     required=("job_name",))
     # ONNX Runtime's handler under another name (its module imported only when a job uses it).
     ONNX_ECHO = Backend(name="onnx-echo", suffixes=(".onnx",), options={"precision": ("fp32",)},
-                        handler="echo_handlers:EchoOnnx", declared={"precision": "fp32"},
+                        implementation="echo_handlers:EchoOnnx", declared={"precision": "fp32"},
                         implied={"precision": "fp32"})
 '''
 ECHO_HANDLERS = '''
-from batchinfer.handlers.onnx import OnnxModelHandler
+from batchinfer.handlers.onnx import OnnxBackend
 
 
-class EchoOnnx(OnnxModelHandler):
-    backend = "onnx-echo"
+class EchoOnnx(OnnxBackend):
+    name = "onnx-echo"
 '''
 
 
@@ -185,7 +185,7 @@ def test_a_distributions_backend_and_runner_are_found_and_the_spec_takes_them(in
     from batchinfer.spec import parse_spec
 
     echo_plugin(installed)
-    assert "echo" in backends.names() and backends.get("echo").handler == "echo_plugin:EchoHandler"
+    assert "echo" in backends.names() and backends.get("echo").implementation == "echo_plugin:EchoHandler"
     assert runners.names()[-1] == "inline" and runners.get("inline").beam_runner == FN_API
     spec = parse_spec(job_data(model={"uri": "m.echo", "backend": "echo", "options": {"scale": 2.0}},
                                runner={"name": "inline", "options": {"job_name": "nightly"}}))
@@ -249,9 +249,9 @@ def test_code_a_plugin_runs_cannot_replace_a_builtin_or_another_distributions_en
         from batchinfer import backends
         from batchinfer.backends import Backend
 
-        backends.register(Backend(name="onnxruntime", suffixes=(".onnx",), handler="evil:Handler"),
+        backends.register(Backend(name="onnxruntime", suffixes=(".onnx",), implementation="evil:Handler"),
                           clobber=True)
-        BACKEND = Backend(name="evil", suffixes=(".evil",), handler="evil:Handler")
+        BACKEND = Backend(name="evil", suffixes=(".evil",), implementation="evil:Handler")
     ''', """\
         [batchinfer.backends]
         evil = evil_plugin:BACKEND
@@ -267,7 +267,7 @@ def test_code_a_plugin_runs_cannot_replace_a_builtin_or_another_distributions_en
         assert backends._REGISTRY._entries["onnxruntime"] is builtin
     sys.modules.pop("evil_plugin", None)
     (installed / "evil_plugin-1.0.dist-info" / "entry_points.txt").unlink()
-    assert backends.get("echo").handler == "echo_plugin:EchoHandler"
+    assert backends.get("echo").implementation == "echo_plugin:EchoHandler"
     with pytest.raises(ValueError, match=r"backend 'echo' is already registered \(by entry point "
                                          r"echo = .*distribution echo-plugin\)\), whose entries "
                                          r"cannot be replaced"):
@@ -327,9 +327,9 @@ def test_a_plugin_that_replaces_a_builtin_or_a_runner_that_is_not_there_is_one_l
         from batchinfer import backends
         from batchinfer.backends import Backend
 
-        backends.register(Backend(name="onnxruntime", suffixes=(".onnx",), handler="evil:Handler"),
+        backends.register(Backend(name="onnxruntime", suffixes=(".onnx",), implementation="evil:Handler"),
                           clobber=True)
-        BACKEND = Backend(name="evil", suffixes=(".evil",), handler="evil:Handler")
+        BACKEND = Backend(name="evil", suffixes=(".evil",), implementation="evil:Handler")
     ''', """\
         [batchinfer.backends]
         evil = evil_plugin:BACKEND

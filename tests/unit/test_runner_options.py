@@ -253,13 +253,13 @@ def test_the_champions_columns_come_from_its_one_load(job_folder, monkeypatch):
     from batchinfer.spec import load_job
 
     built: list[str] = []
-    real_class = models.handler_class
+    real_class = models.backend_class
 
     def counting(backend):
         built.append(backend)
         return real_class(backend)
 
-    monkeypatch.setattr(models, "handler_class", counting)
+    monkeypatch.setattr(models, "backend_class", counting)
     outputs = [o.name for o in ort.InferenceSession(str(job_folder / "models" / "model.onnx"))
                .get_outputs()]
     champion = models.load_champion(resolve(load_job(job_folder / "job.yaml", ds=DS)))

@@ -20,22 +20,22 @@ import pytest
 
 from batchinfer.backends import check_options
 from batchinfer.errors import SpecError
-from batchinfer.handlers.base import Prepared
-from batchinfer.handlers.onnx import CPU_CHUNK_ROWS, OnnxModelHandler
+from batchinfer.handlers.base import BatchModelHandler, Prepared, handler_for
+from batchinfer.handlers.onnx import CPU_CHUNK_ROWS
 from batchinfer.imports import without
 from factories import DS, make_mlp_onnx, numeric_project, read_partition, run_cli
 
 
-def counting_handler(path: Path, **options) -> tuple[OnnxModelHandler, list[int]]:
-    handler = OnnxModelHandler(str(path), digest="test", device="cpu", options=options)
+def counting_handler(path: Path, **options) -> tuple[BatchModelHandler, list[int]]:
+    handler = handler_for("onnxruntime", str(path), digest="test", device="cpu", options=options)
     calls: list[int] = []
-    predict = handler.predict
+    predict = handler.model_backend.predict
 
     def counted(model, inputs):
         calls.append(len(next(iter(inputs.values()))))
         return predict(model, inputs)
 
-    handler.predict = counted  # type: ignore[method-assign]
+    handler.model_backend.predict = counted  # type: ignore[method-assign]
     return handler, calls
 
 
@@ -123,9 +123,11 @@ def test_io_binding_is_used_when_asked_and_gives_the_same_bytes(tmp_path):
     IO binding instead of ``run``; the predictions are the same bytes."""
     model_path = make_mlp_onnx(tmp_path / "m.onnx", n_features=4, hidden=16)
     x = np.random.default_rng(5).standard_normal((5000, 4)).astype(np.float32)
-    plain = OnnxModelHandler(str(model_path), digest="plain", device="cpu")
-    bound = OnnxModelHandler(str(model_path), digest="bound", device="cpu", options={"io_binding": True})
-    session = bound.load_model()
+    plain = handler_for("onnxruntime", str(model_path), digest="plain", device="cpu")
+    bound = handler_for("onnxruntime", str(model_path), digest="bound", device="cpu",
+                        options={"io_binding": True})
+    loaded = bound.load_model()
+    session = loaded.model.session
     calls = []
     real = session.run_with_iobinding
 
@@ -135,31 +137,31 @@ def test_io_binding_is_used_when_asked_and_gives_the_same_bytes(tmp_path):
 
     session.run_with_iobinding = counted
     session.run = None   # would raise if the bound handler called it
-    got = bound.infer(session, Prepared(key=(0, 0), rows=len(x), features=x)).outputs["y"]
+    got = bound.infer(loaded, Prepared(key=(0, 0), rows=len(x), features=x)).outputs["y"]
     want = plain.infer(plain.load_model(), Prepared(key=(0, 0), rows=len(x), features=x)).outputs["y"]
     assert calls and got.tobytes() == want.tobytes()
 
 
 def test_a_shared_model_answers_every_hook_with_data_that_pickles(tmp_path):
     """``share_across_processes``: workers reach the model through a proxy that pickles what
-    crosses; ONNX Runtime's own answers (NodeArg) do not pickle, ServedModel's do."""
+    crosses; ONNX Runtime's own answers (NodeArg) do not pickle, the LoadedModel's do."""
     import pickle
 
-    from batchinfer.handlers.base import ServedModel
+    from batchinfer.handlers.loaded import LoadedModel
 
     model_path = make_mlp_onnx(tmp_path / "m.onnx", n_features=4, hidden=16)
-    shared = OnnxModelHandler(str(model_path), digest="shared", device="cpu",
-                              options={"share_across_processes": True, "model_copies": 1})
+    shared = handler_for("onnxruntime", str(model_path), digest="shared", device="cpu",
+                         options={"share_across_processes": True, "model_copies": 1})
     served = shared.load_model()
-    assert isinstance(served, ServedModel) and shared.model_copies() == 1
+    assert isinstance(served, LoadedModel) and shared.model_copies() == 1
     with pytest.raises(TypeError):
-        pickle.dumps(served._model.get_inputs())
-    loaded = shared.loaded(served)
+        pickle.dumps(served.model.session.get_inputs())
+    loaded = served
     for answer in (loaded.input_names(), loaded.output_names(), loaded.input_shapes(),
-                   loaded.default_chunk_rows(), loaded.device_used()):
+                   loaded.default_chunk_rows(), loaded.device_used(), loaded.facts()):
         pickle.dumps(answer)
     x = np.random.default_rng(2).standard_normal((300, 4)).astype(np.float32)
-    plain = OnnxModelHandler(str(model_path), digest="plain", device="cpu")
+    plain = handler_for("onnxruntime", str(model_path), digest="plain", device="cpu")
     got = shared.infer(served, Prepared(key=(0, 0), rows=300, features=x)).outputs["y"]
     want = plain.infer(plain.load_model(), Prepared(key=(0, 0), rows=300, features=x)).outputs["y"]
     assert got.tobytes() == want.tobytes()

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from batchinfer.handlers import tokens as token_calls
 from batchinfer.handlers.base import BatchModelHandler, Prepared
 from batchinfer.handlers.calls import plan_calls
+from batchinfer.handlers.protocol import ModelFacts
 
 POISON = 666   # a token id the fake model rejects
 
@@ -34,21 +35,24 @@ class _DeviceFull(RuntimeError):
     pass
 
 
-class FakeEncoder(BatchModelHandler):
+class FakeEncoderBackend:
     """Per row: the sum of its real token ids and its length (exact in any batch), and the
     padded length it was given (so tests see the trimming). Rejects rows holding POISON; with
-    ``capacity``, runs out of "device memory" above that many padded tokens a call."""
+    ``capacity``, runs out of "device memory" above that many padded tokens a call. Its facts
+    come from ``input_names``, ``output_names`` and ``input_shapes``, which tests replace."""
 
     warm_up = False
 
-    def __init__(self, *, tokens=None, chunk_rows=None, capacity=None):
-        super().__init__("fake.model", digest=f"fake-{capacity}",
-                         options={"chunk_rows": chunk_rows} if chunk_rows else {}, tokens=tokens)
+    def __init__(self, capacity=None):
         self.capacity = capacity
         self.calls: list[tuple[int, int]] = []
 
-    def open_model(self):
+    def load(self, path):
         return "model"
+
+    def facts(self, model):
+        return ModelFacts(inputs=self.input_names(model), outputs=self.output_names(model),
+                          input_shapes=self.input_shapes(model))
 
     def input_names(self, model):
         return ["input_ids", "attention_mask"]
@@ -71,6 +75,13 @@ class FakeEncoder(BatchModelHandler):
             raise ValueError("token 666 is not in the vocabulary")
         return {"total": (ids * mask).sum(1).astype(np.float32),
                 "length": mask.sum(1).astype(np.float32)}
+
+
+def FakeEncoder(*, tokens=None, chunk_rows=None, capacity=None, backend=None):
+    """The handler a run wraps the fake encoder in (``handler.model_backend.calls``: its calls)."""
+    return BatchModelHandler(backend or FakeEncoderBackend(capacity), "fake.model",
+                             digest=f"fake-{capacity}",
+                             options={"chunk_rows": chunk_rows} if chunk_rows else {}, tokens=tokens)
 
 
 def infer(handler, features):
@@ -126,7 +137,7 @@ def test_token_calls_are_capped_and_trimmed():
     infer(handler, padded(lengths, pad_to=256))                     # padded past every row
     longest_first = sorted(lengths, reverse=True)
     position = 0
-    for rows, width in handler.calls:
+    for rows, width in handler.model_backend.calls:
         assert width == longest_first[position]                     # cut to its longest row
         assert rows * width <= 600
         position += rows
@@ -136,7 +147,7 @@ def test_token_calls_are_capped_and_trimmed():
 def test_chunk_rows_still_caps_a_token_call():
     handler = FakeEncoder(tokens=10_000, chunk_rows=8)
     infer(handler, padded([3] * 50))
-    assert [rows for rows, _ in handler.calls] == [8] * 6 + [2]
+    assert [rows for rows, _ in handler.model_backend.calls] == [8] * 6 + [2]
 
 
 def test_rejected_rows_are_isolated_and_named_by_their_own_row():
@@ -161,19 +172,19 @@ def test_out_of_memory_halves_the_call_and_keeps_every_row_in_place():
     result = infer(handler, features)
     assert result.failed == [] and result.oom_backoffs >= 1
     assert result.outputs["length"].tolist() == lengths
-    assert handler.calls[:2] == [(40, 50), (20, 50)]                # 2000 tokens, then half
+    assert handler.model_backend.calls[:2] == [(40, 50), (20, 50)]                # 2000 tokens, then half
     # the smaller budget is kept: the next batch does not run out of memory again
-    handler.calls.clear()
+    handler.model_backend.calls.clear()
     second = infer(handler, features)
     assert second.oom_backoffs == 0 and second.outputs["length"].tolist() == lengths
-    assert all(rows * width <= 600 for rows, width in handler.calls)
+    assert all(rows * width <= 600 for rows, width in handler.model_backend.calls)
 
 
 def test_without_a_lengths_input_calls_are_sized_by_rows():
     handler = FakeEncoder(tokens=100)
-    handler.lengths_from = "not_an_input"
+    handler.scorer.tokens.lengths_from = "not_an_input"
     result = infer(handler, padded([4, 9, 2]))
-    assert handler.calls == [(3, 9)] and result.tokens == 0 and result.padded_tokens == 0
+    assert handler.model_backend.calls == [(3, 9)] and result.tokens == 0 and result.padded_tokens == 0
 
 
 @settings(max_examples=60, deadline=None)
@@ -202,26 +213,27 @@ def test_a_lengths_input_that_is_not_rows_by_length_is_refused():
     with pytest.raises(PreprocessError, match=r"'attention_mask' of shape \[N\]; .* takes \[N, L\]"):
         infer(FakeEncoder(tokens=100), features)                        # as the model declares it
     undeclared = FakeEncoder(tokens=100)
-    undeclared.input_shapes = lambda model: {}
+    undeclared.model_backend.input_shapes = lambda model: {}
     with pytest.raises(PreprocessError, match=r"'attention_mask'.*\[3\], not \[rows, length\]"):
         infer(undeclared, features)                                     # whatever it declares
     assert PreprocessError("x").exit_code == 2
     handler = FakeEncoder(chunk_rows=8)
-    handler.input_shapes = lambda model: {}
-    handler.predict = lambda model, inputs: {"total": inputs["input_ids"].sum(1), "length": inputs["attention_mask"]}
+    handler.model_backend.input_shapes = lambda model: {}
+    handler.model_backend.predict = lambda model, inputs: {"total": inputs["input_ids"].sum(1),
+                                                           "length": inputs["attention_mask"]}
     result = infer(handler, features)
     assert result.tokens == 0 and result.outputs["length"].tolist() == [4, 9, 2]
 
 
 # -- which inputs a call cuts: the model's declared shapes, never an array's width -------------
 
-class DenseFakeEncoder(FakeEncoder):
+class DenseFakeEncoderBackend(FakeEncoderBackend):
     """FakeEncoder with a fixed-width ``dense`` input ``[N, width]`` beside its sequences; its
     ``dense_total`` sums all of a row's dense values (exact), whatever width it is given, as a
     model that broadcasts would: cutting it would change predictions without an error."""
 
-    def __init__(self, width, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, width, capacity=None):
+        super().__init__(capacity)
         self.width = width
 
     def input_names(self, model):
@@ -238,6 +250,10 @@ class DenseFakeEncoder(FakeEncoder):
         return {**out, "dense_total": inputs["dense"].sum(1).astype(np.float32)}
 
 
+def DenseFakeEncoder(width, **kwargs):
+    return FakeEncoder(backend=DenseFakeEncoderBackend(width, kwargs.pop("capacity", None)), **kwargs)
+
+
 def test_a_dense_input_as_wide_as_the_padded_batch_is_not_cut():
     """``dense`` is exactly as wide as the batch's padded length (40), so an array's width
     cannot tell it from a sequence: the model's declared shape ([N, 40], fixed) does."""
@@ -249,7 +265,7 @@ def test_a_dense_input_as_wide_as_the_padded_batch_is_not_cut():
     by_rows = infer(DenseFakeEncoder(40, chunk_rows=32), features)
     tokens = DenseFakeEncoder(40, tokens=256)
     by_tokens = infer(tokens, features)
-    assert any(width < 40 for _, width in tokens.calls)                 # the sequences were cut
+    assert any(width < 40 for _, width in tokens.model_backend.calls)                 # the sequences were cut
     for name in ("total", "length", "dense_total"):
         assert np.array_equal(by_tokens.outputs[name], by_rows.outputs[name]), name
     assert by_tokens.outputs["dense_total"].tolist() == features["dense"].sum(1).tolist()
@@ -287,10 +303,10 @@ def test_sequence_inputs_padded_to_another_length_are_refused():
     features = padded([4, 9, 2])
     features["input_ids"] = np.pad(features["input_ids"], [(0, 0), (0, 3)])
     handler = FakeEncoder(tokens=100)
-    handler.input_shapes = lambda model: {"input_ids": (None,), "attention_mask": (None,)}
+    handler.model_backend.input_shapes = lambda model: {"input_ids": (None,), "attention_mask": (None,)}
     with pytest.raises(PreprocessError, match=r"'input_ids'.*\[3, 12\] beside 'attention_mask' padded to 9"):
         infer(handler, features)
-    assert handler.calls == []
+    assert handler.model_backend.calls == []
 
 
 def test_an_input_of_another_width_than_the_model_declares_fails_before_any_call():
@@ -303,4 +319,4 @@ def test_an_input_of_another_width_than_the_model_declares_fails_before_any_call
     with pytest.raises(PreprocessError) as info:
         infer(handler, features)
     assert "'dense' of shape [N, 7]; the model fake.model takes [N, 8]" in str(info.value)
-    assert info.value.exit_code == 2 and handler.calls == []
+    assert info.value.exit_code == 2 and handler.model_backend.calls == []

@@ -150,8 +150,8 @@ def test_direct_runner_multi_processing_commits_what_one_process_commits(project
 
 def test_one_model_copy_served_to_all_worker_processes_commits_the_same(project, direct):
     """``model.options.share_across_processes``: Beam serves one copy from a process of its own
-    and the workers call it through a proxy (before ``ServedModel`` the first call failed:
-    ``TypeError: cannot pickle … NodeArg``)."""
+    and the workers call it through a proxy (before the loaded model answered with plain data,
+    the first call failed: ``TypeError: cannot pickle … NodeArg``)."""
     sets = ["--set", "output.path=out_shared", "--set", "model.options.share_across_processes=true",
             "--set", "runner.options.direct_num_workers=2",
             "--set", "runner.options.direct_running_mode=multi_processing"]
