@@ -3,7 +3,9 @@ at 59ab11f wrote them (tests/fixtures/records/make.py made them, once). Each rea
 today's declaration of its record (so files written before the records were declared once still
 read), and a deterministic writer writes it back to the same bytes; a wrong field gives the same
 one-line error as the schemas it replaced gave (the messages below are theirs, at 59ab11f). And
-each record is declared once: no pydantic model in io/ mirrors a record.
+each record is declared once: no pydantic model in io/ mirrors a record. The model's
+declaration (triple/contract.py ``Declaration``) likewise reads typed and writes back the bytes
+stamp wrote.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import pytest
 from pydantic import BaseModel
 
 import batchinfer.io as io_package
+from batchinfer.commands import explain
 from batchinfer.commands.monitor import read_profile
 from batchinfer.errors import ContractError, SpecError, StorageError
 from batchinfer.io.codec import Record
@@ -26,6 +29,18 @@ from batchinfer.io.manifest import manifest_bytes, read_manifest
 from batchinfer.io.readback import MetricsRecordModel, RunProfileModel, check
 from batchinfer.io.records import AttemptKey, Manifest, ShardResult
 from batchinfer.io.sinks import Sink
+from batchinfer.triple.contract import (
+    PACKAGES,
+    PACKAGES_POLICY,
+    PARTS,
+    SCHEMA_SHA256,
+    Declaration,
+    Triple,
+    declaration_from_tags,
+    declaration_tags,
+    read_sidecar,
+    write_sidecar,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "records"
 DROP = object()
@@ -180,3 +195,42 @@ def test_every_record_is_a_dataclass_declared_once_and_no_model_mirrors_one():
         for model in models:
             assert model.__name__ != f"{record.__name__}Model", (model, record)
             assert set(model.model_fields) != keys, f"{model.__name__} mirrors {record.__name__}"
+
+
+# -- the model's declaration ---------------------------------------------------------------------
+
+def test_the_declaration_stamp_wrote_reads_typed_and_writes_back_the_same_bytes(tmp_path):
+    data = (FIXTURES / "declaration.json").read_bytes()
+    (tmp_path / "m.onnx.batchinfer.json").write_bytes(data)
+    declared = read_sidecar(tmp_path / "m.onnx")
+    assert isinstance(declared, Declaration) and not declared.missing()
+    assert declared.backend == {"precision": "fp32"}
+    assert declared.preprocess_packages_policy == "warn" and declared.baseline
+    assert declared == json.loads(data)   # as a mapping: the file's keys and values
+    parts = {k: v for k, v in declared.parts().items() if v is not None}
+    extra = {k: v for k, v in declared.items() if k not in parts}
+    path = write_sidecar(tmp_path / "again.onnx", Triple(**parts), extra)
+    assert Path(path).read_bytes() == data
+    tags = declaration_tags(Triple(**parts), extra)
+    assert list(tags) == [f"batchinfer.{k}" for k in json.loads(data)]
+    assert declaration_from_tags(tags) == declared
+
+
+def test_every_key_of_a_declaration_is_one_of_its_fields_and_keeps_stamps_order():
+    names = [f.name for f in dataclasses.fields(Declaration)]
+    for key in (SCHEMA_SHA256, PACKAGES, PACKAGES_POLICY, explain.DECLARED, explain.BACKGROUND_SHA256,
+                "baseline", *PARTS):
+        assert key in names, key
+    triple = Triple("m:1", "d" * 64, "s@1", "p" * 64)
+    # stamp's order: the backend's options and build facts, explain, its background, the code's
+    # hashes and packages, the baseline
+    extra = {"precision": "fp16", "tensorrt_version": "10.1", "quantization_scheme": "int8",
+             "explain": "{}", "explain_background_sha256": "b" * 64, "schema_sha256": "c" * 64,
+             "preprocess_packages": "numpy==2", "preprocess_packages_policy": "refuse",
+             "baseline": "/b.json"}
+    declared = Declaration.stamped(triple, extra)
+    assert declared.to_dict() == {**triple.as_dict(), **extra}
+    assert list(declared.to_dict()) == [*triple.as_dict(), *extra]
+    assert declared.backend == {"precision": "fp16", "tensorrt_version": "10.1",
+                                "quantization_scheme": "int8"}
+    assert Declaration.of({"model_version": "m:1"}).missing() == [p for p in PARTS if p != "model_version"]
