@@ -7,7 +7,7 @@ workers reuse the load (``handlers.sharing.shared_model``).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 from ..backends import backend_class, declared_options
 from ..errors import BatchInferError, ModelError, SpecError
@@ -116,7 +116,7 @@ def load_model(resolved: Resolved, spec: ModelFields, found: "ResolvedModel", di
                                 options=options, tokens=batch.tokens,
                                 lengths_from=batch.lengths_from,
                                 sequence_inputs=batch.sequence_inputs, source=found.source(digest))
-    declared = found.declaration or {}
+    declared: Mapping[str, str] = found.declaration or {}
     for key, here in handler.runtime_facts().items():
         # e.g. a TensorRT engine runs only under the TensorRT version and on the GPU
         # architecture it was built for; loading it elsewhere fails, or worse, does not.

@@ -15,7 +15,7 @@ import logging
 import math
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..backends import declared_options
 from ..io.outputs import DRIFT, METRICS, PROFILE, REPORT, Layout, write_json
@@ -79,7 +79,7 @@ def table_params(resolved: "Resolved") -> dict[str, str]:
 FACT_PREFIXES = ("quantization_", "calibration_", "parity_", "sample_sha256", "source_model_sha256")
 
 
-def model_facts(declaration: dict[str, str] | None) -> dict[str, str]:
+def model_facts(declaration: Mapping[str, str] | None) -> dict[str, str]:
     return {f"model.{k}": v for k, v in (declaration or {}).items() if k.startswith(FACT_PREFIXES)}
 
 

@@ -263,7 +263,8 @@ def _resolve_model(job: Job, model_spec: ModelFields, schema: SchemaVersion,
     refuse_pickle(model_spec.uri, bool(model_spec.options.get("allow_pickle", False)))
     model = resolve_model(model_spec.uri, model_spec.backend, job.spec.tracking.uri)
     digest = model.digest or model_digest(model.path)   # a fetched model was hashed in the cache
-    declared_version = (model.declaration or {}).get("model_version") or model_spec.version or ""
+    declared = model.declaration
+    declared_version = (declared.model_version if declared else None) or model_spec.version or ""
     triple = Triple(declared_version, digest, schema.ref, preprocessor.hash)
     if check:
         shown = job.display(model_spec.uri)

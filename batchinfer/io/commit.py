@@ -24,13 +24,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from typing import Any, Literal, Mapping, TypeVar
 
 from fsspec import AbstractFileSystem
 
 from .. import backends, faults
 from ..clock import Clock, utc_now
 from ..errors import Action, ContractError, Remedy, RuntimeFailure, SpecError, StorageError
+from . import formats
+from .codec import Count, NonNegative, Record
 from .manifest import (
     clean_after_commit,
     create_manifest,
@@ -39,8 +41,8 @@ from .manifest import (
     remove_attempt,
     remove_unlisted,
 )
-from .outputs import CHALLENGERS, PREDICTIONS, QUARANTINE, TMP, Layout, read_json, write_json
-from .readback import M, ManifestModel, OutcomeModel, ShardResultModel, check
+from .outputs import CHALLENGERS, PREDICTIONS, QUARANTINE, TMP, Layout, write_json
+from .readback import check
 from .records import AttemptKey, FileRecord, Manifest, ShardResult, TableCommit, TableVersion
 from .resume import KEY
 from .sinks import FILES, LostRace, Sink
@@ -48,7 +50,7 @@ from .storage import join, url_to_fs
 
 
 @dataclass(frozen=True)
-class CommitOutcome:
+class CommitOutcome(Record):
     """What :meth:`Attempt.commit` did, or why the commit step refused to commit.
 
     Attributes:
@@ -64,24 +66,16 @@ class CommitOutcome:
     """
 
     status: Literal["committed", "lost_race", "conflict", "refused"]
-    manifest: Manifest | None
-    code: int = 0
+    manifest: Manifest | None = None
+    code: Count = 0
     message: str | None = None
     results: tuple[ShardResult, ...] = ()
-    seconds: float = 0.0
+    seconds: NonNegative = 0.0
 
-    def to_dict(self) -> dict:
-        return {"status": self.status, "code": self.code, "message": self.message,
-                "manifest": self.manifest.to_dict() if self.manifest else None,
-                "results": [r.to_dict() for r in self.results], "seconds": self.seconds}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "CommitOutcome":
-        manifest = data.get("manifest")
-        return cls(data["status"], Manifest.from_dict(manifest) if manifest else None,
-                   int(data.get("code", 0)), data.get("message"),
-                   tuple(ShardResult.from_dict(r) for r in data.get("results", [])),
-                   float(data.get("seconds", 0.0)))
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        return {key: data[key] for key in ("status", "code", "message", "manifest", "results",
+                                           "seconds")}
 
 
 # A challenger as a manifest holds it and a run declares it: name, triple, declared options.
@@ -318,8 +312,7 @@ class Attempt:
                 results.append(adopted[index])
                 continue
             try:
-                checked = _read_scratch(layout, layout.shard_result(index), ShardResultModel)
-                results.append(ShardResult.from_dict(checked.model_dump()))
+                results.append(_read_scratch(layout, layout.shard_result(index), ShardResult))
             except FileNotFoundError:
                 raise RuntimeFailure(f"shard {index} has no result: the pipeline ended without "
                                      f"finishing it (or another run removed this attempt's "
@@ -515,7 +508,7 @@ class Attempt:
         """
         layout = self.layout
         try:
-            return CommitOutcome.from_dict(_read_scratch(layout, layout.outcome, OutcomeModel).model_dump())
+            return _read_scratch(layout, layout.outcome, CommitOutcome)
         except FileNotFoundError:
             pass
         current = self.partition.committed()
@@ -572,9 +565,11 @@ def finish_for_reader(root_url: str, records: str, fs: AbstractFileSystem) -> No
     for folder in attempts:
         attempt = folder.rstrip("/").rsplit("/", 1)[-1]
         try:
-            sink = Sink.from_dict(read_json(fs, join(folder, "sink.json")))
-        except (OSError, ValueError, KeyError, TypeError):
+            sink = check(Sink, fs.cat_file(join(folder, "sink.json")), "sink.json", StorageError)
+        except (OSError, StorageError):
             continue   # no commit began there (or not one of ours to finish)
+        if formats.find(sink.format) is None:
+            continue   # a format this batchinfer does not have: not one of ours to finish
         partition = PartitionCommit(root_url, sink)
         try:
             partition.repair()
@@ -605,13 +600,15 @@ def _pending(layout: Layout) -> Manifest | None:
     there, or damaged: then nothing can finish that commit, and the next run replaces it)."""
     path = layout.pending
     try:
-        checked = check(ManifestModel, layout.fs.cat_file(path), path, StorageError, "damaged")
+        return check(Manifest, layout.fs.cat_file(path), path, StorageError, "damaged")
     except (OSError, StorageError):
         return None
-    return Manifest.from_dict(checked.model_dump())
 
 
-def _read_scratch(layout: Layout, path: str, schema: type[M]) -> M:
+S = TypeVar("S", ShardResult, CommitOutcome)
+
+
+def _read_scratch(layout: Layout, path: str, record: type[S]) -> S:
     """A record this run left in scratch, checked (io/readback.py: bad bytes there are the
     store's fault, exit 5).
 
@@ -625,5 +622,5 @@ def _read_scratch(layout: Layout, path: str, schema: type[M]) -> M:
         raise
     except OSError as exc:
         raise StorageError(f"cannot read {path}: {exc}") from None
-    return check(schema, data, path, StorageError,
+    return check(record, data, path, StorageError,
                  "the run's scratch record is damaged: run the job again (a new attempt)")

@@ -29,7 +29,7 @@ from .outputs import (
     challenger_folder,
     write_file,
 )
-from .readback import ManifestModel, check
+from .readback import check
 from .records import Manifest
 from .storage import is_local, join
 
@@ -50,10 +50,9 @@ def read_manifest(fs: AbstractFileSystem, root: str) -> Manifest | None:
         return None
     except OSError as exc:
         raise StorageError(f"cannot read {path}: {exc}") from None
-    checked = check(ManifestModel, data, path, ContractError,
-                    "not a manifest batchinfer wrote (edited or damaged): pass --overwrite to "
-                    "score the partition again")
-    return Manifest.from_dict(checked.model_dump())
+    return check(Manifest, data, path, ContractError,
+                 "not a manifest batchinfer wrote (edited or damaged): pass --overwrite to "
+                 "score the partition again")
 
 
 def manifest_bytes(manifest: Manifest) -> bytes:

@@ -1,29 +1,44 @@
 """Typed records of a partition: the manifest (contract §4) and what a finished shard leaves in scratch.
 
-Keyword-only dataclasses whose ``to_dict``/``from_dict`` are generated from their fields
-(:class:`~batchinfer.io.codec.Record`): a record's fields are declared in the order its JSON has
-its keys. JSON is only made and parsed at the edges (:mod:`batchinfer.io.manifest`, the per-shard
-scratch files), and what is read back is validated there first (:mod:`batchinfer.io.readback`).
-Pure: no I/O here.
+Each record is declared once, here: keyword-only dataclasses (:class:`~batchinfer.io.codec.Record`)
+whose fields are declared in the order its JSON has its keys, with what a file read back must
+meet in their annotations (counts, finite numbers, non-empty names, and the checks that span
+fields as pydantic validators). The same declaration writes the file (``to_dict``) and validates
+it where it is read (:func:`batchinfer.io.readback.check`). JSON is only made and parsed at the
+edges (:mod:`batchinfer.io.manifest`, the per-shard scratch files). Where a field has a default,
+a file without its key (written by an older batchinfer) reads with it. Pure: no I/O here.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Mapping
+from typing import Annotated, Any, Literal
 
-from .codec import Record
+from pydantic import AfterValidator, BeforeValidator, model_validator
 
-MANIFEST_VERSION = 1
+from .codec import Count, Duration, Finite, Name, NonNegative, Record, check_range, json_validated
+
+MANIFEST_VERSION: Literal[1] = 1
 ShardStatus = Literal["scored", "empty", "quarantined", "unreadable"]
+
+
+def _inside_the_output(path: str) -> str:
+    # Readers open output.path/<path>: a path that leaves the output is not a partition's.
+    parts = path.replace("\\", "/").split("/")
+    if path.startswith(("/", "\\")) or ":" in parts[0] or ".." in parts or "" in parts:
+        raise ValueError(f"{path!r} is not a path inside the output folder")
+    return path
+
+
+DataPath = Annotated[Name, AfterValidator(_inside_the_output)]
 
 
 @dataclass(frozen=True)
 class FileRecord(Record):
     """A data file of the partition: path relative to ``output.path``, rows, sha256 of its bytes."""
 
-    path: str
-    rows: int
-    sha256: str
+    path: DataPath
+    rows: Count
+    sha256: Name
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,24 +47,31 @@ class ShardRecord(Record):
     and wrote its files (an earlier, crashed attempt's for a shard a resumed run adopted; None
     in manifests written before it was recorded: the manifest's own attempt)."""
 
-    path: str
-    sha256: str | None
-    rows_in: int | None
-    rows_scored: int
-    rows_quarantined: int
+    path: Name
+    sha256: Name | None = None
+    rows_in: Count | None = None
+    rows_scored: Count
+    rows_quarantined: Count
     status: ShardStatus
-    reason: str | None
+    reason: str | None = None
     files: tuple[FileRecord, ...] = ()
-    scored_by: str | None = None
+    scored_by: Name | None = None
+
+    @model_validator(mode="after")
+    def _accounted(self) -> "ShardRecord":
+        if self.rows_in is not None and self.rows_in != self.rows_scored + self.rows_quarantined:
+            raise ValueError(f"rows_in {self.rows_in} is not rows_scored {self.rows_scored} + "
+                             f"rows_quarantined {self.rows_quarantined}")
+        return self
 
 
 @dataclass(frozen=True, kw_only=True)
 class Totals(Record):
-    shards: int
-    rows_in: int
-    rows_scored: int
-    rows_quarantined: int
-    shards_unreadable: int
+    shards: Count
+    rows_in: Count
+    rows_scored: Count
+    rows_quarantined: Count
+    shards_unreadable: Count
 
     @classmethod
     def of(cls, shards: list[ShardRecord] | tuple[ShardRecord, ...]) -> "Totals":
@@ -60,6 +82,15 @@ class Totals(Record):
                    shards_unreadable=sum(s.status == "unreadable" for s in shards))
 
 
+# What a manifest read back without its totals holds until they are counted from its shards.
+_UNCOUNTED = Totals(shards=0, rows_in=0, rows_scored=0, rows_quarantined=0, shards_unreadable=0)
+
+
+def _totals_or_null(value: Any) -> Any:
+    # A validator that runs first sees Python data: validated as JSON, as the rest of the file.
+    return _UNCOUNTED if value is None else json_validated(Totals, value)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ChallengerShard(Record):
     """A challenger's rows of one input shard: those its model scored (written to its files) and
@@ -67,11 +98,11 @@ class ChallengerShard(Record):
     challenger's own business: the input row is not quarantined and the champion's accounting
     is untouched."""
 
-    path: str                     # the input shard, as the manifest's shards name it
-    rows_scored: int
-    rows_rejected: int
+    path: Name                    # the input shard, as the manifest's shards name it
+    rows_scored: Count
+    rows_rejected: Count
     reason: str | None = None     # the first rejection's message
-    compute_ms: float = 0.0       # the challenger's model time on this shard
+    compute_ms: Duration = 0.0    # the challenger's model time on this shard
     files: tuple[FileRecord, ...] = ()
 
 
@@ -80,7 +111,7 @@ class Challenger(Record):
     """A challenger model in the manifest (contract §6 "Challengers"): its triple, how it ran, and
     its files under ``challengers/<name>/<attempt>/``, shard by shard in the manifest's order."""
 
-    name: str
+    name: Name
     triple: dict[str, str]
     backend: str = ""
     device: str = ""
@@ -118,7 +149,7 @@ class AttemptKey(Record):
     a later run of the partition adopts the shards that attempt finished only if it has the same
     key (contract §5.3 "Resume"). Challengers are held without shards."""
 
-    job: str
+    job: Name
     ds: str | None
     job_spec_sha256: str
     triple: dict[str, str]
@@ -153,9 +184,9 @@ class TableCommit(Record):
     each replacing one: the tables' own record of it is what makes two commits of one generation
     impossible) and each table's version."""
 
-    format: str
+    format: Name   # a name in the format registry (io/formats.py: checked where a job is specified)
     partition: dict[str, str]
-    generation: int
+    generation: Count
     tables: tuple[TableVersion, ...] = ()
 
     def version(self, kind: str) -> int | None:
@@ -168,9 +199,9 @@ class InputTable(Record):
     the Delta table's root (``${NAME}`` values put back) or the Iceberg identifier, the version
     or snapshot id read, and the partition filter. A rerun reads this version again."""
 
-    format: Literal["delta", "iceberg"]
-    table: str
-    version: int
+    format: Name   # a name in the format registry (io/formats.py: checked where a job is specified)
+    table: Name
+    version: Count
     filter: dict[str, str] = field(default_factory=dict)
 
 
@@ -181,7 +212,7 @@ class Plugin(Record):
     distribution holds, a script's ``register()``)."""
 
     kind: Literal["backend", "runner"]
-    name: str
+    name: Name
     distribution: str | None
     version: str | None
 
@@ -190,20 +221,22 @@ class Plugin(Record):
 class Manifest(Record):
     """``_manifest.json``: the commit of a partition (contract §4)."""
 
-    manifest_version: int = MANIFEST_VERSION
-    job: str
+    manifest_version: Literal[1] = MANIFEST_VERSION
+    job: Name
     ds: str | None
-    attempt: str
+    attempt: Name
     triple: dict[str, str]
-    job_spec_sha256: str
-    runner: str
-    device: str
+    # Defaults: what a manifest written before batchinfer recorded them reads with.
+    job_spec_sha256: str = ""
+    runner: str = ""
+    device: str = ""
     backend: str = ""
     model_options: dict[str, str] = field(default_factory=dict)   # the declared ones (precision)
-    started_at: str
-    finished_at: str
-    mlflow_run_id: str | None
-    totals: Totals
+    started_at: str = ""
+    finished_at: str = ""
+    mlflow_run_id: str | None = None
+    # Read back without them (or with null): counted from its shards.
+    totals: Annotated[Totals, BeforeValidator(_totals_or_null)] = _UNCOUNTED
     shards: tuple[ShardRecord, ...]
     challengers: tuple[Challenger, ...] = ()
     table: TableCommit | None = None   # output.format delta / iceberg: the tables' commit
@@ -238,12 +271,9 @@ class Manifest(Record):
             del data["plugins"]
         return data
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Manifest":
-        if data.get("totals") is None:   # a manifest without its totals: counted from its shards
-            shards = [ShardRecord.from_dict(s) for s in data.get("shards", [])]
-            data = {**data, "totals": Totals.of(shards).to_dict()}
-        return super().from_dict(data)
+    @model_validator(mode="after")
+    def _counted(self) -> "Manifest":
+        return replace(self, totals=Totals.of(self.shards)) if self.totals is _UNCOUNTED else self
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -253,20 +283,20 @@ class ModelStats(Record):
     with (0: not recorded, or calls sized by tokens), and for a model with a lengths input the
     real tokens of the rows it scored and the tokens it was fed, padding included."""
 
-    rows: int = 0
-    raised: int = 0
+    rows: Count = 0
+    raised: Count = 0
     error: str | None = None
-    oom_backoffs: int = 0
-    chunk_rows: int = 0
-    warmup_ms: float = 0.0   # the untimed first model call(s): one per worker process
-    tokens: int = 0
-    padded_tokens: int = 0
+    oom_backoffs: Count = 0
+    chunk_rows: Count = 0
+    warmup_ms: Finite = 0.0   # the untimed first model call(s): one per worker process
+    tokens: Count = 0
+    padded_tokens: Count = 0
     # explain (contract §6 "Explanations"): rows explained, those whose attributions missed
     # completeness, and each feature's |attribution| summed over the rows explained.
-    explained: int = 0
-    incomplete: int = 0
-    abs_attribution: dict[str, float] = field(default_factory=dict)
-    max_gap: float = 0.0     # the largest |sum of attributions - (f(x) - f(baseline))|
+    explained: Count = 0
+    incomplete: Count = 0
+    abs_attribution: dict[str, NonNegative] = field(default_factory=dict)
+    max_gap: NonNegative = 0.0     # the largest |sum of attributions - (f(x) - f(baseline))|
 
     def to_dict(self) -> dict[str, Any]:
         # A run without explain writes the keys it always wrote.
@@ -302,8 +332,8 @@ class PreprocessStats(Record):
     ``validate`` tell a broken function from bad rows by them (contract §6 "Preprocessing
     faults")."""
 
-    rows: int = 0
-    raised: dict[str, int] = field(default_factory=dict)
+    rows: Count = 0
+    raised: dict[str, Count] = field(default_factory=dict)
     first: dict[str, str] = field(default_factory=dict)
     trace: str | None = None
 
@@ -316,6 +346,39 @@ class PreprocessStats(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ColumnStatsRecord(Record):
+    """A column's mergeable statistics as a shard's result carries them
+    (``rows.profile.ColumnStats.to_dict``; plain data in io, which does not interpret them)."""
+
+    count: Count
+    nulls: Count
+    mean: Finite
+    m2: NonNegative
+    min: Finite | None = None
+    max: Finite | None = None
+    counts: list[Count] = field(default_factory=list)
+    at_cuts: list[Count] = field(default_factory=list)
+    at_min: Count = 0
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ColumnStatsRecord":
+        check_range(self.count, self.min, self.max)
+        if self.counts and sum(self.counts) != self.count:
+            raise ValueError(f"counts sum to {sum(self.counts)}, not to count {self.count}")
+        if self.at_cuts and len(self.at_cuts) + 1 != len(self.counts):
+            raise ValueError(f"{len(self.at_cuts)} at_cuts for {len(self.counts)} bins (one per cut)")
+        return self
+
+
+def _column_stats(value: Any) -> dict[str, Any]:
+    # Checked as a ColumnStatsRecord, kept as its plain data (every key, numbers as declared).
+    return json_validated(ColumnStatsRecord, value).to_dict()
+
+
+ColumnStatsData = Annotated[dict[str, Any], BeforeValidator(_column_stats)]
+
+
+@dataclass(frozen=True, kw_only=True)
 class ShardResult(Record):
     """What a finished shard leaves in scratch for the commit: its manifest entry, plus what goes
     to the metrics, not the manifest: the time spent per stage, the model's statistics, the
@@ -324,11 +387,11 @@ class ShardResult(Record):
     model batch's (rows, model ms)."""
 
     record: ShardRecord
-    seconds: dict[str, float] = field(default_factory=dict)
+    seconds: dict[str, Finite] = field(default_factory=dict)
     model: ModelStats = ModelStats()
-    profile: dict[str, dict] = field(default_factory=dict)
-    quarantine: tuple[tuple[str | None, str, int], ...] = ()
-    batches: tuple[tuple[int, float], ...] = ()
+    profile: dict[str, ColumnStatsData] = field(default_factory=dict)
+    quarantine: tuple[tuple[str | None, str, Count], ...] = ()
+    batches: tuple[tuple[Count, Finite], ...] = ()
     challengers: dict[str, ChallengerShard] = field(default_factory=dict)   # by challenger name
     preprocess: PreprocessStats = PreprocessStats()
 

@@ -20,15 +20,17 @@ from __future__ import annotations
 import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Sequence, TypeVar
 
 from fsspec import AbstractFileSystem
 
 from ..errors import StorageError
 from .outputs import ATTEMPT, Layout
-from .readback import AttemptKeyModel, ShardResultModel, check
+from .readback import check
 from .records import AttemptKey, ShardResult
 from .storage import join, url_to_fs
+
+R = TypeVar("R", AttemptKey, ShardResult)
 
 KEY = "attempt.json"   # _tmp/<attempt>/attempt.json: the attempt's key
 CHUNK = 8 << 20
@@ -136,21 +138,20 @@ def finished(fs: AbstractFileSystem, base: str, key: AttemptKey, *,
 
 
 def _key(fs: AbstractFileSystem, path: str) -> AttemptKey | None:
-    return _read(fs, path, AttemptKeyModel, AttemptKey)
+    return _read(fs, path, AttemptKey)
 
 
 def _result(fs: AbstractFileSystem, path: str) -> ShardResult | None:
-    return _read(fs, path, ShardResultModel, ShardResult)
+    return _read(fs, path, ShardResult)
 
 
-def _read(fs: AbstractFileSystem, path: str, model: Any, record: Any) -> Any:
-    """The ``record`` in the file at ``path``, checked against ``model``; None if it cannot be
-    read or is malformed (a crashed attempt's scratch may be either: it is then not adopted)."""
+def _read(fs: AbstractFileSystem, path: str, record: type[R]) -> R | None:
+    """The ``record`` in the file at ``path``, checked; None if it cannot be read or is
+    malformed (a crashed attempt's scratch may be either: it is then not adopted)."""
     try:
-        checked = check(model, fs.cat_file(path), path, StorageError)
+        return check(record, fs.cat_file(path), path, StorageError)
     except (OSError, StorageError):
         return None
-    return record.from_dict(checked.model_dump())
 
 
 def _files(result: ShardResult) -> list[tuple[str, str]]:

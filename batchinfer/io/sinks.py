@@ -21,10 +21,11 @@ manifest is finished by the next run from the pending manifest, never written ag
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 from ..redaction import Deferred
 from . import formats
+from .codec import Record
 from .outputs import Layout
 
 if TYPE_CHECKING:
@@ -36,9 +37,12 @@ class LostRace(Exception):
 
 
 @dataclass(frozen=True)
-class Sink:
+class Sink(Record):
     """How an output partition is stored; plain, picklable data (no secret value: a catalog's
-    properties travel as :class:`~batchinfer.redaction.Deferred`).
+    properties travel as :class:`~batchinfer.redaction.Deferred`, as their ``${NAME}``
+    templates). Left as JSON (its ``to_dict``) in a table commit's scratch beside its pending
+    manifest (``sink.json``): what a reader that finds the commit unfinished needs to open the
+    tables and finish it.
 
     Attributes:
         format: a name in the format registry (io/formats.py).
@@ -82,29 +86,6 @@ class Sink:
 
     def layout(self, url: str, attempt: str) -> Layout:
         return Layout.for_url(url, attempt, self.partition)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The sink as JSON, left in a table commit's scratch beside its pending manifest: what
-        a reader that finds the commit unfinished needs to open the tables and finish it (no
-        secret value: the catalog's properties as their ``${NAME}`` templates)."""
-        return {"format": self.format, "column": self.column, "value": self.value,
-                "table": self.table,
-                "catalog": [[key, {"template": d.template, "names": list(d.names)}]
-                            for key, d in self.catalog]}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Sink":
-        """The sink :meth:`to_dict` wrote.
-
-        Raises:
-            KeyError, TypeError, ValueError: ``data`` is not such a record.
-        """
-        if formats.find(data["format"]) is None:
-            raise ValueError(f"unknown format {data['format']!r}")
-        return cls(format=str(data["format"]), column=str(data["column"]), value=str(data["value"]),
-                   table=str(data["table"]),
-                   catalog=tuple((str(key), Deferred(str(d["template"]), tuple(map(str, d["names"]))))
-                                 for key, d in data["catalog"]))
 
     def tables(self, url: str) -> "Tables | None":
         """The format's tables under ``url`` (``output.path``), or None for files.

@@ -99,10 +99,7 @@ def list_files(read: TableRead) -> Listing:
 
 def listed(read: TableRead, shards: list[str], version: int, *, absent: tuple[str, ...] = ()) -> Listing:
     """A table input's listing: ``shards`` (sorted URLs) at ``version``, which the manifest pins."""
-    # records.InputTable.format is a Literal of the built-in formats' names until it is a str
-    # checked against the registry: the next line's ignore goes then.
-    table = InputTable(format=read.format.name, table=read.path, version=version,  # type: ignore[arg-type]
-                       filter=read.filter)
+    table = InputTable(format=read.format.name, table=read.path, version=version, filter=read.filter)
     return Listing([Shard(i, url) for i, url in enumerate(shards)], table=table, absent=absent)
 
 

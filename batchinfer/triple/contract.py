@@ -11,9 +11,9 @@ import hashlib
 import json
 import os
 import posixpath
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 from ..errors import ContractError, ModelFileError, StorageError, one_line
 from ..io.storage import local_path, url_to_fs
@@ -178,11 +178,82 @@ def refuse_pickle(model_path: str | Path, allow_pickle: bool = False) -> None:
 
 # -- declarations ------------------------------------------------------------------------------
 
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Declaration(Mapping[str, str]):
+    """A model's declaration (contract §1): what ``batchinfer stamp`` writes beside the model
+    (the sidecar's keys, in this order) or as its registry version's ``batchinfer.*`` tags, and
+    what a run checks before it scores. Every key is declared here, once; the backend's declared
+    values (``backend``: its declared options and build facts — ``precision``,
+    ``tensorrt_version``, ``quantization_*``, …, in the order stamp gives them) sit after the
+    triple, and a key of a declaration read back that is none of the fields is the backend's.
+    A part read back without its key is None (:func:`check_contract` says what is missing).
+
+    A read-only mapping of its keys to their values too (as the file has them), for whoever
+    looks a key up by name (a backend's runtime facts)."""
+
+    model_version: str | None = None
+    model_digest: str | None = None
+    schema_version: str | None = None
+    preprocess_hash: str | None = None
+    backend: dict[str, str] = field(default_factory=dict)
+    explain: str | None = None                     # commands/explain.py DECLARED
+    explain_background_sha256: str | None = None   # commands/explain.py BACKGROUND_SHA256
+    schema_sha256: str | None = None               # SCHEMA_SHA256
+    preprocess_packages: str | None = None         # PACKAGES
+    preprocess_packages_policy: str | None = None  # PACKAGES_POLICY
+    baseline: str | None = None                    # stamp --baseline: the drift baseline's URL
+
+    @classmethod
+    def of(cls, data: Mapping[str, str]) -> "Declaration":
+        """The declaration whose keys are ``data``'s (a file's, or the tags' without their
+        prefix); a key that is none of the fields is the backend's."""
+        named = {f.name for f in fields(cls)} - {"backend"}
+        return cls(**{k: v for k, v in data.items() if k in named},
+                   backend={k: v for k, v in data.items() if k not in named})
+
+    @classmethod
+    def stamped(cls, triple: Triple, extra: Mapping[str, str] | None = None) -> "Declaration":
+        """What stamp declares: ``triple`` and ``extra`` (the backend's values and the rest)."""
+        return cls.of({**triple.as_dict(), **(extra or {})})
+
+    def to_dict(self) -> dict[str, str]:
+        """Its keys in the file's order (the backend's values after the triple); none of an
+        absent part."""
+        out: dict[str, str] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "backend":
+                out.update(value)
+            elif value is not None:
+                out[f.name] = value
+        return out
+
+    def __getitem__(self, key: str) -> str:
+        return self.to_dict()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_dict())
+
+    def __len__(self) -> int:
+        return len(self.to_dict())
+
+    def parts(self) -> dict[str, str | None]:
+        return {k: getattr(self, k) for k in PARTS}
+
+    def missing(self) -> list[str]:
+        return [k for k, v in self.parts().items() if v is None]
+
+
+def typed(declared: Mapping[str, str]) -> Declaration:
+    """``declared`` as a :class:`Declaration` (a plain mapping of its keys: a test's, a caller's)."""
+    return declared if isinstance(declared, Declaration) else Declaration.of(declared)
+
+
 def sidecar_path(model_path: str | Path) -> Path:
     return Path(f"{model_path}{SIDECAR_SUFFIX}")
 
 
-def read_sidecar(model_path: str | Path) -> dict[str, str] | None:
+def read_sidecar(model_path: str | Path) -> Declaration | None:
     """The declaration in the model's sidecar: the triple's parts and whatever else the backend
     declares (``precision``, ``tensorrt_version``, …), all as strings. ``model_path`` may be a
     store URL: the sidecar is read beside the model in the store."""
@@ -202,20 +273,20 @@ def read_sidecar(model_path: str | Path) -> dict[str, str] | None:
     return _declaration(path.read_text(), str(path))
 
 
-def _declaration(text: str, where: str) -> dict[str, str]:
+def _declaration(text: str, where: str) -> Declaration:
     try:
         data = json.loads(text)
     except ValueError:
         raise ContractError(f"{where} is not valid JSON: re-run batchinfer stamp") from None
     if not isinstance(data, dict):
         raise ContractError(f"{where} is not a declaration (a JSON object): re-run batchinfer stamp")
-    return {str(k): str(v) for k, v in data.items() if isinstance(v, (str, int, float))}
+    return Declaration.of({str(k): str(v) for k, v in data.items() if isinstance(v, (str, int, float))})
 
 
 def write_sidecar(model_path: str | Path, triple: Triple,
                   extra: Mapping[str, str] | None = None) -> Path | str:
     """Write the declaration beside the model (in its store, for a store URL); where it went."""
-    text = json.dumps({**triple.as_dict(), **(extra or {})}, indent=2) + "\n"
+    text = json.dumps(Declaration.stamped(triple, extra).to_dict(), indent=2) + "\n"
     if isinstance(model_path, str) and local_path(model_path) is None:
         url = f"{model_path}{SIDECAR_SUFFIX}"
         try:
@@ -231,13 +302,13 @@ def write_sidecar(model_path: str | Path, triple: Triple,
     return path
 
 
-def declaration_from_tags(tags: Mapping[str, str]) -> dict[str, str] | None:
+def declaration_from_tags(tags: Mapping[str, str]) -> Declaration | None:
     found = {k[len(TAG_PREFIX):]: v for k, v in tags.items() if k.startswith(TAG_PREFIX)}
-    return found if any(k in found for k in PARTS) else None
+    return Declaration.of(found) if any(k in found for k in PARTS) else None
 
 
 def declaration_tags(triple: Triple, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    return {TAG_PREFIX + k: v for k, v in {**triple.as_dict(), **(extra or {})}.items()}
+    return {TAG_PREFIX + k: v for k, v in Declaration.stamped(triple, extra).to_dict().items()}
 
 
 # -- the check ---------------------------------------------------------------------------------
@@ -263,16 +334,17 @@ def check_contract(model: str, declared: Mapping[str, str] | None, found: Triple
         raise ContractError(
             f"{model} has no declaration (expected {sidecar_path(model).name} or batchinfer.* "
             f"model-version tags): run `batchinfer stamp {model} --job JOB.yaml`")
-    missing = [k for k in PARTS if k not in declared]
+    declared = typed(declared)
+    missing = declared.missing()
     if missing:
         raise ContractError(f"{model}: declaration lacks {', '.join(missing)}: re-run batchinfer stamp")
-    expected = dict(declared)
-    actual = found.as_dict()
+    expected = declared.parts()
+    actual: dict[str, str | None] = dict(found.as_dict())
     if spec_version is not None:
         actual["model_version"] = spec_version
     bad = [k for k in PARTS if expected[k] != actual[k]]
     for key, value in (options or {}).items():
-        stamped = declared.get(key, (implied or {}).get(key))
+        stamped = declared.backend.get(key, (implied or {}).get(key))
         if stamped != value:
             raise ContractError(
                 f"contract mismatch for {model}: model.options.{key} is {value} but the model was "
@@ -286,7 +358,7 @@ def check_contract(model: str, declared: Mapping[str, str] | None, found: Triple
         if k in bad:
             parts.append(f"{k} declared {expected[k]} found {actual[k]}")
         else:
-            parts.append(f"{k} ok ({expected[k][:16]})")
+            parts.append(f"{k} ok ({(expected[k] or '')[:16]})")
     hint = ("the model file changed since it was stamped" if "model_digest" in bad
             else "re-stamp the model for this job, or use the schema/preprocessing it was stamped with")
     raise ContractError(f"contract mismatch for {model}: " + "; ".join(parts) + f" ({hint})")
@@ -297,7 +369,7 @@ def check_explain(model: str, declared: Mapping[str, str], wanted: str | None) -
     one) is what the model was stamped with (the declaration's ``explain``; none when absent):
     an explainer that is not versioned with the model explains another model (contract §6
     "Explanations")."""
-    stamped = declared.get("explain")
+    stamped = typed(declared).explain
     if stamped == wanted:
         return
     raise ContractError(
@@ -329,8 +401,9 @@ def check_declared_code(model: str, declared: Mapping[str, str], schema_ref: str
         ContractError: the schema's source changed since stamping (locked or not), the packages
             differ under the ``refuse`` policy, or the policy is unknown.
     """
+    declared = typed(declared)
     warnings = []
-    stamped = declared.get(SCHEMA_SHA256)
+    stamped = declared.schema_sha256
     if stamped is None:
         warnings.append(f"{model}: its declaration records no schema_sha256 (stamped by an older "
                         f"batchinfer or by hand), so an edit of schema {schema_ref} after stamping "
@@ -342,14 +415,16 @@ def check_declared_code(model: str, declared: Mapping[str, str], schema_ref: str
             f"(its source has sha256 {schema_sha256[:12]}…, the declaration says {stamped[:12]}…): "
             f"restore it, or save the change as {next_schema}, publish it (`batchinfer schema "
             f"publish {next_schema}`) and re-stamp the model for it")
-    if PACKAGES not in declared:   # stamped before packages were recorded: nothing to compare
+    if declared.preprocess_packages is None:   # stamped before packages were recorded: nothing to compare
         return warnings
-    policy = declared.get(PACKAGES_POLICY, "warn")
+    policy = declared.preprocess_packages_policy
+    if policy is None:
+        policy = "warn"
     if policy not in PACKAGE_POLICIES:
         raise ContractError(f"{model}: its declaration has {PACKAGES_POLICY} {policy!r}, not one of "
                             f"{', '.join(PACKAGE_POLICIES)}: re-stamp the model (batchinfer stamp "
                             f"--packages warn|refuse)")
-    differ = package_differences(declared[PACKAGES], packages)
+    differ = package_differences(declared.preprocess_packages, packages)
     if not differ:
         return warnings
     what = "; ".join(differ)

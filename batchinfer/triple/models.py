@@ -19,7 +19,14 @@ from typing import Any, Iterator, Mapping
 from .. import backends
 from ..errors import BatchInferError, ModelFileError, SpecError, StorageError, one_line
 from ..io.storage import local_path, url_to_fs
-from .contract import Triple, declaration_from_tags, declaration_tags, read_sidecar, write_sidecar
+from .contract import (
+    Declaration,
+    Triple,
+    declaration_from_tags,
+    declaration_tags,
+    read_sidecar,
+    write_sidecar,
+)
 from .model_cache import ModelSource, fetch
 
 _REGISTRY_URI = re.compile(r"models:/(?P<name>[^/]+)/(?P<version>[0-9]+)")  # fullmatch
@@ -44,7 +51,7 @@ class ResolvedModel:
 
     uri: str
     path: Path
-    declaration: dict | None
+    declaration: Declaration | None
     registry: tuple[str, str] | None = None
     url: str | None = None
     digest: str | None = None
@@ -97,7 +104,7 @@ def resolve_model(uri: str, backend: str, tracking_uri: str) -> ResolvedModel:
     return _file_model(url, uri, backend, declaration_from_tags(model_version.tags or {}), ref)
 
 
-def _file_model(url: str, uri: str, backend: str, declaration: dict | None,
+def _file_model(url: str, uri: str, backend: str, declaration: Declaration | None,
                 registry: tuple[str, str] | None = None) -> ResolvedModel:
     """The model file at ``url`` (local, or fetched into the cache); its sidecar's declaration
     unless ``registry`` gives one."""
@@ -125,7 +132,7 @@ def _file_model(url: str, uri: str, backend: str, declaration: dict | None,
         declaration = read_sidecar(url)
     # The launcher revalidates a warm entry against the store: a model changed there since it
     # was stamped is this run's contract mismatch (exit 3), not its workers' failure.
-    fetched = fetch(url, (declaration or {}).get("model_digest"), revalidate=True)
+    fetched = fetch(url, declaration.model_digest if declaration else None, revalidate=True)
     return ResolvedModel(uri, fetched.path, declaration, registry, url, fetched.digest)
 
 

@@ -164,16 +164,6 @@ def restricting_records() -> list[str]:
             for line in literal_names(ast.parse(MODULES[module].read_text()))]
 
 
-# io/records.py InputTable.format and io/readback.py TableCommitModel.format / InputTableModel.format
-# are Literals of the built-in names until the records' rewrite (issue 33, outcome 1) makes them a
-# str checked against the registry: until then a manifest naming a third format does not read back,
-# and the tests that need it are expected to fail (strictly: once the Literals go, they must pass).
-RECORDS_RESTRICT_FORMATS = pytest.mark.xfail(
-    bool(restricting_records()), strict=True,
-    reason="a record's format is a Literal of the built-in names (io/records.py, io/readback.py)")
-
-
-@RECORDS_RESTRICT_FORMATS
 def test_no_record_restricts_a_format_to_the_builtin_names():
     wrong = restricting_records()
     assert not wrong, wrong
@@ -294,7 +284,6 @@ def ledger_plugin(folder: Path) -> Path:
 
 
 @pytest.mark.slow
-@RECORDS_RESTRICT_FORMATS
 def test_a_job_commits_through_a_distributions_format_and_our_readers_read_it_back(tmp_path):
     """A plain interpreter, as a user starts one, finds the format on its own sys.path
     (PYTHONPATH): the run commits the partition to its tables (the ledger's log names the

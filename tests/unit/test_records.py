@@ -1,6 +1,6 @@
 """The typed records (io/records.py, pipeline/records.py): wide ones are keyword-only; their JSON
 is generated from their fields (io/codec.py) with the keys in the files' order, and reads back,
-through the schemas of io/readback.py, to the same record."""
+validated against the same declaration (io/readback.py ``check``), to the same record."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import pytest
 
 from batchinfer.errors import ContractError, StorageError
 from batchinfer.io.manifest import manifest_bytes
-from batchinfer.io.readback import ManifestModel, ShardResultModel, check
+from batchinfer.io.readback import check
 from batchinfer.io.records import (
     Challenger,
     ChallengerShard,
@@ -86,15 +86,14 @@ def test_the_manifest_keys_are_in_the_files_order():
                                                          shards=(THEIRS,)),)])
 def test_a_manifest_reads_back_through_its_schema_to_itself(challengers):
     manifest = _manifest(challengers)
-    checked = check(ManifestModel, manifest_bytes(manifest), "m", ContractError)
-    assert Manifest.from_dict(checked.model_dump()) == manifest
+    assert check(Manifest, manifest_bytes(manifest), "m", ContractError) == manifest
     assert Manifest.from_dict(json.loads(manifest_bytes(manifest))) == manifest
 
 
 def test_a_shard_result_reads_back_through_its_schema_to_itself():
     result = _result()
     text = json.dumps(result.to_dict())
-    assert ShardResult.from_dict(check(ShardResultModel, text, "r", StorageError).model_dump()) == result
+    assert check(ShardResult, text, "r", StorageError) == result
     assert ShardResult.from_dict(json.loads(text)) == result
     data = result.to_dict()
     assert data["quarantine"] == [["f1", "type", 2], [None, "model", 1]]   # lists, as JSON has them
