@@ -324,7 +324,7 @@ def cmd_backfill(args) -> int:
 
 def _watcher(quiet: bool):
     """Live progress for the pipeline: a bar on a terminal, plain lines otherwise, or nothing."""
-    from .commands.progress import choose_mode, watch
+    from .app.run_progress import choose_mode, watch
 
     mode = choose_mode(quiet)
     return lambda shards, live: watch(shards, mode, live=live)
@@ -341,7 +341,7 @@ def cmd_profile(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .commands.report import rebuild_report
+    from .app.job_report import rebuild_report
 
     print(f"wrote {rebuild_report(args.output)}")
     return 0
@@ -417,7 +417,7 @@ def _print_model_comparison(report: dict) -> None:
 
 
 def cmd_export(args) -> int:
-    from .commands.export import export_model
+    from .convert.export import export_model
 
     sample = None
     if args.sample:
@@ -433,7 +433,7 @@ def cmd_export(args) -> int:
     if gate_flags and not args.quantize:
         raise UsageError(f"{', '.join(gate_flags)} go with --quantize int8")
     if args.quantize:
-        from .commands.export import Gate, quantize_model
+        from .convert.export import Gate, quantize_model
 
         if args.to != "onnx" or args.fp16:
             raise UsageError("--quantize int8 goes with --to onnx (an ONNX model in, its INT8 "
@@ -476,7 +476,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from .commands.validate import validate_input
+    from .app.input_validation import validate_input
 
     job = _load(args)
     report = validate_input(job)
@@ -514,7 +514,7 @@ def _table_read(table, pinned: int | None) -> str:
 
 
 def cmd_plan(args) -> int:
-    from .commands.resolve import partition_listing, partition_of, pinned_version, resolve, shown_partition
+    from .app.resolve import partition_listing, partition_of, pinned_version, resolve, shown_partition
     from .commands.run import planned
 
     job = _load(args)

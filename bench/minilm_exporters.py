@@ -75,7 +75,7 @@ def main() -> int:
     import onnx
     import onnxruntime as ort
 
-    from batchinfer.commands import export, smoothing
+    from batchinfer.convert import export, smoothing
 
     work = args.workdir.resolve()
     work.mkdir(parents=True, exist_ok=True)

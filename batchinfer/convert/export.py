@@ -227,9 +227,9 @@ def _input_names(program) -> list[str]:
 def _job_sample(job, input_names: list[str], rows: int = SAMPLE_ROWS) -> list[np.ndarray]:
     """Up to ``rows`` valid rows of the job's first readable shard, preprocessed as a run
     would (validation, then the job's preprocessing)."""
+    from ..app.input_validation import validated_batches
+    from ..app.resolve import list_job_input, resolve_inputs
     from ..io.shards import ShardReader, Unreadable
-    from .resolve import list_job_input, resolve_inputs
-    from .validate import validated_batches
 
     schema, _, preprocessor = resolve_inputs(job)
     for shard in list_job_input(job).shards:
@@ -756,7 +756,7 @@ def _score_as_a_run(model: str, feed: Mapping[str, np.ndarray], job: Any, what: 
 
 def _smoothed(model: Path, out: Path, calibration: Mapping[str, np.ndarray], job: Any,
               alpha: float) -> tuple[str, dict[str, Any]]:
-    """``model`` smoothed for quantization (commands/smoothing.py), calibrated on
+    """``model`` smoothed for quantization (convert/smoothing.py), calibrated on
     ``calibration`` scored in the job's calls, in a scratch file beside ``out``; its path and
     the settings to record."""
     import onnx
