@@ -433,7 +433,8 @@ def cmd_export(args) -> int:
     if gate_flags and not args.quantize:
         raise UsageError(f"{', '.join(gate_flags)} go with --quantize int8")
     if args.quantize:
-        from .convert.export import Gate, quantize_model
+        from .convert.int8_gate import Gate
+        from .convert.quantize import quantize_model
 
         if args.to != "onnx" or args.fp16:
             raise UsageError("--quantize int8 goes with --to onnx (an ONNX model in, its INT8 "
