@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, TypedDict
 
 import numpy as np
 
@@ -35,8 +35,23 @@ class Gate:
         return THRESHOLD if self.threshold is None else self.threshold
 
 
+class GateFigures(TypedDict):
+    """The gate's figures, as ``<out>.quantization.json`` declares them (the worst over outputs)."""
+
+    parity_outputs: str            # "NAME: KIND; …", KIND score | class distribution | embedding
+    parity_rows: int
+    parity_kl: float
+    parity_kl_limit: float
+    parity_flip_rate: float
+    parity_threshold: float
+    parity_max_flip_rate: float | str   # "not judged" without --max-flip-rate
+    parity_min_cosine: float
+    parity_min_cosine_bound: float
+    parity_max_abs_diff: float
+
+
 def _gate(parity, want: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], gate: Gate,
-          where: str) -> dict[str, Any]:
+          where: str) -> GateFigures:
     """The gate's figures (the worst over outputs); raises ModelError naming the first figure
     past its bound."""
     kl = flip = 0.0
@@ -74,7 +89,7 @@ def _gate(parity, want: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray],
                              f"at threshold {threshold:g} (> --max-flip-rate "
                              f"{gate.max_flip_rate:g}) on {where}; nothing written")
     diff = max((parity.max_abs_diff(want[k], got[k]) for k in want), default=0.0)
-    figures: dict[str, Any] = {"parity_outputs": "; ".join(kinds), "parity_rows": len(next(iter(want.values()))),
+    figures: GateFigures = {"parity_outputs": "; ".join(kinds), "parity_rows": len(next(iter(want.values()))),
                                "parity_kl": kl, "parity_kl_limit": parity.KL_LIMIT,
                                "parity_flip_rate": flip, "parity_threshold": threshold,
                                "parity_max_flip_rate": ("not judged" if gate.max_flip_rate is None

@@ -19,6 +19,7 @@ from .int8_gate import Gate, _check_gate, _check_gate_applies, _gate, _row_size,
 from .samples import _check_onnx_input, _job_sample
 from .written import ExportReport, _arrays_sha256, _check_out, _file_sha256, _publish, _scratch, _shapes
 
+METHODS = ("auto", "static", "dynamic")   # auto: dynamic (the default)
 QUANTIZE_ROWS = 4096       # sample rows the gate compares on
 CALIBRATION_ROWS = 512     # of which the first ones calibrate a static quantization
 STATIC_OPS = ("MatMul", "Gemm", "Conv")   # what static quantization turns into INT8
@@ -29,7 +30,7 @@ INTEGER_OPS = ("MatMulInteger", "ConvInteger", "QGemm", "QAttention", "DynamicQu
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")
 
 
-def quantize_model(model: str | Path, out: str | Path, sample_job, *, method: str = "auto",
+def quantize_model(model: str | Path, out: str | Path, sample_job, *, method: str = METHODS[0],
                    gate: Gate = Gate(), keep_fp32: Sequence[str] = (),
                    smooth: float | None = None) -> ExportReport:
     """``export MODEL.onnx --to onnx --quantize int8``: ONNX Runtime's INT8 quantization of
@@ -90,8 +91,8 @@ def quantize_model(model: str | Path, out: str | Path, sample_job, *, method: st
     _check_onnx_input(model, sample_job, "--quantize", "the job's own rows calibrate the model "
                       "and check its parity")
     _check_out(model, out)
-    if method not in ("auto", "static", "dynamic"):
-        raise SpecError(f"--method {method!r}: choose auto, static or dynamic")
+    if method not in METHODS:
+        raise SpecError(f"--method {method!r}: choose {', '.join(METHODS[:-1])} or {METHODS[-1]}")
     _check_gate(gate)
     if smooth is not None and not 0.0 < smooth < 1.0:
         raise SpecError(f"--smooth {smooth:g}: choose an alpha between 0 and 1 (0.7 for MiniLM)")

@@ -8,11 +8,14 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
 from ..errors import SpecError
+
+if TYPE_CHECKING:
+    from .int8_gate import GateFigures
 
 
 @dataclass
@@ -25,7 +28,7 @@ class ExportReport:
     max_abs_diff: dict[str, float]
     kl: dict[str, float] | None = None   # --fp16: each output's KL divergence from FP32
     reference: str = "torch"             # what the export was compared with
-    gate: dict[str, Any] | None = None   # --quantize: the gate's figures (as declared)
+    gate: GateFigures | None = None      # --quantize: the gate's figures (as declared)
 
 
 def _check_out(model: Path, out: Path) -> None:
