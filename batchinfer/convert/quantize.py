@@ -88,6 +88,49 @@ def quantize_model(model: str | Path, out: str | Path, sample_job, *, method: st
         ModelError: quantization failed, or the gate refused the model (nothing written).
     """
     model, out = Path(model), Path(out)
+    method, quantizable, kept = _checked(model, out, sample_job, method, gate, keep_fp32, smooth)
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    arrays = _job_sample(sample_job, names, QUANTIZE_ROWS)
+    feed = {n: np.asarray(a, dtype=np.float32) if np.asarray(a).dtype == np.float64 else np.asarray(a)
+            for n, a in zip(names, arrays)}
+    calibration = ({n: a[:CALIBRATION_ROWS] for n, a in feed.items()}
+                   if method == "static" or smooth is not None else {})
+    settings = _write_int8(model, out, sample_job, method, calibration, kept, smooth)
+    if keep_fp32:
+        settings["quantization_kept_fp32"] = f"{'|'.join(keep_fp32)} ({len(kept)} nodes)"
+    scratch = settings.pop("_scratch")
+    try:
+        settings.update(_int8_settings(scratch, model, method, quantizable, kept))
+        return _judge_and_publish(model, out, scratch, session, sample_job, feed, calibration,
+                                  gate, {"precision": "int8", "quantization_method": method, **settings})
+    finally:
+        if os.path.exists(scratch):
+            os.unlink(scratch)
+
+
+def _write_int8(model: Path, out: Path, sample_job: Any, method: str, calibration: Mapping[str, np.ndarray],
+                kept: Sequence[str], smooth: float | None) -> dict[str, Any]:
+    """The quantized model in a scratch file beside ``out`` (``settings["_scratch"]``), smoothed
+    first with ``smooth``; the settings its record declares."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    source, smoothing = (_smoothed(model, out, calibration, sample_job, smooth) if smooth is not None
+                         else (str(model), {}))
+    try:
+        settings = _quantize(Path(source), out, method, calibration if method == "static" else {}, kept)
+    finally:
+        if source != str(model):
+            os.unlink(source)
+    settings.update(smoothing)
+    return settings
+
+
+def _checked(model: Path, out: Path, sample_job: Any, method: str, gate: Gate, keep_fp32: Sequence[str],
+             smooth: float | None) -> tuple[str, list[str], list[str]]:
+    """Every option applied or refused before any work (exit 2): the method ``auto`` stands for,
+    the nodes it quantizes and those ``keep_fp32`` keeps FP32."""
     _check_onnx_input(model, sample_job, "--quantize", "the job's own rows calibrate the model "
                       "and check its parity")
     _check_out(model, out)
@@ -105,67 +148,51 @@ def quantize_model(model: str | Path, out: str | Path, sample_job, *, method: st
     _check_gate_applies(_values_a_row(graph), gate, model.name)
     if smooth is not None:
         _check_smoothable(proto, model, smooth, kept)
-    import onnxruntime as ort
+    return method, quantizable, kept
 
+
+def _judge_and_publish(model: Path, out: Path, scratch: str, session: Any, sample_job: Any,
+                       feed: Mapping[str, np.ndarray], calibration: Mapping[str, np.ndarray], gate: Gate,
+                       settings: dict[str, Any]) -> ExportReport:
+    """Both models score the sample as a run would; the gate judges; the record, then the model
+    (``scratch``), renamed into place only when it passes."""
     from .. import parity
     from ..handlers.onnx import QUANTIZATION_SUFFIX
 
-    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    names = [i.name for i in session.get_inputs()]
-    arrays = _job_sample(sample_job, names, QUANTIZE_ROWS)
-    feed = {n: np.asarray(a, dtype=np.float32) if np.asarray(a).dtype == np.float64 else np.asarray(a)
-            for n, a in zip(names, arrays)}
     rows = len(next(iter(feed.values())))
-    calibration = ({n: a[:CALIBRATION_ROWS] for n, a in feed.items()}
-                   if method == "static" or smooth is not None else {})
-    out.parent.mkdir(parents=True, exist_ok=True)
-    source, smoothing = (_smoothed(model, out, calibration, sample_job, smooth) if smooth is not None
-                         else (str(model), {}))
+    want = _score_as_a_run(str(model), feed, sample_job, "FP32")
     try:
-        settings = _quantize(Path(source), out, method, calibration if method == "static" else {}, kept)
-    finally:
-        if source != str(model):
-            os.unlink(source)
-    settings.update(smoothing)
-    if keep_fp32:
-        settings["quantization_kept_fp32"] = f"{'|'.join(keep_fp32)} ({len(kept)} nodes)"
-    scratch, written = settings.pop("_scratch"), None
+        got = _score_as_a_run(scratch, feed, sample_job, "quantized")
+    except ModelError as exc:
+        raise ModelError(f"the quantized model does not run: {exc.message}") from None
+    where = f"{rows} rows of {sample_job.spec.name}'s input"
+    # shapes the graph left symbolic are known now: an option they make moot is still exit 2
+    _check_gate_applies({k: _row_size(v) for k, v in want.items()}, gate, model.name,
+                        "; nothing written")
+    figures = _gate(parity, want, got, gate, where)
+    facts: dict[str, Any] = {
+        **settings,
+        "calibration_rows": len(next(iter(calibration.values()))) if calibration else 0,
+        "calibration_sha256": _arrays_sha256(calibration) if calibration else "none (dynamic)",
+        "sample": f"the first rows of {sample_job.spec.name}'s input, prepared as a run prepares them",
+        "sample_sha256": _arrays_sha256(feed),
+        "source_model_sha256": _file_sha256(model), **figures,
+        "model_sha256": _file_sha256(Path(scratch))}
+    # the record first: it names the model's sha256, so one left beside other bytes (a
+    # crash between the renames) is refused by stamp, never taken for theirs
+    record = Path(str(out) + QUANTIZATION_SUFFIX)
+    written = _scratch(record)
     try:
-        settings.update(_int8_settings(scratch, model, method, quantizable, kept))
-        want = _score_as_a_run(str(model), feed, sample_job, "FP32")
-        try:
-            got = _score_as_a_run(scratch, feed, sample_job, "quantized")
-        except ModelError as exc:
-            raise ModelError(f"the quantized model does not run: {exc.message}") from None
-        where = f"{rows} rows of {sample_job.spec.name}'s input"
-        # shapes the graph left symbolic are known now: an option they make moot is still exit 2
-        _check_gate_applies({k: _row_size(v) for k, v in want.items()}, gate, model.name,
-                            "; nothing written")
-        figures = _gate(parity, want, got, gate, where)
-        facts: dict[str, Any] = {
-            "precision": "int8", "quantization_method": method, **settings,
-            "calibration_rows": len(next(iter(calibration.values()))) if calibration else 0,
-            "calibration_sha256": _arrays_sha256(calibration) if calibration else "none (dynamic)",
-            "sample": f"the first rows of {sample_job.spec.name}'s input, prepared as a run prepares them",
-            "sample_sha256": _arrays_sha256(feed),
-            "source_model_sha256": _file_sha256(model), **figures,
-            "model_sha256": _file_sha256(Path(scratch))}
-        # the record first: it names the model's sha256, so one left beside other bytes (a
-        # crash between the renames) is refused by stamp, never taken for theirs
-        record = Path(str(out) + QUANTIZATION_SUFFIX)
-        written = _scratch(record)
         Path(written).write_text(json.dumps(facts, indent=2) + "\n")
         _publish(written, record)
         _publish(scratch, out)
-        diffs = {k: parity.max_abs_diff(want[k], got[k]) for k in want}
-        kls = {k: parity.output_kl(want[k], got[k]) for k in want}
-        return ExportReport(out, _shapes(session.get_inputs()), _shapes(session.get_outputs()),
-                            where, rows, diffs, kls, reference="ONNX Runtime FP32",
-                            gate=figures)
     finally:
-        for left in (scratch, written):
-            if left is not None and os.path.exists(left):
-                os.unlink(left)
+        if os.path.exists(written):
+            os.unlink(written)
+    diffs = {k: parity.max_abs_diff(want[k], got[k]) for k in want}
+    kls = {k: parity.output_kl(want[k], got[k]) for k in want}
+    return ExportReport(out, _shapes(session.get_inputs()), _shapes(session.get_outputs()),
+                        where, rows, diffs, kls, reference="ONNX Runtime FP32", gate=figures)
 
 
 def _onnx_model(model: Path) -> Any:
