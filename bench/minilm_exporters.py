@@ -75,7 +75,7 @@ def main() -> int:
     import onnx
     import onnxruntime as ort
 
-    from batchinfer.commands import export, smoothing
+    from batchinfer.convert import quantize, smoothing
 
     work = args.workdir.resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -109,8 +109,8 @@ def main() -> int:
                                              lengths_from="attention_mask",
                                              sequences=["attention_mask", "input_ids"])
         onnx.save(smoothing.smooth(source, maxima, 0.7)[0], str(folder / "smoothed.onnx"))
-        kept = export._kept_fp32(paths["torchscript"], "dynamic", [r"layer\.[05]/output/dense"])
-        settings = export._quantize(folder / "smoothed.onnx", int8, "dynamic", {}, kept)
+        kept = quantize._kept_fp32(paths["torchscript"], "dynamic", [r"layer\.[05]/output/dense"])
+        settings = quantize._quantize(folder / "smoothed.onnx", int8, "dynamic", {}, kept)
         os.replace(settings["_scratch"], int8)
         models["torchscript int8 (recipe)"] = int8
         so = ort.SessionOptions()

@@ -80,7 +80,7 @@ def read_partition(job: Path, fmt: str, ds: str) -> tuple[int, float, float]:
     root = job.parent / "tables-iceberg"
     catalog = SqlCatalog("batchinfer", uri=f"sqlite:///{root / '_catalog.db'}", warehouse=str(root))
     job_name = json.loads((records(job, fmt, ds) / "_manifest.json").read_text())["job"]
-    t0 = time.perf_counter()   # the default identifier (commands/resolve.py sink_of)
+    t0 = time.perf_counter()   # the default identifier (app/resolve.py sink_of)
     table = catalog.load_table("batchinfer." + job_name.replace("-", "_").replace(".", "_"))
     scan = table.scan(row_filter=EqualTo("dt", ds))
     rows = sum(task.file.record_count for task in scan.plan_files())

@@ -1,7 +1,7 @@
-"""What the commands do, one module per command (``run``, ``validate``, ``stamp``, ``inspect``,
-``backfill``, ``diff``, ``export``) plus ``resolve``, which every command that reads a job
-shares.
+"""What the commands do, one module per command: ``run``, ``backfill``, ``validate`` (and
+``plan``), ``profile``, ``inspect`` (and ``track``), ``diff``, ``stamp`` and ``schema``; what they
+share is the application layer (``app``), the converters of ``export`` are ``convert``.
 
-The top layer: may import every other package (``spec``, ``triple``, ``rows``, ``io``,
-``handlers``, ``pipeline``) and the core; only ``cli`` and ``demo`` import it.
+The top layer: may import ``app``, ``convert``, every package below them (``spec``, ``triple``,
+``rows``, ``io``, ``handlers``, ``pipeline``) and the core; only ``cli`` and ``demo`` import it.
 """

@@ -16,7 +16,7 @@ agreement. ``_inference_id`` and ``_compute_ms`` describe an execution and are n
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 import pyarrow as pa
@@ -28,7 +28,14 @@ from ..io.partitions import open_partition
 from ..io.records import FileRecord, ShardRecord, Totals
 from ..rows.arrow_types import plain_array, plain_type
 from ..rows.columns import EXPLANATION, INPUT_HASH, NOT_COMPARED, SOURCE_ROW
-from ..rows.compare import TopMovers, agreement, explanation_agreement, score_summary
+from ..rows.compare import (
+    ExplanationAgreement,
+    ScoreSummary,
+    TopMovers,
+    agreement,
+    explanation_agreement,
+    score_summary,
+)
 
 # The columns not compared bit for bit: the row's key, what describes an execution, and the
 # triple (compared once, from the manifests) — as rows/columns.py declares them.
@@ -38,8 +45,69 @@ EXEMPT = NOT_COMPARED
 TOP_MOVERS = 10
 
 
+class Pair(TypedDict):
+    a: Any
+    b: Any
+
+
+class Side(TypedDict):
+    output: str
+    job: str
+    ds: str | None
+    attempt: str
+    totals: dict[str, Any]          # Totals.to_dict()
+    challenger: NotRequired[str]    # B is this challenger of A's partition
+
+
+class Shards(TypedDict):
+    both: int
+    only_a: list[str]
+    only_b: list[str]
+    input_changed: list[str]
+
+
+class Rows(TypedDict):
+    scored_both: int
+    scored_only_a: int
+    scored_only_b: int
+    quarantined_both: int
+    input_hash_differs: int
+
+
+class Column(TypedDict):
+    differ: int
+    max_abs_diff: float | None
+    types: NotRequired[Pair]   # the Arrow types, where they differ
+
+
+class Label(TypedDict):
+    rows: int
+    agreement: float | None
+
+
+class Models(TypedDict):
+    scores: dict[str, ScoreSummary]
+    labels: dict[str, Label]
+    # a mover's values: a, b, abs_diff, _source_shard, _source_row, and the label and id columns
+    top_movers: dict[str, list[dict[str, Any]]]
+    explanations: NotRequired[ExplanationAgreement]   # only where both sides hold explanations
+
+
+class DiffReport(Models):
+    """What ``diff`` reports (``--json`` prints it as it is; keys in this order)."""
+
+    a: Side
+    b: Side
+    same_partition: bool
+    triple_differs: dict[str, Pair]
+    shards: Shards
+    rows: Rows
+    columns: dict[str, Column]
+    identical: bool
+
+
 def diff_outputs(url_a: str, url_b: str | None = None, *, challenger: str | None = None,
-                 top: int = TOP_MOVERS) -> dict[str, Any]:
+                 top: int = TOP_MOVERS) -> DiffReport:
     """A report (plain data, JSON-ready) of how output B differs from output A; with
     ``challenger``, B is that challenger of output A (and A its champion).
 
@@ -54,13 +122,13 @@ def diff_outputs(url_a: str, url_b: str | None = None, *, challenger: str | None
         raise SpecError("diff compares OUTPUT_A OUTPUT_B, or OUTPUT --challenger NAME")
     a = _Side(url_a)
     b = _Side(url_a, challenger) if challenger is not None else _Side(str(url_b))
-    triple = {part: {"a": a.triple.get(part), "b": b.triple.get(part)}
+    triple: dict[str, Pair] = {part: {"a": a.triple.get(part), "b": b.triple.get(part)}
               for part in sorted(set(a.triple) | set(b.triple))
               if a.triple.get(part) != b.triple.get(part)}
     shards_a, shards_b = a.shards(), b.shards()
-    rows = dict.fromkeys(["scored_both", "scored_only_a", "scored_only_b", "quarantined_both",
-                          "input_hash_differs"], 0)
-    columns: dict[str, dict[str, Any]] = {}
+    rows: Rows = {"scored_both": 0, "scored_only_a": 0, "scored_only_b": 0, "quarantined_both": 0,
+                  "input_hash_differs": 0}
+    columns: dict[str, Column] = {}
     models = _Models(top)
     for name in sorted(set(shards_a) & set(shards_b)):
         _compare_shard(a, b, shards_a[name], shards_b[name], rows, columns, models)
@@ -71,7 +139,7 @@ def diff_outputs(url_a: str, url_b: str | None = None, *, challenger: str | None
                  and rows["input_hash_differs"] == 0
                  and all(c["differ"] == 0 and "types" not in c for c in columns.values()))
     return {
-        "a": {"output": a.shown, **a.about()}, "b": {"output": b.shown, **b.about()},
+        "a": a.about(), "b": b.about(),
         "same_partition": (a.manifest.job, a.manifest.ds) == (b.manifest.job, b.manifest.ds),
         "triple_differs": triple,
         "shards": {"both": len(set(shards_a) & set(shards_b)),
@@ -115,13 +183,13 @@ class _Side:
                                             files=s.files)
                             for s in found.shards}
 
-    def about(self) -> dict:
+    def about(self) -> Side:
         manifest = self.manifest
-        about = {"job": manifest.job, "ds": manifest.ds, "attempt": manifest.attempt,
-                 "totals": manifest.totals.to_dict()}
+        about: Side = {"output": self.shown, "job": manifest.job, "ds": manifest.ds,
+                       "attempt": manifest.attempt, "totals": manifest.totals.to_dict()}
         if self.challenger is not None:  # its rows_quarantined are the rows it rejected
-            about.update(challenger=self.challenger,
-                         totals=Totals.of(list(self._shards.values())).to_dict())
+            about["totals"] = Totals.of(list(self._shards.values())).to_dict()
+            about["challenger"] = self.challenger
         return about
 
     def shards(self) -> dict[str, ShardRecord]:
@@ -139,8 +207,8 @@ def _rows(table: pa.Table | None) -> np.ndarray:
     return table.column(SOURCE_ROW.name).to_numpy()
 
 
-def _compare_shard(a: _Side, b: _Side, shard_a: ShardRecord, shard_b: ShardRecord, rows: dict,
-                   columns: dict, models: "_Models") -> None:
+def _compare_shard(a: _Side, b: _Side, shard_a: ShardRecord, shard_b: ShardRecord, rows: Rows,
+                   columns: dict[str, Column], models: "_Models") -> None:
     pred_a = a.read(shard_a.files, PREDICTIONS, None)
     pred_b = b.read(shard_b.files, PREDICTIONS, None)
     quar_a = _rows(a.read(shard_a.files, QUARANTINE, [SOURCE_ROW.name]))
@@ -242,13 +310,13 @@ class _Models:
                 counts[0] += a.num_rows
                 counts[1] += agreement(_values(a.column(name)), _values(b.column(name)))
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> Models:
         scores = {}
         for name, (xs, ys) in self.scores.items():
             scores[name] = score_summary(np.concatenate(xs), np.concatenate(ys))
-        labels = {name: {"rows": n, "agreement": (same / n if n else None)}
-                  for name, (n, same) in self.labels.items()}
-        report = {"scores": scores, "labels": labels,
+        labels: dict[str, Label] = {name: {"rows": n, "agreement": (same / n if n else None)}
+                                    for name, (n, same) in self.labels.items()}
+        report: Models = {"scores": scores, "labels": labels,
                   "top_movers": {name: movers.rows() for name, movers in self.movers.items()}}
         if self.explained[0]:   # only where both sides hold explanations: the key is absent otherwise
             report["explanations"] = explanation_agreement(*self.explained)

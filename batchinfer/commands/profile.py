@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..app.resolve import list_partition_input, partition_of, resolve, shown_partition
 from ..errors import ContractError, SpecError, StorageError
 from ..io.outputs import PREDICTIONS, write_json
 from ..io.partitions import Committed
@@ -24,7 +25,6 @@ from ..io.storage import url_to_fs
 from ..rows.columns import EXPLANATION, attribution_column
 from ..rows.profile import PROFILE_VERSION, baseline_column, numeric_values
 from ..spec import Job
-from .resolve import list_partition_input, partition_of, resolve, shown_partition
 
 BATCH_ROWS = 65536   # rows per batch when an input shard is read again
 

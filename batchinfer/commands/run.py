@@ -11,9 +11,9 @@ from one typed record to the next, so a run reads top to bottom:
    ``--update``, :func:`updating` → :class:`~batchinfer.io.update.Update`: the committed shards
    kept, the new and rewritten ones to score, the removed ones dropped. ``--dry-run`` stops here
    (:func:`rehearse`);
-3. :func:`launch` → :class:`Launch`: the models loaded (:mod:`batchinfer.commands.models`:
+3. :func:`launch` → :class:`Launch`: the models loaded (:mod:`batchinfer.app.model_runs`:
    exit 5 before any work), the attempt begun, the MLflow run opened; then :func:`score` →
-   :class:`Scored`: the Beam pipeline into the attempt (:mod:`batchinfer.commands.scoring`).
+   :class:`Scored`: the Beam pipeline into the attempt (:mod:`batchinfer.app.scoring`).
    Its last step applies the quarantine thresholds and the drift gate (exit 4, nothing
    committed) and commits: exactly one run creates the manifest
    (:mod:`batchinfer.pipeline.commit`, :class:`~batchinfer.io.commit.PartitionCommit`). The
@@ -22,7 +22,7 @@ from one typed record to the next, so a run reads top to bottom:
 4. :func:`read_back` → :class:`ReadBack`: what the commit step did, and the drift verdict;
 5. :func:`publish` → :class:`Outcome`: a refusal's exit code (and the drift report it keeps),
    or the committed run's record to MLflow, ``_metrics.json`` and the report
-   (:mod:`batchinfer.commands.record`), which can fail without undoing anything.
+   (:mod:`batchinfer.app.run_record`), which can fail without undoing anything.
 
 One clock (``run_job``'s) stamps the attempt id, ``started_at`` and, in the commit step,
 ``finished_at``.
@@ -38,6 +38,18 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Sequence
 
 from .. import runners
+from ..app import model_runs, run_record, scoring
+from ..app.drift_baseline import load_baseline
+from ..app.resolve import (
+    Resolved,
+    list_job_input,
+    partition_listing,
+    partition_of,
+    pinned_version,
+    resolve,
+    shown_partition,
+    sink_of,
+)
 from ..clock import Clock, utc_now
 from ..errors import (
     BatchInferError,
@@ -57,19 +69,7 @@ from ..redaction import mask
 from ..rows.columns import attribution_column
 from ..rows.drift import Baseline, DriftVerdict, observe
 from ..spec import Job
-from . import models, record, scoring
-from .monitor import load_baseline
 from .remedies import error_line
-from .resolve import (
-    Resolved,
-    list_job_input,
-    partition_listing,
-    partition_of,
-    pinned_version,
-    resolve,
-    shown_partition,
-    sink_of,
-)
 
 if TYPE_CHECKING:
     from ..io.tracking import TrackingRun
@@ -112,7 +112,7 @@ def run_job(job: Job, *, overwrite: bool = False, update: bool = False, dry_run:
             started here. It is closed without a run if the job stops before scoring.
         watch: called with the number of shards and where the runner's live figures come
             from when scoring starts; returns a context manager that shows live progress while
-            the pipeline runs (see ``commands/progress.py`` and ``scoring.run_pipeline``).
+            the pipeline runs (see ``app/run_progress.py`` and ``scoring.run_pipeline``).
 
     Raises:
         BatchInferError: with the exit code of what went wrong (contract §2).
@@ -214,7 +214,7 @@ def resolve_run(job: Job, *, started: datetime, t0: float, clock: Clock,
     """Phase 1: resolve and check the contract, the runner's options and the baseline. A table
     input is read at the version the committed partition's manifest names, unless the job
     names one or ``update`` (then the latest:
-    :func:`~batchinfer.commands.resolve.list_partition_input`).
+    :func:`~batchinfer.app.resolve.list_partition_input`).
 
     Raises:
         BatchInferError: exit 2 (or 3, 5) before any work.
@@ -239,8 +239,8 @@ def _identity(job: Job, resolved: Resolved) -> Identity:
                     # with every ${NAME} value put back: the same shards, named as then.
                     shards_as_then=frozenset(mask(s.url, job.templated) for s in resolved.shards),
                     triple=resolved.triple.as_dict(),
-                    model_options=models.declared(job.spec.model, job.spec.explain),
-                    challengers=tuple(models.challenger_identity(c, job.spec.explain)
+                    model_options=model_runs.declared(job.spec.model, job.spec.explain),
+                    challengers=tuple(model_runs.challenger_identity(c, job.spec.explain)
                                       for c in resolved.challengers))
 
 
@@ -385,8 +385,8 @@ def rehearse(run: Resolution, decision: Decision, resumed: Resume | None = None,
     if crashed.adopted:
         message += f" ({crashed.summary(total, total - len(resumed.adopted))})"
     if runners.get(spec.runner.name).builds_job:  # build the runner's job too, submit nothing
-        champion = models.load_champion(resolved)
-        challengers = models.load_challengers(resolved, champion)
+        champion = model_runs.load_champion(resolved)
+        challengers = model_runs.load_challengers(resolved, champion)
         attempt = run.partition.begin(new_attempt(started), replacing=decision.manifest,
                                       clock=run.clock)
         header = scoring.manifest_header(job, attempt, champion, started, None, challengers,
@@ -404,8 +404,8 @@ def launch(run: Resolution, decision: Decision, resumed: Resume, tracking: "Trac
     job, resolved = run.job, run.resolved
     spec = job.spec
     t_load = time.perf_counter()
-    champion = models.load_champion(resolved)
-    challengers = models.load_challengers(resolved, champion)
+    champion = model_runs.load_champion(resolved)
+    challengers = model_runs.load_challengers(resolved, champion)
     load_s = time.perf_counter() - t_load
     baseline = run.baseline
     if baseline is not None:  # the columns it is compared on, known now (exit 2 if none)
@@ -515,17 +515,17 @@ def publish(run: Resolution, launched: Launch, scored: Scored, read: ReadBack,
     totals = read.totals if read.results else manifest.totals
     job, device = run.job, launched.champion.device
     wall_s = time.perf_counter() - run.t0
-    tags = record.run_tags(job, attempt.attempt, device)
+    tags = run_record.run_tags(job, attempt.attempt, device)
     if verdict.level != "none":
         tags["batchinfer.drift"] = verdict.level
-    kept = record.RunRecord(
-        params=record.run_params(job, run.resolved, attempt.attempt, device),
-        metrics={**record.run_metrics(totals, scored.pipeline_s, wall_s, read.results,
+    kept = run_record.RunRecord(
+        params=run_record.run_params(job, run.resolved, attempt.attempt, device),
+        metrics={**run_record.run_metrics(totals, scored.pipeline_s, wall_s, read.results,
                                      launched.load_s, verdict, attempt=attempt.attempt),
                  "commit_seconds": outcome.seconds},
-        tags={**tags, **record.table_tags(manifest)})
-    line = record.publish(job, tracking, attempt.layout, manifest, kept,
-                          record.profile_record(job, verdict, launched.baseline, read.results))
+        tags={**tags, **run_record.table_tags(manifest)})
+    line = run_record.publish(job, tracking, attempt.layout, manifest, kept,
+                          run_record.profile_record(job, verdict, launched.baseline, read.results))
     return Outcome("committed", f"committed {run.shown} (attempt {attempt.attempt})", manifest,
                    run.shown, line, {"wall_s": wall_s, "pipeline_s": scored.pipeline_s},
                    verdict.level)
@@ -541,16 +541,16 @@ def _refused(run: Resolution, launched: Launch, scored: Scored, read: ReadBack,
     kept: dict[str, str] = {}
     where = None
     if drifted:  # _drift/ is kept: no cleanup there
-        kept, where = record.keep_drift_report(job, attempt.layout, read.verdict,
+        kept, where = run_record.keep_drift_report(job, attempt.layout, read.verdict,
                                                launched.baseline, read.results)
     accept = launched.baseline.accept if drifted and launched.baseline is not None else None
     error = _refusal(read.outcome, where, accept)
-    tags = {**record.run_tags(job, attempt.attempt, device), "batchinfer.error": error_line(error),
+    tags = {**run_record.run_tags(job, attempt.attempt, device), "batchinfer.error": error_line(error),
             "batchinfer.exit_code": str(error.exit_code)}
     if drifted:
         tags["batchinfer.drift"] = "fail"
-    tracking.finish(record.run_params(job, run.resolved, attempt.attempt, device),
-                    record.run_metrics(read.totals, scored.pipeline_s, 0.0, read.results,
+    tracking.finish(run_record.run_params(job, run.resolved, attempt.attempt, device),
+                    run_record.run_metrics(read.totals, scored.pipeline_s, 0.0, read.results,
                                        launched.load_s, read.verdict, attempt=attempt.attempt),
                     kept, "FAILED", tags=tags)
     raise error

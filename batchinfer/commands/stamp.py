@@ -4,15 +4,15 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from ..app.drift_baseline import read_profile
+from ..app.explain_plan import background_baseline, declared_background
+from ..app.explain_plan import declared as explain_declared
+from ..app.resolve import resolve
 from ..backends import build_facts, declared_options
 from ..errors import SpecError
 from ..spec import Job, resolve_path
 from ..triple.contract import PACKAGE_POLICIES, PACKAGES, PACKAGES_POLICY, SCHEMA_SHA256, Triple
 from ..triple.models import declare, registry_ref
-from .explain import background_baseline, declared_background
-from .explain import declared as explain_declared
-from .monitor import read_profile
-from .resolve import resolve
 
 
 def stamp(job: Job, model_uri: str | None, model_version: str | None,

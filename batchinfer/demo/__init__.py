@@ -20,6 +20,7 @@ import importlib.resources
 import pathlib
 
 DEMO_DS = "2026-01-31"
+DEMO_ROWS = 120_000   # rows in all, over 6 shards
 
 # Package data copied as is, as (path under files/, path under the demo folder).
 _COPIED = (
@@ -38,7 +39,7 @@ def _package_file(relative: str):
 
 
 def write_demo(
-    folder: pathlib.Path, *, rows: int = 120_000, shards: int = 6, seed: int = 0
+    folder: pathlib.Path, *, rows: int = DEMO_ROWS, shards: int = 6, seed: int = 0
 ) -> dict[str, pathlib.Path]:
     """Writes the demo job, schema, preprocessing module, data and model under ``folder``.
 

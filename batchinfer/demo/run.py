@@ -4,10 +4,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from . import DEMO_DS, write_demo
+from . import DEMO_DS, DEMO_ROWS, write_demo
 
 
-def run_demo(folder: Path, *, rows: int = 120_000) -> int:
+def run_demo(folder: Path, *, rows: int = DEMO_ROWS) -> int:
     from ..commands.run import run_job
     from ..commands.stamp import stamp
     from ..spec import load_job

@@ -2,7 +2,7 @@
 and distributions in the ``batchinfer`` namespace), which every runner collects from its
 workers, and in process-wide counters, which only see what runs in this process.
 
-Live progress (``commands/progress.py``) reads one or the other, as the runner allows
+Live progress (``app/run_progress.py``) reads one or the other, as the runner allows
 (:data:`batchinfer.runners.Runner.live_metrics`, docs/runners.md "Progress and metrics"): the
 direct runner's FnApiRunner hands its Beam metrics over only when the pipeline has ended, so
 while it runs in this process (its in-memory and multi-threaded modes) the process-wide

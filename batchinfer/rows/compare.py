@@ -7,11 +7,35 @@ of a score, the rows that moved most (:class:`TopMovers`, bounded by N whatever 
 from __future__ import annotations
 
 import heapq
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+
+
+class AbsDiff(TypedDict):
+    """Quantiles and max of ``|a - b|`` (None: no rows)."""
+
+    p50: float | None
+    p90: float | None
+    p99: float | None
+    max: float | None
+
+
+class ScoreSummary(TypedDict):
+    rows: int
+    spearman: float | None
+    abs_diff: AbsDiff
+
+
+class ExplanationAgreement(TypedDict):
+    rows: int
+    top1_agreement: float | None
+    top_k_overlap: float | None
+    spearman: float | None
+    top_features_a: list[str]
+    top_features_b: list[str]
 
 
 def ranks(values: np.ndarray) -> np.ndarray:
@@ -41,16 +65,16 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float | None:
     return float(np.clip((ra * rb).sum() / scale, -1.0, 1.0))
 
 
-def abs_diff_quantiles(a: np.ndarray, b: np.ndarray) -> dict[str, float | None]:
+def abs_diff_quantiles(a: np.ndarray, b: np.ndarray) -> AbsDiff:
     """p50, p90, p99 (numpy's linear interpolation) and max of ``|a - b|``."""
     gap = np.abs(a.astype(np.float64) - b.astype(np.float64))
     if not gap.size:
-        return {**dict.fromkeys(QUANTILES), "max": None}
-    found = np.quantile(gap, list(QUANTILES.values()))
-    return {**{k: float(v) for k, v in zip(QUANTILES, found)}, "max": float(gap.max())}
+        return {"p50": None, "p90": None, "p99": None, "max": None}
+    p50, p90, p99 = (float(v) for v in np.quantile(gap, list(QUANTILES.values())))
+    return {"p50": p50, "p90": p90, "p99": p99, "max": float(gap.max())}
 
 
-def score_summary(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
+def score_summary(a: np.ndarray, b: np.ndarray) -> ScoreSummary:
     return {"rows": int(a.size), "spearman": spearman(a, b), "abs_diff": abs_diff_quantiles(a, b)}
 
 
@@ -105,7 +129,7 @@ def _negated(shard: str, row: int) -> tuple:
     return tuple(-ord(c) for c in shard) + (0x110000, -row)
 
 
-def explanation_agreement(a: list, b: list) -> dict[str, Any]:
+def explanation_agreement(a: list, b: list) -> ExplanationAgreement:
     """How two models' explanations of the same rows agree (``diff``, contract §6
     "Explanations"): ``a`` and ``b`` are the rows' ``_explanation`` lists (``[{feature,
     attribution}]``, largest |attribution| first; None for a row not explained), matched row

@@ -6,8 +6,8 @@ writer stage (:func:`batchinfer.pipeline.records.fold_shard`), so a verdict need
 baseline, and :class:`DriftGate` says whether the partition may commit. The gate is plain data
 that pickles, because the pipeline's commit step applies it on whichever worker commits
 (docs/runners.md). The baseline is read, and given the job's limits, at the edge
-(:mod:`batchinfer.commands.monitor`); what the launcher does with a verdict (the drift report,
-the metrics) is :mod:`batchinfer.commands.record`'s.
+(:mod:`batchinfer.app.drift_baseline`); what the launcher does with a verdict (the drift report,
+the metrics) is :mod:`batchinfer.app.run_record`'s.
 """
 from __future__ import annotations
 

@@ -151,7 +151,8 @@ def models() -> dict[str, dict]:
     once for these versions of torch, ONNX and this file and exporter (tests/artefacts.py).
     The modules are seeded: the one here is the one the program was exported from."""
     folder = artefacts.cached("conformance-models", _export_models, packages=artefacts.TORCH_EXPORT,
-                              sources=["tests/conformance/test_backends.py", "batchinfer.commands.export"])
+                              sources=["tests/conformance/test_backends.py", "batchinfer.convert.export",
+                                       "batchinfer.convert.written", "batchinfer.convert.samples"])
     return {name: {"pt2": folder / f"{name}.pt2", "onnx": folder / f"{name}.onnx", "module": cls().eval()}
             for name, cls in MODELS.items()}
 

@@ -1,5 +1,5 @@
 """The drift gate and verdict (batchinfer/rows/drift.py: shard profiles + baseline in, verdict
-out, no I/O) and the metric names a verdict becomes (batchinfer/commands/record.py)."""
+out, no I/O) and the metric names a verdict becomes (batchinfer/app/run_record.py)."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ import pickle
 import numpy as np
 import pytest
 
-from batchinfer.commands.record import drift_metrics
+from batchinfer.app.run_record import drift_metrics
 from batchinfer.rows.drift import Baseline, DriftGate, observe
 from batchinfer.rows.profile import ColumnStats, baseline_column, bin_counts, psi
 

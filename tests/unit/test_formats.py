@@ -202,7 +202,7 @@ def test_checking_a_spec_or_naming_its_tables_imports_no_table_library(tmp_path)
         for spec in specs:
             parse_spec(spec)
         heavy = sorted({{m.split(".")[0] for m in sys.modules}} & {{"deltalake", "pyiceberg", "pyarrow"}})
-        from batchinfer.commands.resolve import output_format, sink_of
+        from batchinfer.app.resolve import output_format, sink_of
         folder = pathlib.Path({str(tmp_path)!r})
         (folder / "job.yaml").write_text(yaml.safe_dump(specs[2]))
         job = load_job(folder / "job.yaml", ds="{DS}")

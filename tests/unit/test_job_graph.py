@@ -159,7 +159,8 @@ def project(tmp_path_factory):
                # Nothing of the launcher's: not the job (its spec holds every ${NAME} value), not
                # the code that renders the report and the record (the launcher does, from what
                # the commit step leaves in scratch).
-               "the job's spec": b"JobSpec", "the launcher's commands": b"batchinfer.commands"}
+               "the job's spec": b"JobSpec", "the launcher's commands": b"batchinfer.commands",
+               "the launcher's application layer": b"batchinfer.app"}
     return job, env, needles
 
 

@@ -23,9 +23,14 @@ ALLOWED: dict[str, set[str]] = {
     "handlers": {"core", "beam_compat", "rows"},
     "pipeline": {"core", "beam_compat", "rows", "io", "triple", "handlers"},
     "testing": {"core", "handlers"},   # the conformance kit: imported by test suites only
-    "commands": {"core", "beam_compat", "rows", "io", "spec", "triple", "handlers", "pipeline"},
+    "app": {"core", "beam_compat", "rows", "io", "spec", "triple", "handlers", "pipeline"},
+    "convert": {"core", "beam_compat", "rows", "io", "spec", "triple", "handlers", "pipeline", "app"},
+    "commands": {"core", "beam_compat", "rows", "io", "spec", "triple", "handlers", "pipeline", "app",
+                 "convert"},
     "demo": {"core", "commands", "spec", "triple"},
-    "cli": {"core", "commands", "spec", "io", "demo"},
+    "cli_commands": {"core", "beam_compat", "rows", "io", "spec", "triple", "handlers", "pipeline", "app",
+                     "convert", "commands", "demo"},
+    "cli": {"core", "cli_commands"},
     "__main__": {"cli"},
 }
 NO_IO = ("apache_beam", "fsspec")   # what pure row work (and what it imports) never imports

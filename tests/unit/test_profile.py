@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchinfer.commands.record import health_metrics, metric_part
-from batchinfer.commands.report import render_report
+from batchinfer.app.job_report import render_report
+from batchinfer.app.run_record import health_metrics, metric_part
 from batchinfer.io.records import ShardRecord, ShardResult
 from batchinfer.rows.profile import (
     ColumnProfile,

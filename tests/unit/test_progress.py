@@ -42,8 +42,8 @@ class RecordingLock:
 
 
 def test_shards_are_done_as_their_rows_are_written_not_at_the_end(tmp_path, monkeypatch):
-    from batchinfer.commands import progress
-    from batchinfer.commands.progress import describe
+    from batchinfer.app import run_progress as progress
+    from batchinfer.app.run_progress import describe
     from batchinfer.commands.run import run_job
     from batchinfer.commands.stamp import stamp
     from batchinfer.pipeline import progress as counters
@@ -128,7 +128,7 @@ def test_the_bar_is_empty_until_a_footer_is_read_then_shows_the_share_done():
     footer is read, draws no filled bar and no row total; a frame after one does."""
     from rich.console import Console
 
-    from batchinfer.commands import progress
+    from batchinfer.app import run_progress as progress
     from batchinfer.pipeline import progress as counters
 
     out = io.StringIO()
@@ -150,7 +150,7 @@ def test_the_bar_is_empty_until_a_footer_is_read_then_shows_the_share_done():
 
 
 def test_plain_lines_before_and_during_the_run():
-    from batchinfer.commands.progress import bar, describe
+    from batchinfer.app.run_progress import bar, describe
     from batchinfer.pipeline.progress import Counts
 
     start, _, total = describe(Counts(), 12, 0.0)
@@ -167,7 +167,7 @@ def test_plain_lines_before_and_during_the_run():
 def test_plain_mode_ends_on_where_scoring_ended(monkeypatch):
     """A short job may count all its rows between two polls: the last plain line still says
     what was done, not the first frame's ``rows 0/?``."""
-    from batchinfer.commands import progress
+    from batchinfer.app import run_progress as progress
     from batchinfer.pipeline import progress as counters
 
     monkeypatch.setenv("BATCHINFER_PROGRESS_SECONDS", "3600")  # no poll prints during the block
@@ -191,8 +191,8 @@ def test_a_runner_without_live_figures_says_so_then_shows_its_final_beam_metrics
     """``live="end"`` (the job service, the direct runner's worker processes): one line saying
     progress is not available live, nothing while the job runs — not zeros —, then the figures of
     the pipeline result's Beam metrics, which a real FnApiRunner run in this process gives."""
+    from batchinfer.app import run_progress as progress
     from batchinfer.beam_compat import beam
-    from batchinfer.commands import progress
     from batchinfer.pipeline import progress as counters
 
     monkeypatch.setenv("BATCHINFER_PROGRESS_SECONDS", "0.05")
@@ -216,8 +216,8 @@ def test_a_runner_without_live_figures_says_so_then_shows_its_final_beam_metrics
 def test_a_runner_that_reports_no_metrics_gets_no_figures_not_zeros():
     """A result whose Beam metrics hold none of batchinfer's counters (Beam's own DaskRunner
     dropped every one): the last line says there are no figures."""
+    from batchinfer.app import run_progress as progress
     from batchinfer.beam_compat import beam
-    from batchinfer.commands import progress
 
     lines: list[str] = []
     with progress.watch(2, "plain", live="result", emit=lines.append) as watching:

@@ -25,10 +25,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from batchinfer.app.drift_baseline import read_profile
+from batchinfer.app.job_report import rebuild_report, render_report
+from batchinfer.app.run_record import health_metrics
 from batchinfer.commands.inspect import upload_tracking
-from batchinfer.commands.monitor import read_profile
-from batchinfer.commands.record import health_metrics
-from batchinfer.commands.report import rebuild_report, render_report
 from batchinfer.errors import BatchInferError, ContractError, SpecError, StorageError
 from batchinfer.io.commit import CommitOutcome, PartitionCommit
 from batchinfer.io.manifest import manifest_bytes, read_manifest

@@ -20,8 +20,8 @@ import pytest
 from pydantic import BaseModel
 
 import batchinfer.io as io_package
-from batchinfer.commands import explain
-from batchinfer.commands.monitor import read_profile
+from batchinfer.app import explain_plan as explain
+from batchinfer.app.drift_baseline import read_profile
 from batchinfer.errors import ContractError, SpecError, StorageError
 from batchinfer.io.codec import Record
 from batchinfer.io.commit import CommitOutcome

@@ -226,9 +226,10 @@ def _pipeline_alone(folder):
     """Run only what a remote runner runs: the pipeline, commit step included, with no launcher
     reading its outcome afterwards (as if the launcher died once the job was submitted)."""
     import batchinfer.commands.run as run_mod
+    from batchinfer.app import model_runs as models
+    from batchinfer.app import scoring
+    from batchinfer.app.resolve import resolve
     from batchinfer.clock import utc_now
-    from batchinfer.commands import models, scoring
-    from batchinfer.commands.resolve import resolve
     from batchinfer.io.commit import PartitionCommit
     from batchinfer.spec import load_job
 
@@ -248,8 +249,8 @@ def test_the_champions_columns_come_from_its_one_load(job_folder, monkeypatch):
     load: the handler is built once, not again to ask for its outputs."""
     import onnxruntime as ort
 
-    from batchinfer.commands import models
-    from batchinfer.commands.resolve import resolve
+    from batchinfer.app import model_runs as models
+    from batchinfer.app.resolve import resolve
     from batchinfer.spec import load_job
 
     built: list[str] = []

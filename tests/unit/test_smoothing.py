@@ -1,4 +1,4 @@
-"""SmoothQuant's graph transform (batchinfer/commands/smoothing.py): the smoothed FP32 model
+"""SmoothQuant's graph transform (batchinfer/convert/smoothing.py): the smoothed FP32 model
 computes what the original does, and its activations' outlier channels are evened out."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from factories import make_mlp_onnx
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-from batchinfer.commands import smoothing  # noqa: E402
+from batchinfer.convert import smoothing  # noqa: E402
 
 
 def _run(model, x: np.ndarray, outputs=None) -> list[np.ndarray]:

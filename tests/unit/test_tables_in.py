@@ -259,7 +259,7 @@ def test_manifest_input_table_reads_back_and_is_absent_for_files():
 
 
 def test_a_schema_needing_a_delta_partition_column_is_refused(delta, tmp_path):
-    from batchinfer.commands.resolve import check_table_columns, list_job_input
+    from batchinfer.app.resolve import check_table_columns, list_job_input
     from batchinfer.triple.schemas import resolve_schema
 
     write_schema(tmp_path / "schemas")
@@ -292,7 +292,7 @@ def test_a_missing_library_is_exit_5_naming_the_extra(monkeypatch):
 def test_a_pinned_version_gone_keeps_a_rerun_a_no_op(delta, tmp_path):
     """A plain rerun of a partition whose pinned version the table no longer has decides by the
     manifest's shards (reuse, or exit 3); what reads the shards (--overwrite, profile) exits 3."""
-    from batchinfer.commands.resolve import list_partition_input
+    from batchinfer.app.resolve import list_partition_input
     from batchinfer.errors import TableVersionGone
     from batchinfer.io.records import ShardRecord
 

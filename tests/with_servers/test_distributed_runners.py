@@ -81,7 +81,7 @@ def assert_progress_agrees(out: Path, stdout: str, *, live: bool) -> None:
     """The run's last progress line (its Beam metrics) holds the shards, rows and quarantined rows
     of its ``_metrics.json`` (the shard records); without ``live`` the first line says progress
     is not available live on this runner, and no line shows figures before the last."""
-    from batchinfer.commands.progress import NOT_LIVE
+    from batchinfer.app.run_progress import NOT_LIVE
 
     lines = [line for line in stdout.splitlines() if line.startswith("progress: ")]
     assert lines, stdout

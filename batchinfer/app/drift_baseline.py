@@ -3,7 +3,7 @@ work, with the job's ``monitor`` limits.
 
 Everything after is pure (:mod:`batchinfer.rows.drift`: the baseline matched with the run's
 columns, the commit step's gate, the verdict); what a verdict becomes — metrics,
-``_profile.json``, the drift report — is :mod:`batchinfer.commands.record`'s.
+``_profile.json``, the drift report — is :mod:`batchinfer.app.run_record`'s.
 """
 from __future__ import annotations
 

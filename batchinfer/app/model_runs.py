@@ -13,8 +13,8 @@ from ..backends import backend_class, declared_options
 from ..errors import BatchInferError, ModelError, SpecError
 from ..rows.columns import check_output_columns
 from ..spec import ExplainSpec, ModelFields
-from .explain import challenger_output, plan_for
-from .explain import declared as explain_declared
+from .explain_plan import challenger_output, plan_for
+from .explain_plan import declared as explain_declared
 from .resolve import Resolved, ResolvedChallenger
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from ..io.records import Manifest, ModelStats, ShardResult, Totals
 from ..rows.drift import Baseline, DriftVerdict
 from ..rows.profile import PROFILE_VERSION
 from ..spec import Job
-from .report import render_report
+from .job_report import render_report
 from .resolve import records_url
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from ..io.resume import Resume
 from ..redaction import Deferred
 from ..rows.drift import Baseline, DriftGate
 from ..spec import COMPLETE_METHODS, Job
-from .monitor import load_baseline
+from .drift_baseline import load_baseline
 from .resolve import Resolved, sink_of
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ def run_pipeline(resolved: Resolved, champion: "ModelRun", attempt: Attempt, hea
     the shards ``resume`` does not adopt (all without one).
 
     ``watch(shards, live)`` gives a context manager that shows progress while the pipeline runs
-    (``commands/progress.py``): ``live`` says where figures come from on this runner
+    (``app/run_progress.py``): ``live`` says where figures come from on this runner
     (``Runner.live_metrics``); it is told the pipeline's result once the runner hands it over
     (``follow``: a runner that returns while the job runs) and once the job has ended (``end``:
     the final figures, from the result's Beam metrics).

@@ -22,7 +22,7 @@ from ..triple.contract import Triple, check_contract, check_declared_code, check
 from ..triple.models import ResolvedModel, resolve_model
 from ..triple.preprocess import Preprocessor, load_preprocessor
 from ..triple.schemas import SchemaVersion, next_version, parse_ref, resolve_schema
-from .explain import check_background
+from .explain_plan import check_background
 
 log = logging.getLogger("batchinfer")
 
