@@ -15,7 +15,7 @@ that moves or changes one fails there, with its name, rather than somewhere insi
   live in the global window.
 - The flags Beam's option parser knows, by the options class that registers them
   (``PipelineOptions._add_argparse_args``, on Beam's own parser class): Beam only warns about a
-  flag it does not know and runs without it; batchinfer refuses it (``pipeline/runners.py``).
+  flag it does not know and runs without it; batchinfer refuses it (``pipeline/runner_options.py``).
 - Two replacements, each scoped to one call and restored after it (nothing else in batchinfer
   assigns to Beam's modules or objects; ``tests/unit/test_beam_compat.py`` checks it):
   :func:`dask_bundles_applied_by` swaps the function the DaskRunner applies to each bundle

@@ -4,7 +4,7 @@ A :class:`Runner` owns its name, the Beam runner it names (as a string: checking
 imports Beam), the options it cannot start without, batchinfer's defaults for it, the package
 it needs beyond Beam, whether ``run --dry-run`` builds its job, and which of Beam's options
 classes are its own. The spec validates ``runner.name`` and the required options here;
-``pipeline/runners.py`` turns the rest into Beam's pipeline options and checks them.
+``pipeline/runner_options.py`` turns the rest into Beam's pipeline options and checks them.
 ``register()`` adds a runner everywhere at once, and so does an installed distribution that names
 a :class:`Runner` in the ``batchinfer.runners`` entry-point group (:mod:`batchinfer.registry`).
 """

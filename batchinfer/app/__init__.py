@@ -9,7 +9,7 @@
 - ``model_runs``: the champion and each challenger built, checked and loaded as the pipeline's
   ``ModelRun``;
 - ``drift_baseline``: the drift baseline a run is compared with, read and checked;
-- ``scoring``: the Beam pipeline of a run, and Beam's errors made ours;
+- ``pipeline_run``: the Beam pipeline of a run, and Beam's errors made ours;
 - ``run_progress``: live progress of a run while it scores;
 - ``run_record``: the record of a run (MLflow, ``_metrics.json``, ``_profile.json``, the drift
   report);

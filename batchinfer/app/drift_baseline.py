@@ -14,8 +14,8 @@ from typing import Mapping
 from ..errors import SpecError
 from ..io import readback
 from ..io.storage import url_to_fs
+from ..rows.column_profiles import ColumnProfile
 from ..rows.drift import Baseline
-from ..rows.profile import ColumnProfile
 from ..spec import Job
 
 

@@ -1,6 +1,6 @@
 """Live progress of a run: shards and rows done of the total, rows/s, ETA, quarantined so far.
 
-A driver thread polls the pipeline's counts (:mod:`batchinfer.pipeline.progress`) while the
+A driver thread polls the pipeline's counts (:mod:`batchinfer.pipeline.counters`) while the
 pipeline runs, from where the runner has them (``live``, the runner's ``live_metrics``): the
 process-wide counters of a pipeline that runs in this process (``process``), the pipeline
 result's Beam metrics (``result``: polled at most every :data:`RESULT_POLL_S` seconds, attempted
@@ -21,7 +21,7 @@ import threading
 import time
 from typing import IO, Any, Callable, Iterator
 
-from ..pipeline import progress as counters
+from ..pipeline import counters
 
 MODES = ("rich", "plain", "quiet")
 LIVE = ("process", "result", "end")

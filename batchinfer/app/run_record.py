@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from ..backends import declared_options
 from ..io.outputs import DRIFT, METRICS, PROFILE, REPORT, Layout, write_json
 from ..io.records import Manifest, ModelStats, ShardResult, Totals
+from ..rows.column_profiles import PROFILE_VERSION
 from ..rows.drift import Baseline, DriftVerdict
-from ..rows.profile import PROFILE_VERSION
 from ..spec import Job
 from .job_report import render_report
 from .resolve import records_url

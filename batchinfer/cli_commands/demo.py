@@ -30,7 +30,7 @@ class Demoed(Result):
 
 
 def execute(args: argparse.Namespace) -> Demoed:
-    from ..demo.run import run_demo
+    from ..demo.walkthrough import run_demo
 
     if args.rows < 6 or args.rows % 6:
         raise UsageError(f"--rows {args.rows}: the demo writes 6 equal shards, so give a positive "

@@ -5,7 +5,7 @@ It profiles exactly the rows the committed run scored: their feature columns, re
 the input shards (only here: a run never reads its input twice) and taken by ``_source_row`` —
 only from a shard whose sha256 is still the manifest's —, and the prediction columns of the
 partition's files, read through its manifest. Each column gets
-exact moments and quantiles and the cuts of its histogram (:mod:`batchinfer.rows.profile`).
+exact moments and quantiles and the cuts of its histogram (:mod:`batchinfer.rows.column_profiles`).
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from ..io.partitions import Committed
 from ..io.records import ShardRecord
 from ..io.shards import ShardReader, Unreadable
 from ..io.storage import url_to_fs
+from ..rows.column_profiles import PROFILE_VERSION, baseline_column, numeric_values
 from ..rows.columns import EXPLANATION, attribution_column
-from ..rows.profile import PROFILE_VERSION, baseline_column, numeric_values
 from ..spec import Job
 
 BATCH_ROWS = 65536   # rows per batch when an input shard is read again

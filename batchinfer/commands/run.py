@@ -13,10 +13,10 @@ from one typed record to the next, so a run reads top to bottom:
    (:func:`rehearse`);
 3. :func:`launch` → :class:`Launch`: the models loaded (:mod:`batchinfer.app.model_runs`:
    exit 5 before any work), the attempt begun, the MLflow run opened; then :func:`score` →
-   :class:`Scored`: the Beam pipeline into the attempt (:mod:`batchinfer.app.scoring`).
+   :class:`Scored`: the Beam pipeline into the attempt (:mod:`batchinfer.app.pipeline_run`).
    Its last step applies the quarantine thresholds and the drift gate (exit 4, nothing
    committed) and commits: exactly one run creates the manifest
-   (:mod:`batchinfer.pipeline.commit`, :class:`~batchinfer.io.commit.PartitionCommit`). The
+   (:mod:`batchinfer.pipeline.commit_step`, :class:`~batchinfer.io.commit.PartitionCommit`). The
    commit happens inside the pipeline so that it does not depend on this process outliving a
    remote job (docs/runners.md);
 4. :func:`read_back` → :class:`ReadBack`: what the commit step did, and the drift verdict;
@@ -38,7 +38,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Sequence
 
 from .. import runners
-from ..app import model_runs, run_record, scoring
+from ..app import model_runs, pipeline_run, run_record
 from ..app.drift_baseline import load_baseline
 from ..app.resolve import (
     Resolved,
@@ -64,7 +64,7 @@ from ..io.records import AttemptKey, Challenger, Manifest, PreprocessStats, Shar
 from ..io.resume import Resume
 from ..io.resume import find as resume_shards
 from ..io.update import Update, current_digests, plan_update
-from ..pipeline.runners import check as check_runner
+from ..pipeline.runner_options import check as check_runner
 from ..redaction import mask
 from ..rows.columns import attribution_column
 from ..rows.drift import Baseline, DriftVerdict, observe
@@ -112,7 +112,7 @@ def run_job(job: Job, *, overwrite: bool = False, update: bool = False, dry_run:
             started here. It is closed without a run if the job stops before scoring.
         watch: called with the number of shards and where the runner's live figures come
             from when scoring starts; returns a context manager that shows live progress while
-            the pipeline runs (see ``app/run_progress.py`` and ``scoring.run_pipeline``).
+            the pipeline runs (see ``app/run_progress.py`` and ``pipeline_run.run_pipeline``).
 
     Raises:
         BatchInferError: with the exit code of what went wrong (contract §2).
@@ -389,9 +389,9 @@ def rehearse(run: Resolution, decision: Decision, resumed: Resume | None = None,
         challengers = model_runs.load_challengers(resolved, champion)
         attempt = run.partition.begin(new_attempt(started), replacing=decision.manifest,
                                       clock=run.clock)
-        header = scoring.manifest_header(job, attempt, champion, started, None, challengers,
+        header = pipeline_run.manifest_header(job, attempt, champion, started, None, challengers,
                                          resolved.input_table())
-        message += f"\n{scoring.build_job(resolved, champion, attempt, header, challengers, resumed)}"
+        message += f"\n{pipeline_run.build_job(resolved, champion, attempt, header, challengers, resumed)}"
     return Outcome("dry_run", message, None, run.shown)
 
 
@@ -436,7 +436,7 @@ def launch(run: Resolution, decision: Decision, resumed: Resume, tracking: "Trac
              f"(attempt {attempt.attempt}, {spec.runner.name} runner, {champion.device})")
     # The manifest names the MLflow run, so its id is needed before the pipeline starts (the
     # helper opened it meanwhile).
-    header = scoring.manifest_header(job, attempt, champion, run.started, tracking.wait(),
+    header = pipeline_run.manifest_header(job, attempt, champion, run.started, tracking.wait(),
                                      challengers, resolved.input_table())
     return Launch(champion=champion, challengers=challengers, load_s=load_s,
                   baseline=baseline, attempt=attempt, header=header, resume=adopted)
@@ -456,7 +456,7 @@ def score(run: Resolution, launched: Launch, tracking: "TrackingRun",
     resolved, attempt = run.resolved, launched.attempt
     t_pipeline = time.perf_counter()
     try:
-        scoring.run_pipeline(resolved, launched.champion, attempt, launched.header,
+        pipeline_run.run_pipeline(resolved, launched.champion, attempt, launched.header,
                              launched.baseline, watch, launched.challengers, launched.resume)
     except KeyboardInterrupt:  # Ctrl-C: leave nothing, and say so in MLflow
         winner = attempt.committed_meanwhile()

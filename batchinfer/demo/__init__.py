@@ -5,7 +5,8 @@
 and an ONNX model trained on the spot (see :mod:`batchinfer.demo.train`). The job file, schema
 and preprocessing module are package data, copied byte for byte, so this works from an
 installed wheel; the data and model are generated deterministically from ``seed``. Stamping
-and scoring are left to the caller (:mod:`batchinfer.demo.run`).
+and scoring are left to the caller (:mod:`batchinfer.demo.walkthrough`); the nightly DAG's
+demo is :mod:`batchinfer.demo.nightly`.
 
 Like the CLI, it sits on top: may import ``commands``, ``spec``, ``triple`` and the core.
 

@@ -9,7 +9,7 @@ that composes the run's policies around them.
   ``handler_for`` (a registered backend's handler);
 - ``loaded``: ``LoadedModel``, the one surface to a loaded model (facts, predict under the call
   lock, attribute);
-- ``scoring``: ``Scorer``, one batch scored: ``Prepared`` in, ``Inference`` out;
+- ``scorer``: ``Scorer``, one batch scored: ``Prepared`` in, ``Inference`` out;
 - the policies it composes: ``tokens`` (token ordering), ``calls`` (call planning), ``oom``
   (out-of-memory back-off), ``batch_contract``; ``sharing`` (the per-process model cache and
   call locks); row isolation is ``rows/isolation.py``.

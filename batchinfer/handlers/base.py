@@ -9,7 +9,7 @@ around it, each a part of its own:
   (handlers/sharing.py), applied by the :class:`~batchinfer.handlers.loaded.LoadedModel` that
   :meth:`BatchModelHandler.load_model` returns — the one surface to a loaded model;
 - one model served to every worker process of a machine (``share_across_processes``);
-- per batch, the :class:`~batchinfer.handlers.scoring.Scorer`: inputs checked against the
+- per batch, the :class:`~batchinfer.handlers.scorer.Scorer`: inputs checked against the
   model, token ordering (handlers/tokens.py), isolation of rejected rows (rows/isolation.py),
   call planning, the out-of-memory back-off and the batch contract (handlers/calls.py, oom.py,
   batch_contract.py).
@@ -31,7 +31,7 @@ from . import protocol
 from .loaded import LoadedModel
 from .oom import OutOfMemoryPolicy
 from .protocol import ModelBackend, Traits
-from .scoring import Inference, Prepared, Scorer
+from .scorer import Inference, Prepared, Scorer
 from .sharing import Held, call_lock, shared_model
 from .tokens import TokenOrder
 
@@ -165,7 +165,7 @@ class BatchModelHandler(ModelHandler[Prepared, PredictionResult, LoadedModel]):
 
     # -- the scorer, as callers outside Beam use it ----------------------------------------------
     def infer(self, model: LoadedModel, item: Prepared) -> Inference:
-        """Score one prepared batch, isolating rows the model rejects (handlers/scoring.py)."""
+        """Score one prepared batch, isolating rows the model rejects (handlers/scorer.py)."""
         return self.scorer.infer(model, item)
 
     def sequence_inputs(self, model: LoadedModel) -> frozenset[str]:

@@ -3,7 +3,7 @@
 It is what ``BatchModelHandler.load_model()`` returns, the one surface to a model: the backend
 (handlers/protocol.py) bound to the model it loaded, its declared facts as plain data, and the
 model's call lock around ``predict`` for a backend that is not thread-safe. The handler's
-scoring (handlers/scoring.py), the run's pre-flight checks and explain all call it.
+scoring (handlers/scorer.py), the run's pre-flight checks and explain all call it.
 
 The same object serves a model that ``share_across_processes`` serves from a process of its own
 (Beam's ``multi_process_shared``): workers hold a proxy to it, which pickles whatever a method

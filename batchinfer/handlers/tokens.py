@@ -15,7 +15,7 @@ default; a row's length is the position after its last non-zero entry in the len
 cut to each call's longest row — is told by the model's declared shapes, never by an array's
 width, which a dense input can share by chance (:func:`sequence_inputs`).
 
-:class:`TokenOrder` is the policy as the handler's scoring (handlers/scoring.py) composes it:
+:class:`TokenOrder` is the policy as the handler's scoring (handlers/scorer.py) composes it:
 the job's ``batch.tokens``, ``batch.lengths_from`` and ``batch.sequence_inputs``, checked
 against a batch's inputs, the rows put longest first and back again.
 """

@@ -17,7 +17,7 @@
 Exactly one run creates ``_manifest.json`` (see :mod:`batchinfer.io.manifest`); a run that
 loses removes its own files, and the winner removes every other attempt and the scratch after
 committing. Both objects hold only a URL and ids (and the run's clock), so they pickle: the commit runs in the
-pipeline's last step (:mod:`batchinfer.pipeline.commit`), on whichever worker the runner picks,
+pipeline's last step (:mod:`batchinfer.pipeline.commit_step`), on whichever worker the runner picks,
 and the launching process only reads its outcome back (docs/runners.md says why).
 """
 from __future__ import annotations

@@ -47,7 +47,7 @@ class _Checked(BaseModel):
 # -- profiles (contract §6 "Drift") ----------------------------------------------------------------
 
 class ColumnProfileModel(_Checked):
-    """``rows.profile.ColumnProfile.to_dict``: a column of a baseline or of a run's profile.
+    """``rows.column_profiles.ColumnProfile.to_dict``: a column of a baseline or of a run's profile.
 
     The histogram must fit its cuts: cuts finite and strictly increasing, one count per bin
     (``len(cuts) + 1``), counts summing to ``count`` (the finite values; ``nulls`` are kept out

@@ -348,7 +348,7 @@ class PreprocessStats(Record):
 @dataclass(frozen=True, kw_only=True)
 class ColumnStatsRecord(Record):
     """A column's mergeable statistics as a shard's result carries them
-    (``rows.profile.ColumnStats.to_dict``; plain data in io, which does not interpret them)."""
+    (``rows.column_profiles.ColumnStats.to_dict``; plain data in io, which does not interpret them)."""
 
     count: Count
     nulls: Count
@@ -382,7 +382,7 @@ ColumnStatsData = Annotated[dict[str, Any], BeforeValidator(_column_stats)]
 class ShardResult(Record):
     """What a finished shard leaves in scratch for the commit: its manifest entry, plus what goes
     to the metrics, not the manifest: the time spent per stage, the model's statistics, the
-    column statistics for drift (``rows.profile.ColumnStats.to_dict`` by column; plain data
+    column statistics for drift (``rows.column_profiles.ColumnStats.to_dict`` by column; plain data
     here, the io layer does not interpret them), quarantined rows by (column, check) and each
     model batch's (rows, model ms)."""
 

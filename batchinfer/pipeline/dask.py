@@ -11,7 +11,7 @@ order, for the pipelines it runs (while it builds their graph only:
 
 It also keeps the job alive without its launcher. dask.distributed runs a task only while some
 client wants it, and releases every task of a client that disconnects: Beam's runner computes
-the graph's final step (our commit, pipeline/commit.py) as the launcher's future, so a launcher
+the graph's final step (our commit, pipeline/commit_step.py) as the launcher's future, so a launcher
 that died took the whole job with it and nothing was committed. The final futures are marked
 ``fire_and_forget``, so the cluster finishes the job, commit included, whether or not the
 launcher lives; a live launcher still waits for them as before, and one that stops on purpose
@@ -51,7 +51,7 @@ from apache_beam.runners.worker import statesampler
 from apache_beam.utils.counters import CounterFactory
 
 from ..beam_compat import dask_bundles_applied_by
-from .progress import NAMESPACE
+from .counters import NAMESPACE
 
 TOPIC = "batchinfer-metrics"
 REPORT_EVERY_S = 1.0

@@ -4,7 +4,7 @@
                                    │                        └─→ RunInference[c] → WriteChallenger[c] ─┤
                                    └────shard info───────────────────────────────────────────────────┴→
                                       GroupByKey(shard) → FinishShard (per-shard JSON in _tmp)
-                                      → GroupByKey(one key) → CommitPartition (pipeline/commit.py)
+                                      → GroupByKey(one key) → CommitPartition (pipeline/commit_step.py)
 
 Each model is a :class:`ModelRun` — the champion, then each challenger ``c``
 (``model.challengers``) — and gets the same prepared batches: one read, one validation, one
@@ -53,11 +53,11 @@ from ..rows.hashing import row_hashes
 from ..triple.contract import Triple
 from ..triple.preprocess import Preprocessor
 from ..triple.schemas import SchemaVersion
-from . import progress
+from . import counters
 from .coders import register_coders
-from .commit import CommitPlan, add_commit
+from .commit_step import CommitPlan, add_commit
 from .prepare import prepare_batch
-from .records import BatchRecord, ChallengerBatchRecord, ShardInfo, fold_shard
+from .shard_reports import BatchRecord, ChallengerBatchRecord, ShardInfo, fold_shard
 from .writer.audit import AuditColumns
 from .writer.explanations import ExplanationColumns
 from .writer.policy import WritePolicy
@@ -145,7 +145,7 @@ class ScoringPlan:
     preprocessor: Preprocessor
     id_columns: tuple[str, ...]
     hash_columns: tuple[str, ...] = field(default=())
-    # Drift monitoring (rows/profile.py): the feature columns profiled, and the baseline's
+    # Drift monitoring (rows/column_profiles.py): the feature columns profiled, and the baseline's
     # histogram cuts by column (features and prediction columns); a column without cuts gets
     # moments only.
     profile_features: tuple[str, ...] = field(default=())
@@ -244,11 +244,11 @@ class ReadShard(beam.DoFn):
         try:
             reader = ShardReader(deferred.value(), hasher=self._hasher)
         except Unreadable as exc:
-            progress.shard_unreadable(index)
+            counters.shard_unreadable(index)
             yield index, ShardInfo(None, None, str(exc))
             return
         faults.point("read")
-        progress.shard_opened(index, reader.num_rows or 0)
+        counters.shard_opened(index, reader.num_rows or 0)
         opened_s = time.perf_counter() - t0
         first_row, last = 0, False
         try:
@@ -265,7 +265,7 @@ class ReadShard(beam.DoFn):
                             time.perf_counter() - t0, last)
         except Unreadable as exc:
             # Batches already sent on are dropped by FinishShard: the shard counts as unreadable.
-            progress.shard_unreadable(index, counted=last)
+            counters.shard_unreadable(index, counted=last)
             yield index, ShardInfo(reader.sha256, None, str(exc))
             return
         info = ShardInfo(reader.sha256, reader.num_rows, None, {"read": opened_s})
@@ -408,12 +408,12 @@ class WritePredictions(beam.DoFn):
 
     def _counted(self, out: tuple[int, Any]) -> tuple[int, Any]:
         """``out`` (a batch's record), counted for progress — here, on the thread Beam runs the
-        step on, where its metrics count (pipeline/progress.py)."""
+        step on, where its metrics count (pipeline/counters.py)."""
         index, record = out
         if isinstance(record, BatchRecord):
-            progress.rows_written(index, record.rows_in, record.rows_quarantined,
+            counters.rows_written(index, record.rows_in, record.rows_quarantined,
                                   last=record.last)
-            progress.batch_timings(record.rows_in, record.seconds, record.compute_ms)
+            counters.batch_timings(record.rows_in, record.seconds, record.compute_ms)
         return out
 
     def teardown(self):
@@ -479,6 +479,6 @@ class FinishShard(beam.DoFn):
         result = dataclasses.replace(result, record=dataclasses.replace(result.record,
                                                                         scored_by=self.plan.attempt))
         write_json(self.layout.fs, self.layout.shard_result(index), result.to_dict())
-        progress.shard_finished(index)
+        counters.shard_finished(index)
         faults.point("shard_done")
         yield index

@@ -1,8 +1,8 @@
 """The drift gate: a run's column statistics against a baseline → a verdict (pure: no I/O).
 
 Every shard's result carries its columns' statistics, counted into the baseline's cuts by the
-writer stage (:func:`batchinfer.pipeline.records.fold_shard`), so a verdict needs no data:
-:func:`run_columns` merges them, :func:`batchinfer.rows.profile.drift` compares them with the
+writer stage (:func:`batchinfer.pipeline.shard_reports.fold_shard`), so a verdict needs no data:
+:func:`run_columns` merges them, :func:`batchinfer.rows.column_profiles.drift` compares them with the
 baseline, and :class:`DriftGate` says whether the partition may commit. The gate is plain data
 that pickles, because the pipeline's commit step applies it on whichever worker commits
 (docs/runners.md). The baseline is read, and given the job's limits, at the edge
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..errors import SpecError
-from .profile import ColumnDrift, ColumnProfile, ColumnStats, drift, run_column
+from .column_profiles import ColumnDrift, ColumnProfile, ColumnStats, drift, run_column
 
 log = logging.getLogger("batchinfer")
 

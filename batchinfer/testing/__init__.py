@@ -12,8 +12,8 @@ row; reduced precision that keeps the distribution. :class:`BackendConformance` 
 as pytest tests: subclass it and give it a :class:`BackendCase`.
 tests/conformance/test_backends.py runs the same checks on batchinfer's backends.
 
-It imports pytest, so nothing in batchinfer imports it: only a test suite does. It may import
-the core and ``handlers``.
+The kit is ``conformance``. It imports pytest, so nothing in batchinfer imports it: only a test
+suite does. It may import the core and ``handlers``.
 """
 from .conformance import (
     SIZES,

@@ -231,7 +231,7 @@ def test_loser_whose_files_the_winner_cleaned_still_exits_as_lost_race(tmp_path,
     (contract §4: exit 0, "already committed by attempt …", its files removed), not as a runtime
     failure with its debris left behind."""
     import batchinfer.commands.run as job_mod
-    import batchinfer.pipeline.commit as commit_mod
+    import batchinfer.pipeline.commit_step as commit_mod
     from batchinfer.spec import load_job
 
     no_tracking(monkeypatch)

@@ -78,7 +78,7 @@ def test_finish_bundle_output_reaches_the_pipeline():
     from apache_beam.testing.util import assert_that, equal_to
 
     from batchinfer.beam_compat import in_global_window
-    from batchinfer.pipeline.runners import pipeline_options
+    from batchinfer.pipeline.runner_options import pipeline_options
 
     class Late(beam.DoFn):
         def start_bundle(self):
@@ -97,7 +97,7 @@ def test_finish_bundle_output_reaches_the_pipeline():
 
 
 def test_option_flags_are_beams_own_by_class_and_name_every_runner_class_batchinfer_knows():
-    """``pipeline/runners.py`` refuses a flag that is not in these, and names the runner a
+    """``pipeline/runner_options.py`` refuses a flag that is not in these, and names the runner a
     class belongs to: a class Beam renames or moves must fail here, not let options through."""
     import batchinfer.pipeline.dask  # noqa: F401  (registers Beam's DaskOptions)
     from batchinfer.beam_compat import option_flags

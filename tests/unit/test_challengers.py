@@ -21,7 +21,7 @@ from batchinfer.io.records import (
     Totals,
     with_challenger_shards,
 )
-from batchinfer.pipeline.records import BatchRecord, ChallengerBatchRecord, ShardInfo, fold_shard
+from batchinfer.pipeline.shard_reports import BatchRecord, ChallengerBatchRecord, ShardInfo, fold_shard
 from batchinfer.rows.compare import TopMovers, abs_diff_quantiles, agreement, ranks, spearman
 from batchinfer.spec import ModelSpec, default_challenger_name, parse_spec
 

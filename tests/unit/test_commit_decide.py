@@ -122,7 +122,7 @@ def test_decide_reads_the_partition_and_refuses_a_file(tmp_path):
 def test_the_commit_step_stamps_finished_at_with_the_runs_clock(tmp_path):
     """The clock given to the attempt travels in the commit plan to the commit step."""
     from batchinfer.clock import rfc3339
-    from batchinfer.pipeline.commit import CommitPartition, CommitPlan
+    from batchinfer.pipeline.commit_step import CommitPartition, CommitPlan
     from batchinfer.redaction import Deferred
 
     moments = iter([datetime(2026, 1, 15, 3, 4, 5, 678000, tzinfo=timezone(timedelta(hours=2)))])

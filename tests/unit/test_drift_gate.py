@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from batchinfer.app.run_record import drift_metrics
+from batchinfer.rows.column_profiles import ColumnStats, baseline_column, bin_counts, psi
 from batchinfer.rows.drift import Baseline, DriftGate, observe
-from batchinfer.rows.profile import ColumnStats, baseline_column, bin_counts, psi
 
 RNG = np.random.default_rng(7)
 F0 = RNG.normal(0.0, 1.0, 4000)

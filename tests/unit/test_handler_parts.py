@@ -224,7 +224,7 @@ def test_a_beam_workers_threads_take_turns_on_a_model_that_is_not_thread_safe():
     from apache_beam.testing.util import assert_that, equal_to
 
     from batchinfer.beam_compat import RunInference
-    from batchinfer.pipeline.runners import pipeline_options
+    from batchinfer.pipeline.runner_options import pipeline_options
 
     batches = [Prepared((i, 0), 8, np.full((8, 1), i, np.float32)) for i in range(16)]
     options = pipeline_options("direct", {"direct_num_workers": 4, "direct_running_mode": "multi_threading"})

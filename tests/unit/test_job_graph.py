@@ -40,7 +40,7 @@ from batchinfer import redaction
 from batchinfer.commands.profile import PROFILE_VERSION
 from batchinfer.commands.run import run_job
 from batchinfer.commands.stamp import stamp
-from batchinfer.rows.profile import baseline_column
+from batchinfer.rows.column_profiles import baseline_column
 from batchinfer.spec import load_job
 from factories import DS, make_mlp_onnx, make_shards, write_job, write_schema
 
@@ -171,7 +171,7 @@ def load(job: Path, env: dict, *sets: str):
 def dataflow_job(job_path: Path, env: dict, monkeypatch, *sets: str):
     """The Dataflow job that ``run --dry-run`` builds for the job (Beam's DataflowRunner, which
     returns before calling the Dataflow API)."""
-    from batchinfer.pipeline import runners
+    from batchinfer.pipeline import runner_options as runners
 
     built = []
     summary = runners.job_summary

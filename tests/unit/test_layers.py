@@ -121,3 +121,36 @@ def test_every_package_says_what_it_may_import():
 
 def test_the_rules_cover_every_unit():
     assert {unit_of(m) for m in MODULES} <= set(ALLOWED)
+
+
+def test_one_meaning_per_module_name():
+    """A module's name says what it is, once in the package: two modules share a name only where
+    they are the two faces of one command (``cli_commands/X`` declares the arguments and result of
+    the work in ``commands/X``, or of the converter ``convert/X`` for ``export``)."""
+    by_name: dict[str, list[str]] = {}
+    for module in modules():
+        parts = module.split(".")
+        if parts[-1] in {"batchinfer", "__main__"} or len(parts) < 2:
+            continue
+        by_name.setdefault(parts[-1], []).append(".".join(parts[1:-1]))
+    shared = {name: sorted(units) for name, units in by_name.items() if len(units) > 1}
+    faces = {name: units for name, units in shared.items()
+             if units in (["cli_commands", "commands"], ["cli_commands", "convert"])
+             or (name == "demo" and units == ["", "cli_commands"])}   # the demo and its command
+    assert shared == faces, {n: u for n, u in shared.items() if n not in faces}
+
+
+def test_every_package_docstring_names_all_its_modules():
+    """A package's docstring is its table of contents: it names each of its modules and
+    subpackages (as ``name``), so a reader finds every part from the top."""
+    missing = []
+    for init in PACKAGE.rglob("__init__.py"):
+        if "files" in init.relative_to(PACKAGE).parts or init.parent == PACKAGE:
+            continue
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        parts = [p.stem for p in init.parent.glob("*.py") if p.stem != "__init__"]
+        parts += [d.name for d in init.parent.iterdir() if (d / "__init__.py").is_file()]
+        missing += [f"{init.parent.name}/{name}" for name in sorted(parts)
+                    if f"``{name}``" not in doc and f"{name}.py" not in doc and f"`{name}`" not in doc
+                    and f"demo.{name}" not in doc]
+    assert missing == []

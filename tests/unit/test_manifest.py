@@ -32,7 +32,7 @@ from batchinfer.io.outputs import (
 )
 from batchinfer.io.records import FileRecord, Manifest, ModelStats, ShardRecord, Totals
 from batchinfer.io.shards import Shard, ShardReader, Unreadable, list_shards
-from batchinfer.pipeline.records import BatchRecord, ShardInfo, fold_shard
+from batchinfer.pipeline.shard_reports import BatchRecord, ShardInfo, fold_shard
 from batchinfer.pipeline.writer.predictions import prediction_array
 from factories import make_shards
 

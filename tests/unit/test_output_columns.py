@@ -18,7 +18,7 @@ from batchinfer.errors import SpecError
 from batchinfer.handlers.base import Inference, Prepared
 from batchinfer.io.outputs import QUARANTINE
 from batchinfer.io.records import PreprocessStats
-from batchinfer.pipeline.records import BatchRecord, ChallengerBatchRecord
+from batchinfer.pipeline.shard_reports import BatchRecord, ChallengerBatchRecord
 from batchinfer.pipeline.transforms import ModelRun, ScoringPlan, WritePredictions, build
 from batchinfer.pipeline.writer.audit import AuditColumns
 from batchinfer.pipeline.writer.policy import WritePolicy

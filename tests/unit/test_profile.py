@@ -1,4 +1,4 @@
-"""The pure drift statistics (batchinfer/rows/profile.py) and what the driver makes of them
+"""The pure drift statistics (batchinfer/rows/column_profiles.py) and what the driver makes of them
 (health metrics, the report's HTML): many examples, hypothesis for the merge."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from batchinfer.app.job_report import render_report
 from batchinfer.app.run_record import health_metrics, metric_part
 from batchinfer.io.records import ShardRecord, ShardResult
-from batchinfer.rows.profile import (
+from batchinfer.rows.column_profiles import (
     ColumnProfile,
     ColumnStats,
     approx_quantiles,

@@ -46,7 +46,7 @@ def test_shards_are_done_as_their_rows_are_written_not_at_the_end(tmp_path, monk
     from batchinfer.app.run_progress import describe
     from batchinfer.commands.run import run_job
     from batchinfer.commands.stamp import stamp
-    from batchinfer.pipeline import progress as counters
+    from batchinfer.pipeline import counters
     from batchinfer.spec import load_job
 
     job_path = numeric_project(tmp_path, shards=SHARDS, rows=ROWS, stamp=False,
@@ -105,7 +105,7 @@ def test_shards_are_done_as_their_rows_are_written_not_at_the_end(tmp_path, monk
 
 
 def test_an_empty_or_unreadable_shard_is_done_at_once():
-    from batchinfer.pipeline import progress as counters
+    from batchinfer.pipeline import counters
 
     counters.reset()
     counters.shard_opened(0, 0)
@@ -129,7 +129,7 @@ def test_the_bar_is_empty_until_a_footer_is_read_then_shows_the_share_done():
     from rich.console import Console
 
     from batchinfer.app import run_progress as progress
-    from batchinfer.pipeline import progress as counters
+    from batchinfer.pipeline import counters
 
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, color_system="truecolor", width=200)
@@ -151,7 +151,7 @@ def test_the_bar_is_empty_until_a_footer_is_read_then_shows_the_share_done():
 
 def test_plain_lines_before_and_during_the_run():
     from batchinfer.app.run_progress import bar, describe
-    from batchinfer.pipeline.progress import Counts
+    from batchinfer.pipeline.counters import Counts
 
     start, _, total = describe(Counts(), 12, 0.0)
     assert total is None
@@ -168,7 +168,7 @@ def test_plain_mode_ends_on_where_scoring_ended(monkeypatch):
     """A short job may count all its rows between two polls: the last plain line still says
     what was done, not the first frame's ``rows 0/?``."""
     from batchinfer.app import run_progress as progress
-    from batchinfer.pipeline import progress as counters
+    from batchinfer.pipeline import counters
 
     monkeypatch.setenv("BATCHINFER_PROGRESS_SECONDS", "3600")  # no poll prints during the block
     lines: list[str] = []
@@ -179,7 +179,7 @@ def test_plain_mode_ends_on_where_scoring_ended(monkeypatch):
 
 
 def _bump(shard):
-    from batchinfer.pipeline import progress as counters
+    from batchinfer.pipeline import counters
 
     counters.shard_opened(shard, 100)
     counters.rows_written(shard, 60, 1)
@@ -193,7 +193,7 @@ def test_a_runner_without_live_figures_says_so_then_shows_its_final_beam_metrics
     the pipeline result's Beam metrics, which a real FnApiRunner run in this process gives."""
     from batchinfer.app import run_progress as progress
     from batchinfer.beam_compat import beam
-    from batchinfer.pipeline import progress as counters
+    from batchinfer.pipeline import counters
 
     monkeypatch.setenv("BATCHINFER_PROGRESS_SECONDS", "0.05")
     lines: list[str] = []

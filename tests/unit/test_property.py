@@ -134,7 +134,7 @@ def test_fold_shard_accounts_or_refuses(sizes, data):
     """A shard entry from batch records: rows_in = scored + quarantined when every batch
     reported; a missing or inconsistent batch record is an error, never a silent drop."""
     from batchinfer.io.records import FileRecord
-    from batchinfer.pipeline.records import BatchRecord, ShardInfo, fold_shard
+    from batchinfer.pipeline.shard_reports import BatchRecord, ShardInfo, fold_shard
 
     batches = []
     for number, size in enumerate(sizes):

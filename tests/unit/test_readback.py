@@ -44,8 +44,8 @@ from batchinfer.io.records import (
     ShardResult,
     Totals,
 )
+from batchinfer.rows.column_profiles import ColumnStats, baseline_column, drift, run_column
 from batchinfer.rows.drift import run_columns
-from batchinfer.rows.profile import ColumnStats, baseline_column, drift, run_column
 
 ATTEMPT = "20260115T010203Z-0000000a"
 TRIPLE = {"model_version": "m:1", "model_digest": "d" * 64, "schema_version": "s@1",

@@ -1,4 +1,4 @@
-"""The typed records (io/records.py, pipeline/records.py): wide ones are keyword-only; their JSON
+"""The typed records (io/records.py, pipeline/shard_reports.py): wide ones are keyword-only; their JSON
 is generated from their fields (io/codec.py) with the keys in the files' order, and reads back,
 validated against the same declaration (io/readback.py ``check``), to the same record."""
 from __future__ import annotations
@@ -21,7 +21,7 @@ from batchinfer.io.records import (
     ShardResult,
     Totals,
 )
-from batchinfer.pipeline.records import BatchRecord, ChallengerBatchRecord
+from batchinfer.pipeline.shard_reports import BatchRecord, ChallengerBatchRecord
 
 FILE = FileRecord("predictions/A/part-00000-00000.parquet", 8, "a" * 64)
 SHARD = ShardRecord(path="s0", sha256="c" * 64, rows_in=10, rows_scored=8, rows_quarantined=2,

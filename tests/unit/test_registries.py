@@ -200,7 +200,7 @@ def test_a_distributions_backend_and_runner_are_found_and_the_spec_takes_them(in
 
 
 def test_a_distributions_runner_takes_the_option_checks_of_every_runner(installed):
-    from batchinfer.pipeline.runners import beam_args, check
+    from batchinfer.pipeline.runner_options import beam_args, check
 
     echo_plugin(installed)
     check("inline", {"job_name": "nightly"})

@@ -143,7 +143,7 @@ def test_a_loser_keeps_its_files_that_the_winner_adopted(crashed):
 
 def test_the_commit_step_finds_adopted_files_removed_since(crashed):
     """What the commit step checks before it commits a manifest listing adopted files
-    (pipeline/commit.py): one listing per folder."""
+    (pipeline/commit_step.py): one listing per folder."""
     out, _, _, files = crashed
     attempt = PartitionCommit(str(out)).begin(NEW)
     assert attempt.missing(set(files.values())) == []

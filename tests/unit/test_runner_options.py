@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from batchinfer.pipeline.runners import beam_args, pipeline_options
+from batchinfer.pipeline.runner_options import beam_args, pipeline_options
 from factories import (
     DS,
     NoTracking,
@@ -97,7 +97,7 @@ DATAFLOW = {"project": "my-project", "region": "europe-west4", "temp_location": 
 ])
 def test_an_option_beam_does_not_know_is_refused_with_the_closest_names(runner, options, expected):
     from batchinfer.errors import SpecError
-    from batchinfer.pipeline.runners import check
+    from batchinfer.pipeline.runner_options import check
 
     with pytest.raises(SpecError) as caught:
         check(runner, options)
@@ -124,7 +124,7 @@ def test_an_option_of_another_runner_is_refused(runner, options, expected):
     same surprise as a misspelt option (``parallelism`` on Dask, ``direct_num_workers`` on
     Dask). Exit 2, naming the runner it belongs to and how to clear a file's options."""
     from batchinfer.errors import SpecError
-    from batchinfer.pipeline.runners import check
+    from batchinfer.pipeline.runner_options import check
 
     with pytest.raises(SpecError) as caught:
         check(runner, options)
@@ -144,7 +144,7 @@ def test_an_option_of_another_runner_is_refused(runner, options, expected):
     ("flink", FLINK),
 ])
 def test_options_of_the_runner_and_batchinfers_defaults_pass(runner, options, caplog):
-    from batchinfer.pipeline.runners import check
+    from batchinfer.pipeline.runner_options import check
 
     check(runner, options)
     assert not [r for r in caplog.records if r.name == "batchinfer"]
@@ -160,7 +160,7 @@ def test_a_job_service_runner_warns_about_an_option_only_its_job_service_may_kno
     """Beam's PortableRunner adds the options its job service describes when the job is
     submitted (the Java Flink runner's ``checkpointing_interval``): they cannot be known before,
     so a name Beam's Python SDK does not know is a warning there, not an error."""
-    from batchinfer.pipeline.runners import check
+    from batchinfer.pipeline.runner_options import check
 
     check(runner, options)
     [warning] = [r.getMessage() for r in caplog.records if r.name == "batchinfer"]
@@ -227,7 +227,7 @@ def _pipeline_alone(folder):
     reading its outcome afterwards (as if the launcher died once the job was submitted)."""
     import batchinfer.commands.run as run_mod
     from batchinfer.app import model_runs as models
-    from batchinfer.app import scoring
+    from batchinfer.app import pipeline_run as scoring
     from batchinfer.app.resolve import resolve
     from batchinfer.clock import utc_now
     from batchinfer.io.commit import PartitionCommit

@@ -26,7 +26,7 @@ from batchinfer.handlers.base import Inference, Prepared
 from batchinfer.handlers.explain import Attributions, ExplainPlan
 from batchinfer.io.records import PreprocessStats
 from batchinfer.io.sinks import FILES, Sink
-from batchinfer.pipeline.records import BatchRecord, ChallengerBatchRecord
+from batchinfer.pipeline.shard_reports import BatchRecord, ChallengerBatchRecord
 from batchinfer.pipeline.transforms import ModelRun, ScoringPlan, WritePredictions
 from batchinfer.pipeline.writer.policy import WritePolicy
 from batchinfer.pipeline.writer.scored import Payload

@@ -171,7 +171,7 @@ def project(tmp_path_factory, store, shared) -> Path:
 def baseline(x: np.ndarray) -> dict:
     """A baseline profile of these features and of the model's scores (no drift)."""
     from batchinfer.commands.profile import PROFILE_VERSION
-    from batchinfer.rows.profile import baseline_column
+    from batchinfer.rows.column_profiles import baseline_column
 
     columns = {f"f{i}": baseline_column("feature", x[:, i].astype(np.float64)).to_dict()
                for i in range(4)}

@@ -8,7 +8,7 @@ on its writer thread, the same code for the champion and each challenger:
   ``predictions`` (the id and prediction columns), ``explanations`` (with ``explain``: the
   explanation columns, their metadata, the batch's explanation figures), ``audit`` (the audit
   columns, as rows/columns.py declares them);
-- ``profiling``: the batch's drift statistics (rows/profile.py);
+- ``profiling``: the batch's drift statistics (rows/column_profiles.py);
 - ``rejects``: the rejected rows, quarantined or only counted;
 - ``policy``: what differs between the champion and a challenger (``WritePolicy``): where its
   files go, what becomes of its rejected rows, whether it is profiled, the record it emits.
@@ -17,6 +17,6 @@ All pure (Arrow and numpy in, Arrow tables and records out); the files are put b
 ``WritePredictions``, at the edge.
 
 Part of the ``pipeline`` unit: may import the core, ``rows``, ``io`` (records, output folders),
-``triple`` and ``handlers`` (the inference result, the explain plan), and ``pipeline.records``;
+``triple`` and ``handlers`` (the inference result, the explain plan), and ``pipeline.shard_reports``;
 never ``commands``. No part uses Beam: ``WritePredictions`` is the DoFn that composes them.
 """

@@ -2,10 +2,10 @@
 the same code (pipeline/transforms.py's ``WritePredictions``, the parts in this package).
 
 The champion's files go to ``predictions``; the rows it rejects are quarantined; its batches are
-profiled; its record (:class:`~batchinfer.pipeline.records.BatchRecord`) carries the
+profiled; its record (:class:`~batchinfer.pipeline.shard_reports.BatchRecord`) carries the
 partition's accounting and drift statistics. A challenger's files go to
 ``challengers/<name>``; the rows it rejects are only counted; it is not profiled; its record
-(:class:`~batchinfer.pipeline.records.ChallengerBatchRecord`) meets the champion's at
+(:class:`~batchinfer.pipeline.shard_reports.ChallengerBatchRecord`) meets the champion's at
 FinishShard, so it is committed (or not) with the partition and never changes what it commits.
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 from ...io.outputs import PREDICTIONS, challenger_folder
 from ...io.records import FileRecord, ModelStats
-from ...rows.profile import ColumnStats
-from ..records import BatchRecord, ChallengerBatchRecord
+from ...rows.column_profiles import ColumnStats
+from ..shard_reports import BatchRecord, ChallengerBatchRecord
 from .rejects import Rejected, counted, quarantined
 from .scored import ScoredBatch
 

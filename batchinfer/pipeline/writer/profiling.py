@@ -1,4 +1,4 @@
-"""The drift statistics of one batch (rows/profile.py's :class:`ColumnStats`): of the scored
+"""The drift statistics of one batch (rows/column_profiles.py's :class:`ColumnStats`): of the scored
 rows' profiled features, of each prediction column and, with ``explain``, of each feature's
 attribution as ``_explanation`` holds it — counted into the baseline's cuts where it has them.
 A few numpy reductions and one ``searchsorted`` per column; no per-row Python.
@@ -11,8 +11,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from ...rows.column_profiles import ColumnStats, numeric_values
 from ...rows.columns import attribution_column
-from ...rows.profile import ColumnStats, numeric_values
 from .scored import ScoredBatch
 
 

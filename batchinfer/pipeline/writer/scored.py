@@ -31,7 +31,7 @@ class Payload:
     quarantine: list[pa.Table]     # rows already quarantined (schema, preprocess)
     seconds: dict[str, float] = field(default_factory=dict)   # time spent per stage
     preprocess: PreprocessStats = PreprocessStats()
-    last: bool = False             # the shard's last batch (pipeline/progress.py counts it done)
+    last: bool = False             # the shard's last batch (pipeline/counters.py counts it done)
 
 
 @dataclass(frozen=True, kw_only=True)

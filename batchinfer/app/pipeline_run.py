@@ -65,7 +65,7 @@ def build_job(resolved: Resolved, champion: "ModelRun", attempt: Attempt,
               resume: Resume | None = None) -> str:
     """Build the runner's job without submitting it; return a summary of its graph."""
     from ..beam_compat import beam
-    from ..pipeline.runners import job_summary, pipeline_options
+    from ..pipeline.runner_options import job_summary, pipeline_options
     from ..pipeline.transforms import build
 
     spec = resolved.job.spec
@@ -100,7 +100,7 @@ def run_pipeline(resolved: Resolved, champion: "ModelRun", attempt: Attempt, hea
         RuntimeFailure: the pipeline failed otherwise.
     """
     from ..beam_compat import pipeline_handing_over
-    from ..pipeline.runners import live_metrics, pipeline_options
+    from ..pipeline.runner_options import live_metrics, pipeline_options
     from ..pipeline.transforms import build
 
     spec = resolved.job.spec
@@ -133,7 +133,7 @@ def pipeline_plans(resolved: Resolved, attempt: Attempt, header: Manifest,
     step takes the adopted ones' results as they are; with a baseline, the writer stage counts
     columns into its cuts and the commit step refuses a partition that drifted above the
     ``fail`` limits (:class:`~batchinfer.rows.drift.DriftGate`)."""
-    from ..pipeline.commit import CommitPlan
+    from ..pipeline.commit_step import CommitPlan
     from ..pipeline.transforms import ScoringPlan
 
     job = resolved.job

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Sequence, Union
 
 from ..io.records import ChallengerShard, FileRecord, ModelStats, PreprocessStats, ShardRecord, ShardResult, ShardStatus
-from ..rows.profile import ColumnStats, merge_columns
+from ..rows.column_profiles import ColumnStats, merge_columns
 
 
 @dataclass(frozen=True)
