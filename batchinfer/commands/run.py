@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Sequence
 
-from .. import runners
+from .. import errors, runners
 from ..app import model_runs, pipeline_run, run_record
 from ..app.drift_baseline import load_baseline
 from ..app.resolve import (
@@ -558,21 +558,33 @@ def _refused(run: Resolution, launched: Launch, scored: Scored, read: ReadBack,
 
 def _refusal(outcome: CommitOutcome, kept: str | None = None,
              accept: str | None = None) -> BatchInferError:
-    """The error of a refused commit, from the code and message the commit step recorded (and,
-    for a run that drift stopped, how to ``accept`` the drift and where its drift report is
-    ``kept``: the launcher's words, which name its files)."""
+    """The error of a refused commit, of the class and with the message the commit step recorded
+    (and, for a run that drift stopped, how to ``accept`` the drift and where its drift report
+    is ``kept``: the launcher's words, which name its files)."""
     message = outcome.message or "nothing committed"
-    if outcome.code == PreprocessError.exit_code:
+    cls = _refused_as(outcome)
+    if issubclass(cls, PreprocessError):
         # The function's exception stayed on the worker; its traceback came back as text.
         trace = sum((r.preprocess for r in outcome.results), PreprocessStats()).trace
         if trace:
             log.debug("the preprocessing's first failure:\n%s", trace.rstrip())
-        return PreprocessError(message)
+        return cls(message)
     if accept:
         message = f"{message}; {accept}"
     if kept:
         message = f"{message}; {kept}"
-    return ModelError(message) if outcome.code == ModelError.exit_code else DataQualityError(message)
+    return cls(message)
+
+
+def _refused_as(outcome: CommitOutcome) -> type[BatchInferError]:
+    """The class of error the commit step refused with (``outcome.error``); for an outcome
+    written before the class was recorded, the one its exit code stood for then."""
+    named = getattr(errors, outcome.error, None) if outcome.error else None
+    if isinstance(named, type) and issubclass(named, BatchInferError) and named.exit_code == outcome.code:
+        return named
+    older: dict[int, type[BatchInferError]] = {PreprocessError.exit_code: PreprocessError,
+                                                ModelError.exit_code: ModelError}
+    return older.get(outcome.code, DataQualityError)
 
 
 def _lost(winner: Manifest | None, run: Resolution) -> Outcome:

@@ -61,6 +61,9 @@ class CommitOutcome(Record):
         manifest: the manifest now committed (this attempt's, or the winner's).
         code: the exit code of a refusal (4 or 5); 0 otherwise.
         message: the one-line reason of a refusal.
+        error: the class of the refusal's error (``batchinfer/errors.py``), so that the launcher
+            raises what the commit step raised, not a class guessed from ``code``; "" in
+            outcomes written before it was recorded, and for every other status.
         results: the per-shard results the commit step read (for the metrics).
         seconds: how long the commit itself took (the manifest, and the tables' commits).
     """
@@ -71,11 +74,12 @@ class CommitOutcome(Record):
     message: str | None = None
     results: tuple[ShardResult, ...] = ()
     seconds: NonNegative = 0.0
+    error: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         data = super().to_dict()
-        return {key: data[key] for key in ("status", "code", "message", "manifest", "results",
-                                           "seconds")}
+        keys = ("status", "code", "message", "manifest", "results", "seconds")
+        return {key: data[key] for key in keys + (("error",) if self.error else ())}
 
 
 # A challenger as a manifest holds it and a run declares it: name, triple, declared options.

@@ -17,7 +17,7 @@ from typing import Iterator
 from fsspec import AbstractFileSystem
 
 from .. import faults
-from ..errors import ContractError, StorageError
+from ..errors import Action, ContractError, Remedy, StorageError
 from .outputs import (
     ATTEMPT,
     CHALLENGERS,
@@ -51,8 +51,8 @@ def read_manifest(fs: AbstractFileSystem, root: str) -> Manifest | None:
     except OSError as exc:
         raise StorageError(f"cannot read {path}: {exc}") from None
     return check(Manifest, data, path, ContractError,
-                 "not a manifest batchinfer wrote (edited or damaged): pass --overwrite to "
-                 "score the partition again")
+                 "not a manifest batchinfer wrote (edited or damaged)",
+                 remedies=[Remedy(Action.OVERWRITE, "to score the partition again")])
 
 
 def manifest_bytes(manifest: Manifest) -> bytes:

@@ -29,11 +29,11 @@ get the defaults that :mod:`batchinfer.io.records` gives them. Pure: bytes in, r
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, Sequence, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ..errors import BatchInferError
+from ..errors import BatchInferError, Remedy
 from .codec import CHECKED, Count, Finite, Name, NonNegative, adapter, check_range
 
 T = TypeVar("T")
@@ -143,22 +143,28 @@ class MetricsRecordModel(_Checked):
 
 
 def check(kind: type[T], data: bytes | str, shown: str, error: type[BatchInferError],
-          hint: str = "") -> T:
+          hint: str = "", remedies: Sequence[Remedy] = ()) -> T:
     """``data`` (a file's bytes) validated as ``kind``: a record (io/records.py, declared once
     there) or one of the schemas above.
 
     Args:
         shown: the file, as the message names it.
         error: the exception to raise (its exit code is the file kind's, see the module).
-        hint: what to do, appended to the message after ": ".
+        hint: what the file is not, appended to the message after ": ".
+        remedies: what to do about it (the error's ``remedies``).
 
     Raises:
-        BatchInferError: of type ``error``: ``<shown>: <field>: <what is wrong>[: <hint>]``.
+        BatchInferError: of type ``error``: ``<shown>: <field>: <what is wrong>[: <hint>]``, its
+            ``path`` ``shown`` and its ``field`` the first wrong one (dotted; None for bytes
+            that are no JSON).
     """
     try:
         return adapter(kind).validate_json(data)
     except ValidationError as exc:
-        raise error(f"{shown}: {describe(exc)}" + (f": {hint}" if hint else "")) from None
+        loc = exc.errors(include_url=False)[0]["loc"]
+        field = ".".join(str(part) for part in loc) or None
+        raise error(f"{shown}: {describe(exc)}" + (f": {hint}" if hint else ""), path=shown,
+                    field=field, remedies=remedies) from None
 
 
 def describe(exc: ValidationError) -> str:

@@ -118,7 +118,8 @@ class CommitPartition(beam.DoFn):
             # The files go now (a dead launcher would leave them); the record stays for the
             # launcher to turn into its exit code.
             attempt.abort()
-            outcome = CommitOutcome("refused", None, refusal.exit_code, refusal.message, tuple(results))
+            outcome = CommitOutcome("refused", None, refusal.exit_code, refusal.message, tuple(results),
+                                    error=type(refusal).__name__)
         else:
             records = tuple(r.record for r in results)
             manifest = dataclasses.replace(plan.header, finished_at=rfc3339(plan.clock()),

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence
 
-from ..errors import ContractError, ModelFileError, StorageError, one_line
+from ..errors import Action, ContractError, ModelFileError, Remedy, StorageError, one_line
 from ..io.storage import local_path, url_to_fs
 
 PREPROCESS_PREFIX = "batchinfer-preprocess/1\n"
@@ -27,6 +27,8 @@ SCHEMA_SHA256 = "schema_sha256"            # sha256 of the schema version's LF s
 PACKAGES = "preprocess_packages"           # "numpy==2.4.6 pyarrow==25.0.1": installed, imported
 PACKAGES_POLICY = "preprocess_packages_policy"
 PACKAGE_POLICIES = ("warn", "refuse")      # what a run does when PACKAGES differ
+STAMP = Remedy(Action.STAMP)                            # what a missing or broken declaration needs
+FOR_THIS_ONE = Remedy(Action.STAMP, "for this one")     # a declaration of other values than the job's
 # Formats that unpickle arbitrary objects on load; refused unless the job opts in.
 PICKLE_SUFFIXES = (".pkl", ".pickle", ".pt", ".pth", ".joblib", ".ckpt", ".bin")
 
@@ -277,9 +279,10 @@ def _declaration(text: str, where: str) -> Declaration:
     try:
         data = json.loads(text)
     except ValueError:
-        raise ContractError(f"{where} is not valid JSON: re-run batchinfer stamp") from None
+        raise ContractError(f"{where} is not valid JSON", path=where, remedies=[STAMP]) from None
     if not isinstance(data, dict):
-        raise ContractError(f"{where} is not a declaration (a JSON object): re-run batchinfer stamp")
+        raise ContractError(f"{where} is not a declaration (a JSON object)", path=where,
+                            remedies=[STAMP])
     return Declaration.of({str(k): str(v) for k, v in data.items() if isinstance(v, (str, int, float))})
 
 
@@ -333,11 +336,12 @@ def check_contract(model: str, declared: Mapping[str, str] | None, found: Triple
     if declared is None:
         raise ContractError(
             f"{model} has no declaration (expected {sidecar_path(model).name} or batchinfer.* "
-            f"model-version tags): run `batchinfer stamp {model} --job JOB.yaml`")
+            f"model-version tags)", path=model, remedies=[Remedy(Action.STAMP, subject=model)])
     declared = typed(declared)
     missing = declared.missing()
     if missing:
-        raise ContractError(f"{model}: declaration lacks {', '.join(missing)}: re-run batchinfer stamp")
+        raise ContractError(f"{model}: declaration lacks {', '.join(missing)}", path=model,
+                            field=missing[0], remedies=[STAMP])
     expected = declared.parts()
     actual: dict[str, str | None] = dict(found.as_dict())
     if spec_version is not None:
@@ -348,9 +352,9 @@ def check_contract(model: str, declared: Mapping[str, str] | None, found: Triple
         if stamped != value:
             raise ContractError(
                 f"contract mismatch for {model}: model.options.{key} is {value} but the model was "
-                f"stamped for {stamped or '(not declared)'} ({key} changes predictions: "
-                f"run with the declared {key}, or re-stamp the model with `batchinfer stamp` "
-                f"for this one)")
+                f"stamped for {stamped or '(not declared)'} ({key} changes predictions; run with "
+                f"the declared {key})", path=model, field=f"model.options.{key}",
+                remedies=[FOR_THIS_ONE])
     if not bad:
         return
     parts = []
@@ -374,8 +378,8 @@ def check_explain(model: str, declared: Mapping[str, str], wanted: str | None) -
         return
     raise ContractError(
         f"contract mismatch for {model}: the job's explain is {wanted or '(none)'} but the model "
-        f"was stamped with {stamped or '(no explain)'}: run with the declared explain, or "
-        f"re-stamp the model with `batchinfer stamp` for this one")
+        f"was stamped with {stamped or '(no explain)'} (run with the declared explain)",
+        path=model, field="explain", remedies=[FOR_THIS_ONE])
 
 
 # -- the code behind the triple's names ----------------------------------------------------------
@@ -407,8 +411,7 @@ def check_declared_code(model: str, declared: Mapping[str, str], schema_ref: str
     if stamped is None:
         warnings.append(f"{model}: its declaration records no schema_sha256 (stamped by an older "
                         f"batchinfer or by hand), so an edit of schema {schema_ref} after stamping "
-                        f"goes unnoticed unless the version is in lock.json: re-stamp the model "
-                        f"(batchinfer stamp)")
+                        f"goes unnoticed unless the version is in lock.json: re-stamp the model")
     elif stamped != schema_sha256:
         raise ContractError(
             f"contract mismatch for {model}: schema {schema_ref} changed since the model was stamped "
@@ -422,8 +425,8 @@ def check_declared_code(model: str, declared: Mapping[str, str], schema_ref: str
         policy = "warn"
     if policy not in PACKAGE_POLICIES:
         raise ContractError(f"{model}: its declaration has {PACKAGES_POLICY} {policy!r}, not one of "
-                            f"{', '.join(PACKAGE_POLICIES)}: re-stamp the model (batchinfer stamp "
-                            f"--packages warn|refuse)")
+                            f"{', '.join(PACKAGE_POLICIES)}", path=model, field=PACKAGES_POLICY,
+                            remedies=[Remedy(Action.STAMP, "with a packages policy of warn or refuse")])
     differ = package_differences(declared.preprocess_packages, packages)
     if not differ:
         return warnings
@@ -435,7 +438,7 @@ def check_declared_code(model: str, declared: Mapping[str, str], schema_ref: str
             f"versions, or re-stamp the model with these")
     warnings.append(f"{model}: packages the preprocessing imports differ from the declaration "
                     f"({what}), so predictions may differ: to accept them, re-stamp the model "
-                    f"(batchinfer stamp; --packages refuse makes a difference exit 3)")
+                    f"(stamped with the refuse packages policy, a difference is exit 3)")
     return warnings
 
 

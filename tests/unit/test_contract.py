@@ -297,7 +297,12 @@ def test_check_contract_missing_declaration():
     assert err.exit_code == 3
     assert "no declaration" in str(err)
     assert "m.onnx.batchinfer.json" in str(err)
-    assert "batchinfer stamp" in str(err)
+    from batchinfer.commands.remedies import error_line
+    from batchinfer.errors import Action, Remedy
+
+    assert err.remedies == (Remedy(Action.STAMP, subject="/models/m.onnx"),)
+    assert "batchinfer stamp" not in str(err)   # the remedy is a value below the CLI
+    assert error_line(err).endswith(": run `batchinfer stamp /models/m.onnx --job JOB.yaml`")
 
 
 def test_check_contract_incomplete_declaration():

@@ -146,8 +146,18 @@ def test_corrupt_manifest_is_a_contract_error(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / MANIFEST).write_text("{half")
-    with pytest.raises(ContractError, match=r"_manifest.json: not valid JSON .*--overwrite"):
+    with pytest.raises(ContractError, match=r"_manifest.json: not valid JSON .*edited or damaged") as bad:
         read_manifest(fsspec.filesystem("file"), str(out))
+    from batchinfer.commands.remedies import error_line
+    from batchinfer.errors import Action
+
+    assert bad.value.path == str(out / MANIFEST) and bad.value.field is None
+    assert [r.action for r in bad.value.remedies] == [Action.OVERWRITE]
+    assert error_line(bad.value).endswith("(edited or damaged): pass --overwrite to score the partition again")
+    (out / MANIFEST).write_text('{"manifest_version": "one"}')
+    with pytest.raises(ContractError) as field:
+        read_manifest(fsspec.filesystem("file"), str(out))
+    assert field.value.field == "manifest_version"
 
 
 # -- cleaning ------------------------------------------------------------------------------------
