@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _print_traceback()
         line = redact(error_line(exc))
         print(f"batchinfer {args.command}: {line}", file=sys.stderr)
-        _record_error(exc.exit_code, type(exc).__name__, line)
+        _record_error(exc.exit_code, type(exc).__name__, line, _fields(exc))
         return exc.exit_code
     except BrokenPipeError:
         # The reader of our output went away (`batchinfer inspect OUT | head`): as a pipe's
@@ -105,14 +105,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 ERROR_FILE_ENV = "BATCHINFER_ERROR_FILE"
 
 
-def _record_error(exit_code: int, error: str, message: str) -> None:
+def _fields(exc: BatchInferError) -> dict[str, object]:
+    """An error's structured fields, where it has them, as the error file records them."""
+    fields: dict[str, object] = {k: redact(v) for k, v in (("path", exc.path), ("field", exc.field)) if v}
+    if exc.remedies:
+        fields["remedies"] = [{"action": r.action.value, "purpose": r.purpose, "subject": r.subject}
+                              for r in exc.remedies]
+    return fields
+
+
+def _record_error(exit_code: int, error: str, message: str,
+                  fields: dict[str, object] | None = None) -> None:
     """The failure as JSON in the file ``$BATCHINFER_ERROR_FILE`` names, when it is set, for a
     caller that acts on which error it was, not only on the exit code (contract §2: the nightly DAG
     retries a partition that has not arrived, not a mistake in the job)."""
     path = os.environ.get(ERROR_FILE_ENV)
     if not path:
         return
-    record = {"exit_code": exit_code, "error": error, "message": message}
+    record = {"exit_code": exit_code, "error": error, "message": message, **(fields or {})}
     try:
         Path(path).write_text(json.dumps(record) + "\n", encoding="utf-8")
     except OSError as exc:  # the exit code and the line on stderr still say what failed

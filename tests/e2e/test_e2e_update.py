@@ -73,7 +73,7 @@ def updated(tmp_path_factory) -> dict:
     shards = sorted(data.resolve().glob("*.parquet"))
 
     result = {
-        "plain": run_cli(*run, cwd=root),
+        "plain": run_cli(*run, cwd=root, env={"BATCHINFER_ERROR_FILE": str(root / "error.json")}),
         "plan": run_cli("plan", "job.yaml", "--ds", DS, cwd=root),
         "both": run_cli(*run, "--update", "--overwrite", cwd=root),
         "other_spec": run_cli(*run, "--update", "--set", "batch.rows=250", cwd=root),
@@ -94,6 +94,12 @@ def test_a_plain_run_refuses_naming_update_and_changes_nothing(updated):
     assert "was committed from other shards than input.path lists now (1 new, 1 no longer listed" in (
         one_line_error(plain))
     assert "pass --update to score only the new and changed shards, or --overwrite" in plain.stderr
+    # The error file carries the error's fields and its remedies as values (contract §2).
+    record = json.loads((updated["root"] / "error.json").read_text())
+    assert one_line_error(plain) == f"batchinfer run: {record['message']}"
+    assert record["error"] == "ContractError" and record["path"], record
+    assert [r["action"] for r in record["remedies"]] == ["update", "overwrite"], record
+    assert record["remedies"][0]["purpose"] == "to score only the new and changed shards"
     for name in ("both", "other_spec", "dry"):   # none of them changed the commit either
         assert updated["unchanged"] == updated["before"], name
 
