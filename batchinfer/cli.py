@@ -137,9 +137,13 @@ def _print_traceback() -> None:
 
 class _RedactingFormatter(logging.Formatter):
     """Log records pass through :func:`~batchinfer.redaction.redact` (library records quote
-    URLs and paths that may hold values from the environment)."""
+    URLs and paths that may hold values from the environment), and an error logged as an
+    argument is said as the CLI says it, its remedies as flags."""
 
     def format(self, record: logging.LogRecord) -> str:
+        if isinstance(record.args, tuple) and any(isinstance(a, BatchInferError) for a in record.args):
+            record = logging.makeLogRecord({**record.__dict__, "args": tuple(
+                error_line(a) if isinstance(a, BatchInferError) else a for a in record.args)})
         return redact(super().format(record))
 
 

@@ -102,7 +102,7 @@ def list_partition_input(job: Job, committed: Manifest | None, *, update: bool =
         if reading or committed is None:
             raise
         log.warning("the committed partition stays as it is (a run reuses it), but --overwrite "
-                    "and profile cannot read it again: %s", exc.message)
+                    "and profile cannot read it again: %s", exc)   # the CLI words its remedies
         return Listing([Shard(i, s.path) for i, s in enumerate(committed.shards)],
                        table=committed.input_table)
 
