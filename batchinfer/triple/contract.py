@@ -198,8 +198,8 @@ class Declaration(Mapping[str, str]):
     schema_version: str | None = None
     preprocess_hash: str | None = None
     backend: dict[str, str] = field(default_factory=dict)
-    explain: str | None = None                     # commands/explain.py DECLARED
-    explain_background_sha256: str | None = None   # commands/explain.py BACKGROUND_SHA256
+    explain: str | None = None                     # app/explain_plan.py DECLARED
+    explain_background_sha256: str | None = None   # app/explain_plan.py BACKGROUND_SHA256
     schema_sha256: str | None = None               # SCHEMA_SHA256
     preprocess_packages: str | None = None         # PACKAGES
     preprocess_packages_policy: str | None = None  # PACKAGES_POLICY
