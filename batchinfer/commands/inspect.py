@@ -8,8 +8,8 @@ import os
 from ..errors import SpecError
 from ..io.outputs import METRICS, REPORT, write_json
 from ..io.partitions import Committed, open_partition
-from ..io.readback import MetricsRecordModel, check
-from ..io.records import Manifest
+from ..io.readback import check
+from ..io.records import Manifest, MetricsRecord
 
 
 def committed_at(url: str) -> Committed:
@@ -44,7 +44,7 @@ def upload_tracking(url: str, tracking_uri: str | None = None) -> str:
         data = fs.cat_file(path)
     except FileNotFoundError:
         raise SpecError(f"{url} has no {METRICS} to upload") from None
-    check(MetricsRecordModel, data, path, SpecError,
+    check(MetricsRecord, data, path, SpecError,
           "not a record batchinfer wrote (edited?): nothing uploaded")
     record = json.loads(data)
     if record.get("uploaded"):

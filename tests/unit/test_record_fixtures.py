@@ -22,13 +22,14 @@ from pydantic import BaseModel
 import batchinfer.io as io_package
 from batchinfer.app import explain_plan as explain
 from batchinfer.app.drift_baseline import read_profile
+from batchinfer.codec import Record
 from batchinfer.errors import ContractError, SpecError, StorageError
-from batchinfer.io.codec import Record
 from batchinfer.io.commit import CommitOutcome
 from batchinfer.io.manifest import manifest_bytes, read_manifest
-from batchinfer.io.readback import MetricsRecordModel, RunProfileModel, check
-from batchinfer.io.records import AttemptKey, Manifest, ShardResult
+from batchinfer.io.readback import check
+from batchinfer.io.records import AttemptKey, Manifest, MetricsRecord, ShardResult
 from batchinfer.io.sinks import Sink
+from batchinfer.profile_records import RunProfile
 from batchinfer.triple.contract import (
     PACKAGES,
     PACKAGES_POLICY,
@@ -75,9 +76,9 @@ def test_the_job_manifest_reads_as_a_committed_partition(tmp_path):
 
 def test_the_profiles_and_the_metrics_record_read():
     assert read_profile(str(FIXTURES / "baseline.json"), "baseline.json").columns
-    profile = check(RunProfileModel, (FIXTURES / "run_profile.json").read_bytes(), "p", SpecError)
+    profile = check(RunProfile, (FIXTURES / "run_profile.json").read_bytes(), "p", SpecError)
     assert profile.columns
-    metrics = check(MetricsRecordModel, (FIXTURES / "metrics.json").read_bytes(), "m", SpecError)
+    metrics = check(MetricsRecord, (FIXTURES / "metrics.json").read_bytes(), "m", SpecError)
     assert metrics.metrics["rows_in"] == 400.0
 
 
