@@ -14,6 +14,7 @@ from typing import Mapping
 from ..errors import SpecError
 from ..io import readback
 from ..io.storage import url_to_fs
+from ..profile_records import Profile
 from ..rows.column_profiles import ColumnProfile
 from ..rows.drift import Baseline
 from ..spec import Job
@@ -35,10 +36,10 @@ def read_profile(url: str, shown: str, what: str = "monitor.baseline") -> Baseli
     except (OSError, ValueError) as exc:
         raise SpecError(f"{what} {shown} cannot be read ({type(exc).__name__}: "
                         f"{str(exc)[:160]}): {redo}") from None
-    checked = readback.check(readback.ProfileModel, data, f"{what} {shown}", SpecError, redo)
+    checked = readback.check(Profile, data, f"{what} {shown}", SpecError, redo)
     if not checked.columns:
         raise SpecError(f"{what} {shown}: columns: empty: a baseline needs at least one column: {redo}")
-    columns = {name: ColumnProfile.from_dict(col.model_dump()) for name, col in checked.columns.items()}
+    columns = {name: ColumnProfile.of_record(col) for name, col in checked.columns.items()}
     about = {k: v for k, v in json.loads(data).items() if k != "columns"}
     return Baseline(url, columns, about, shown, what)
 

@@ -14,8 +14,9 @@ from typing import Any, Iterable, Mapping, Sequence
 from ..errors import SpecError
 from ..io.outputs import MANIFEST, METRICS, PROFILE, REPORT
 from ..io.partitions import open_partition
-from ..io.readback import MetricsRecordModel, RunProfileModel, check
-from ..io.records import Manifest
+from ..io.readback import check
+from ..io.records import Manifest, MetricsRecord
+from ..profile_records import RunProfile
 from ..triple.contract import PARTS
 
 COLORS = {"ok": "#2e7d32", "warn": "#ef6c00", "fail": "#c62828", "none": "#607d8b"}
@@ -336,7 +337,7 @@ def rebuild_report(output: str) -> str:
     fs, manifest = partition.layout.fs, partition.manifest
     record: dict = {}
     profile: dict = {}
-    for name, into, schema in ((METRICS, record, MetricsRecordModel), (PROFILE, profile, RunProfileModel)):
+    for name, into, schema in ((METRICS, record, MetricsRecord), (PROFILE, profile, RunProfile)):
         path = partition.record(name)
         try:
             data = fs.cat_file(path)

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..backends import declared_options
 from ..io.outputs import DRIFT, METRICS, PROFILE, REPORT, Layout, write_json
-from ..io.records import Manifest, ModelStats, ShardResult, Totals
-from ..rows.column_profiles import PROFILE_VERSION
+from ..io.records import Manifest, MetricsRecord, ModelStats, ShardResult, Totals
+from ..profile_records import PROFILE_VERSION, BaselineAbout, LimitsRecord, RunProfile
 from ..rows.drift import Baseline, DriftVerdict
 from ..spec import Job
 from .job_report import render_report
@@ -229,16 +229,18 @@ def health_metrics(results: Sequence[ShardResult], load_seconds: float | None) -
 
 def profile_record(job: Job, verdict: DriftVerdict, baseline: Baseline | None,
                    results: Sequence[ShardResult] = ()) -> dict[str, Any]:
-    """What ``_profile.json`` (and a stopped run's ``_drift/<attempt>.json``) holds."""
-    return {"profile_version": PROFILE_VERSION, "job": job.spec.name, "ds": job.ds,
-            "quarantine": [list(q) for q in quarantine_counts(results)],
-            "level": verdict.level,
-            "baseline": (None if baseline is None else
-                         {"path": job.display(baseline.path), **baseline.about,
-                          "columns": {k: v.to_dict() for k, v in baseline.columns.items()}}),
-            "limits": {"warn": verdict.warn, "fail": verdict.fail},
-            "drift": [d.to_dict() for d in verdict.drifts],
-            "columns": {k: v.to_dict() for k, v in verdict.columns.items()}}
+    """What ``_profile.json`` (and a stopped run's ``_drift/<attempt>.json``) holds: a
+    :class:`~batchinfer.profile_records.RunProfile`."""
+    about = (None if baseline is None else
+             BaselineAbout(path=job.display(baseline.path), about=dict(baseline.about),
+                           columns={k: v.record() for k, v in baseline.columns.items()}))
+    return RunProfile(profile_version=PROFILE_VERSION, job=job.spec.name, ds=job.ds,
+                      quarantine=quarantine_counts(results),
+                      level=verdict.level,  # type: ignore[arg-type]
+                      baseline=about,
+                      limits=LimitsRecord(warn=dict(verdict.warn), fail=dict(verdict.fail)),
+                      drift=[d.record() for d in verdict.drifts],
+                      columns={k: v.record() for k, v in verdict.columns.items()}).to_dict()
 
 
 def input_dataset(manifest: Manifest) -> dict[str, str]:
@@ -292,10 +294,12 @@ def publish(job: Job, tracking: "TrackingRun", layout: Layout, manifest: Manifes
                                tags=record.tags, dataset=input_dataset(manifest))
     # MLflow's errors quote the tracking URI, which may hold a ${NAME} value (contract §3).
     error = job.display(tracking.error) if tracking.error else None
-    kept = {"mlflow_run_id": manifest.mlflow_run_id, "uploaded": uploaded, "error": error,
-            "tracking_uri": job.display(spec.tracking.uri), "experiment": spec.tracking.experiment,
-            "run_name": f"{spec.name}-{job.ds or layout.attempt}", "params": record.params,
-            "metrics": record.metrics, "tags": record.tags}
+    kept = MetricsRecord(mlflow_run_id=manifest.mlflow_run_id, uploaded=uploaded, error=error,
+                         tracking_uri=job.display(spec.tracking.uri),
+                         experiment=spec.tracking.experiment or spec.name,
+                         run_name=f"{spec.name}-{job.ds or layout.attempt}",
+                         params=dict(record.params), metrics=dict(record.metrics),
+                         tags=dict(record.tags)).to_dict()
     try:
         write_json(layout.fs, layout.record(PROFILE), profile)
         write_json(layout.fs, layout.record(METRICS), kept)

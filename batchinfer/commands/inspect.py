@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 from ..errors import SpecError
 from ..io.outputs import METRICS, REPORT, write_json
 from ..io.partitions import Committed, open_partition
-from ..io.readback import MetricsRecordModel, check
-from ..io.records import Manifest
+from ..io.readback import check
+from ..io.records import Manifest, MetricsRecord
 
 
 def committed_at(url: str) -> Committed:
@@ -44,21 +45,17 @@ def upload_tracking(url: str, tracking_uri: str | None = None) -> str:
         data = fs.cat_file(path)
     except FileNotFoundError:
         raise SpecError(f"{url} has no {METRICS} to upload") from None
-    check(MetricsRecordModel, data, path, SpecError,
-          "not a record batchinfer wrote (edited?): nothing uploaded")
-    record = json.loads(data)
-    if record.get("uploaded"):
-        return record.get("mlflow_run_id") or ""
-    record["manifest_text"] = json.dumps(manifest.to_dict(), indent=2)
+    checked = check(MetricsRecord, data, path, SpecError,
+                    "not a record batchinfer wrote (edited?): nothing uploaded")
+    if checked.uploaded:
+        return checked.mlflow_run_id or ""
+    record = {**checked.to_dict(), "manifest_text": json.dumps(manifest.to_dict(), indent=2)}
     try:  # the job report goes with it, as at run time
         record["report_text"] = fs.cat_file(partition.record(REPORT)).decode()
     except FileNotFoundError:
         pass
     # The record shows ${NAME} in place of environment values (contract §3): expand them again.
-    uri = tracking_uri or os.path.expandvars(record["tracking_uri"])
-    run_id = upload_pending(uri, record["experiment"], record)
-    record.pop("manifest_text")
-    record.pop("report_text", None)
-    record.update({"uploaded": True, "mlflow_run_id": run_id, "error": None})
-    write_json(fs, path, record)
+    uri = tracking_uri or os.path.expandvars(checked.tracking_uri)
+    run_id = upload_pending(uri, checked.experiment, record)
+    write_json(fs, path, replace(checked, uploaded=True, mlflow_run_id=run_id, error=None).to_dict())
     return run_id

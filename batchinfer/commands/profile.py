@@ -22,7 +22,8 @@ from ..io.partitions import Committed
 from ..io.records import ShardRecord
 from ..io.shards import ShardReader, Unreadable
 from ..io.storage import url_to_fs
-from ..rows.column_profiles import PROFILE_VERSION, baseline_column, numeric_values
+from ..profile_records import PROFILE_VERSION, ColumnProfileRecord, Profile
+from ..rows.column_profiles import baseline_column, numeric_values
 from ..rows.columns import EXPLANATION, attribution_column
 from ..spec import Job
 
@@ -145,16 +146,16 @@ def profile_partition(job: Job, out: str) -> ProfileWritten:
                     feature_parts[name].append(values)
     except (OSError, pa.ArrowException) as exc:
         raise StorageError(f"cannot read the partition {shown} or its input: {exc}") from None
-    columns = {}
+    columns: dict[str, ColumnProfileRecord] = {}
     for name, parts in feature_parts.items():
         if parts:
-            columns[name] = baseline_column("feature", np.concatenate(parts)).to_dict()
+            columns[name] = baseline_column("feature", np.concatenate(parts)).record()
     for name, parts in prediction_parts.items():
-        columns[name] = baseline_column("prediction", np.concatenate(parts)).to_dict()
-    record = {"profile_version": PROFILE_VERSION, "job": spec.name, "ds": job.ds,
-              "output": shown, "attempt": manifest.attempt, "triple": manifest.triple,
-              "rows": rows, "columns": columns}
+        columns[name] = baseline_column("prediction", np.concatenate(parts)).record()
+    record = Profile(profile_version=PROFILE_VERSION, job=spec.name, ds=job.ds, output=shown,
+                     attempt=manifest.attempt, triple=dict(manifest.triple), rows=rows,
+                     columns=columns)
     out_fs, out_path = url_to_fs(out)
-    write_json(out_fs, out_path, record)
-    return ProfileWritten(out, rows, sum(c["kind"] == "feature" for c in columns.values()),
-                          sum(c["kind"] == "prediction" for c in columns.values()))
+    write_json(out_fs, out_path, record.to_dict())
+    return ProfileWritten(out, rows, sum(c.kind == "feature" for c in columns.values()),
+                          sum(c.kind == "prediction" for c in columns.values()))

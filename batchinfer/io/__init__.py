@@ -1,6 +1,7 @@
 """I/O at the edges: listing and reading shards (``shards``), whether an output is inside the
 input's reach (``reach``), writing output files (``outputs``), the typed records of a partition
-(``records``, made from and to JSON by ``codec`` and validated where read by ``readback``), the
+(``records``, made from and to JSON by the core's ``codec`` and validated where read by
+``readback``), the
 manifest (``manifest``) and the commit protocol over it (``commit``), adopting a crashed
 attempt's shards (``resume``) and updating a partition whose shards changed (``update``), the
 table formats (``formats``: the registry; ``sinks``: where a commit writes; ``delta_tables``,
@@ -8,5 +9,5 @@ table formats (``formats``: the registry; ``sinks``: where a commit writes; ``de
 partition whatever its format (``partitions``), MLflow (``tracking``), and fsspec URLs
 (``storage``).
 
-May import only the core (``errors``, ``faults``, ``redaction``).
+May import only the core (``errors``, ``faults``, ``redaction``, ``codec``, ``profile_records``).
 """

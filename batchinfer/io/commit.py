@@ -30,9 +30,9 @@ from fsspec import AbstractFileSystem
 
 from .. import backends, faults
 from ..clock import Clock, utc_now
+from ..codec import Count, NonNegative, Record
 from ..errors import Action, ContractError, Remedy, RuntimeFailure, SpecError, StorageError
 from . import formats
-from .codec import Count, NonNegative, Record
 from .manifest import (
     clean_after_commit,
     create_manifest,

@@ -1,6 +1,6 @@
 """Typed records of a partition: the manifest (contract §4) and what a finished shard leaves in scratch.
 
-Each record is declared once, here: keyword-only dataclasses (:class:`~batchinfer.io.codec.Record`)
+Each record is declared once, here: keyword-only dataclasses (:class:`~batchinfer.codec.Record`)
 whose fields are declared in the order its JSON has its keys, with what a file read back must
 meet in their annotations (counts, finite numbers, non-empty names, and the checks that span
 fields as pydantic validators). The same declaration writes the file (``to_dict``) and validates
@@ -13,9 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
-from .codec import Count, Duration, Finite, Name, NonNegative, Record, check_range, json_validated
+from ..codec import Count, Duration, Finite, Name, NonNegative, Record, json_validated
+from ..profile_records import ColumnStatsRecord
 
 MANIFEST_VERSION: Literal[1] = 1
 ShardStatus = Literal["scored", "empty", "quarantined", "unreadable"]
@@ -345,31 +346,6 @@ class PreprocessStats(Record):
                                self.trace or other.trace)
 
 
-@dataclass(frozen=True, kw_only=True)
-class ColumnStatsRecord(Record):
-    """A column's mergeable statistics as a shard's result carries them
-    (``rows.column_profiles.ColumnStats.to_dict``; plain data in io, which does not interpret them)."""
-
-    count: Count
-    nulls: Count
-    mean: Finite
-    m2: NonNegative
-    min: Finite | None = None
-    max: Finite | None = None
-    counts: list[Count] = field(default_factory=list)
-    at_cuts: list[Count] = field(default_factory=list)
-    at_min: Count = 0
-
-    @model_validator(mode="after")
-    def _consistent(self) -> "ColumnStatsRecord":
-        check_range(self.count, self.min, self.max)
-        if self.counts and sum(self.counts) != self.count:
-            raise ValueError(f"counts sum to {sum(self.counts)}, not to count {self.count}")
-        if self.at_cuts and len(self.at_cuts) + 1 != len(self.counts):
-            raise ValueError(f"{len(self.at_cuts)} at_cuts for {len(self.counts)} bins (one per cut)")
-        return self
-
-
 def _column_stats(value: Any) -> dict[str, Any]:
     # Checked as a ColumnStatsRecord, kept as its plain data (every key, numbers as declared).
     return json_validated(ColumnStatsRecord, value).to_dict()
@@ -406,3 +382,26 @@ def with_challenger_shards(challengers: tuple[Challenger, ...],
                                 or ChallengerShard(path=r.record.path, rows_scored=0, rows_rejected=0)
                                 for r in results))
         for c in challengers)
+
+
+# -- _metrics.json (contract §6 "Tracking record") --------------------------------------------------
+
+Scalar = str | int | float | bool | None
+# A metric may be NaN or infinite: MLflow takes them, and a run may have logged one.
+Metric = Annotated[float, Field(allow_inf_nan=True)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricsRecord(Record):
+    """``_metrics.json``: what MLflow got of a committed run (or was to get, when it could not be
+    reached: ``batchinfer track`` uploads it later), written by ``app.run_record.publish``."""
+
+    mlflow_run_id: str | None = None
+    uploaded: bool = False
+    error: str | None = None
+    tracking_uri: Name
+    experiment: Name
+    run_name: str | None = None
+    params: dict[str, Scalar] = field(default_factory=dict)
+    metrics: dict[str, Metric] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)

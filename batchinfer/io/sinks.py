@@ -23,9 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, Sequence
 
+from ..codec import Record
 from ..redaction import Deferred
 from . import formats
-from .codec import Record
 from .outputs import Layout
 
 if TYPE_CHECKING:

@@ -22,7 +22,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-PROFILE_VERSION = 1
+from ..profile_records import ColumnProfileRecord, ColumnStatsRecord, DriftRecord
+
 BINS = 20                                   # histogram bins a baseline chooses (at most)
 QUANTILES = (0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
 PSI_FLOOR = 1e-4                            # an empty bin's share, so log(q/p) stays finite
@@ -149,15 +150,20 @@ class ColumnStats:
         return ColumnStats(n, self.nulls + other.nulls, mean, m2, min(self.minimum, other.minimum),
                            max(self.maximum, other.maximum), counts, at_cuts, at_min)
 
+    def record(self) -> ColumnStatsRecord:
+        """As a shard's result carries it (:class:`batchinfer.profile_records.ColumnStatsRecord`)."""
+        return ColumnStatsRecord(count=self.count, nulls=self.nulls, mean=self.mean, m2=self.m2,
+                                 min=self.minimum if self.count else None,
+                                 max=self.maximum if self.count else None, counts=list(self.counts),
+                                 at_cuts=list(self.at_cuts), at_min=self.at_min)
+
     def to_dict(self) -> dict[str, Any]:
-        return {"count": self.count, "nulls": self.nulls, "mean": self.mean, "m2": self.m2,
-                "min": self.minimum if self.count else None,
-                "max": self.maximum if self.count else None, "counts": list(self.counts),
-                "at_cuts": list(self.at_cuts), "at_min": self.at_min}
+        return self.record().to_dict()
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ColumnStats":
-        """From :meth:`to_dict`'s data, as :mod:`batchinfer.io.readback` checked it."""
+        """From :meth:`to_dict`'s data (a :class:`~batchinfer.profile_records.ColumnStatsRecord`'s,
+        as :mod:`batchinfer.io.records` checked it)."""
         return cls(int(data["count"]), int(data["nulls"]), float(data["mean"]), float(data["m2"]),
                    math.inf if data.get("min") is None else float(data["min"]),
                    -math.inf if data.get("max") is None else float(data["max"]),
@@ -204,17 +210,27 @@ class ColumnProfile:
     cuts: tuple[float, ...] = ()
     quantiles: dict[str, float | None] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def record(self) -> ColumnProfileRecord:
+        """As a profile holds it (:class:`batchinfer.profile_records.ColumnProfileRecord`)."""
         s = self.stats
-        return {"kind": self.kind, "count": s.count, "nulls": s.nulls,
-                "mean": s.mean if s.count else None, "std": s.std if s.count else None,
-                "min": s.minimum if s.count else None, "max": s.maximum if s.count else None,
-                "quantiles": dict(self.quantiles), "cuts": list(self.cuts),
-                "counts": list(s.counts), "m2": s.m2, "at_cuts": list(s.at_cuts), "at_min": s.at_min}
+        return ColumnProfileRecord(
+            kind=self.kind, count=s.count, nulls=s.nulls,  # type: ignore[arg-type]
+            mean=s.mean if s.count else None, std=s.std if s.count else None,
+            min=s.minimum if s.count else None, max=s.maximum if s.count else None,
+            quantiles=dict(self.quantiles), cuts=list(self.cuts), counts=list(s.counts), m2=s.m2,
+            at_cuts=list(s.at_cuts), at_min=s.at_min)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.record().to_dict()
+
+    @classmethod
+    def of_record(cls, record: ColumnProfileRecord) -> "ColumnProfile":
+        """From a profile's column, as :func:`batchinfer.io.readback.check` read it."""
+        return cls.from_dict(record.to_dict())
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ColumnProfile":
-        """From :meth:`to_dict`'s data, as :mod:`batchinfer.io.readback` checked it."""
+        """From :meth:`to_dict`'s data (a checked :class:`~batchinfer.profile_records.ColumnProfileRecord`'s)."""
         stats = ColumnStats(int(data["count"]), int(data["nulls"]), float(data.get("mean") or 0.0),
                             float(data.get("m2") or (data.get("std") or 0.0) ** 2 * max(int(data["count"]) - 1, 0)),
                             math.inf if data.get("min") is None else float(data["min"]),
@@ -317,9 +333,14 @@ class ColumnDrift:
     level: str          # ok | warn | fail
     breached: tuple[str, ...] = ()   # e.g. ("psi 0.31 > 0.25",)
 
+    def record(self) -> DriftRecord:
+        """As a run's profile holds it (:class:`batchinfer.profile_records.DriftRecord`)."""
+        return DriftRecord(column=self.column, kind=self.kind,  # type: ignore[arg-type]
+                           psi=_finite(self.psi), ks=_finite(self.ks),
+                           level=self.level, breached=list(self.breached))  # type: ignore[arg-type]
+
     def to_dict(self) -> dict[str, Any]:
-        return {"column": self.column, "kind": self.kind, "psi": _finite(self.psi),
-                "ks": _finite(self.ks), "level": self.level, "breached": list(self.breached)}
+        return self.record().to_dict()
 
 
 def _finite(value: float) -> float | None:

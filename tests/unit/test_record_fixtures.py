@@ -22,13 +22,15 @@ from pydantic import BaseModel
 import batchinfer.io as io_package
 from batchinfer.app import explain_plan as explain
 from batchinfer.app.drift_baseline import read_profile
+from batchinfer.codec import Record
 from batchinfer.errors import ContractError, SpecError, StorageError
-from batchinfer.io.codec import Record
 from batchinfer.io.commit import CommitOutcome
 from batchinfer.io.manifest import manifest_bytes, read_manifest
-from batchinfer.io.readback import MetricsRecordModel, RunProfileModel, check
-from batchinfer.io.records import AttemptKey, Manifest, ShardResult
+from batchinfer.io.readback import check
+from batchinfer.io.records import AttemptKey, Manifest, MetricsRecord, ShardResult
 from batchinfer.io.sinks import Sink
+from batchinfer.profile_records import Profile, RunProfile
+from batchinfer.rows.column_profiles import ColumnProfile
 from batchinfer.triple.contract import (
     PACKAGES,
     PACKAGES_POLICY,
@@ -59,6 +61,11 @@ def scratch_bytes(record: Record) -> bytes:
     ("shard_result.json", ShardResult, scratch_bytes),
     ("outcome.json", CommitOutcome, scratch_bytes),
     ("sink.json", Sink, scratch_bytes),
+    # as io/outputs.write_json writes them: a baseline (batchinfer profile), a run's profile, the
+    # metrics record
+    ("baseline.json", Profile, scratch_bytes),
+    ("run_profile.json", RunProfile, scratch_bytes),
+    ("metrics.json", MetricsRecord, scratch_bytes),
 ])
 def test_a_record_written_by_59ab11f_reads_and_writes_back_the_same_bytes(name, kind, written):
     data = (FIXTURES / name).read_bytes()
@@ -75,14 +82,54 @@ def test_the_job_manifest_reads_as_a_committed_partition(tmp_path):
 
 def test_the_profiles_and_the_metrics_record_read():
     assert read_profile(str(FIXTURES / "baseline.json"), "baseline.json").columns
-    profile = check(RunProfileModel, (FIXTURES / "run_profile.json").read_bytes(), "p", SpecError)
+    profile = check(RunProfile, (FIXTURES / "run_profile.json").read_bytes(), "p", SpecError)
     assert profile.columns
-    metrics = check(MetricsRecordModel, (FIXTURES / "metrics.json").read_bytes(), "m", SpecError)
+    metrics = check(MetricsRecord, (FIXTURES / "metrics.json").read_bytes(), "m", SpecError)
     assert metrics.metrics["rows_in"] == 400.0
 
 
+def test_a_baseline_read_and_written_through_its_columns_profiles_is_the_same_bytes():
+    data = (FIXTURES / "baseline.json").read_bytes()
+    baseline = check(Profile, data, "b", SpecError)
+    columns = {k: ColumnProfile.of_record(c).record() for k, c in baseline.columns.items()}
+    assert scratch_bytes(dataclasses.replace(baseline, columns=columns)) == data
+    read = read_profile(str(FIXTURES / "baseline.json"), "baseline.json")
+    assert {k: c.to_dict() for k, c in read.columns.items()} == json.loads(data)["columns"]
+
+
+def test_a_run_profile_keeps_every_key_of_its_baseline_beside_its_path_as_before(tmp_path):
+    from batchinfer.app.run_record import profile_record
+    from batchinfer.rows.drift import observe
+
+    document = json.loads((FIXTURES / "baseline.json").read_bytes())
+    document["made_by"] = "a newer batchinfer"   # a key this one does not know is kept too
+    (tmp_path / "b.json").write_text(json.dumps(document))
+    baseline = dataclasses.replace(read_profile(str(tmp_path / "b.json"), "b.json"),
+                                   warn={"psi": 0.1, "ks": None}, fail={"psi": 0.25})
+    run = json.loads((FIXTURES / "run_profile.json").read_bytes())
+    shards = [{k: c.stats.to_dict() for k, c in baseline.columns.items()}]
+    verdict = observe(shards, ["f0", "f1", "f2", "f3"], baseline)
+    job = type("J", (), {"spec": type("S", (), {"name": run["job"]})(), "ds": run["ds"],
+                         "display": staticmethod(lambda p: "shown")})()
+    written = profile_record(job, verdict, baseline)   # type: ignore[arg-type]
+    # what 59ab11f's profile_record wrote
+    assert written == {
+        "profile_version": 1, "job": run["job"], "ds": run["ds"], "quarantine": [], "level": "ok",
+        "baseline": {"path": "shown", **{k: v for k, v in document.items() if k != "columns"},
+                     "columns": {k: v.to_dict() for k, v in baseline.columns.items()}},
+        "limits": {"warn": {"psi": 0.1, "ks": None}, "fail": {"psi": 0.25}},
+        "drift": [d.to_dict() for d in verdict.drifts],
+        "columns": {k: v.to_dict() for k, v in verdict.columns.items()}}
+    assert written["drift"][0] == {"column": written["drift"][0]["column"], "kind": "feature",
+                                   "psi": 0.0, "ks": 0.0, "level": "ok", "breached": []}
+    assert check(RunProfile, json.dumps(written), "p", SpecError).baseline.path == "shown"
+
+
 KINDS = {"manifest.json": Manifest, "attempt.json": AttemptKey, "shard_result.json": ShardResult,
-         "outcome.json": CommitOutcome}
+         "outcome.json": CommitOutcome, "baseline.json": Profile, "run_profile.json": RunProfile,
+         "metrics.json": MetricsRecord}
+ERRORS = {"manifest.json": ContractError, "baseline.json": SpecError, "run_profile.json": SpecError,
+          "metrics.json": SpecError}
 
 
 @pytest.mark.parametrize("name, where, value, message", [
@@ -138,6 +185,59 @@ KINDS = {"manifest.json": Manifest, "attempt.json": AttemptKey, "shard_result.js
      'code: Input should be greater than or equal to 0 (got -4)'),
     ('outcome.json', ('results', 0, 'record', 'status'), None,
      "results.0.record.status: Input should be 'scored', 'empty', 'quarantined' or 'unreadable' (got None)"),
+    # the profiles and the metrics record (the messages of io/readback.py's schemas at e211ced)
+    ('baseline.json', ('columns', 'f0', 'count'), '400',
+     "columns.f0.count: Input should be a valid integer (got '400')"),
+    ('baseline.json', ('columns', 'f0', 'counts'), [1, 2],
+     'columns.f0: 2 counts for 19 cuts (a histogram has len(cuts) + 1 bins; no cuts, no counts)'),
+    ('baseline.json', ('columns', 'f0', 'cuts'), [2.0, 1.0],
+     'columns.f0: cuts are not strictly increasing'),
+    ('baseline.json', ('columns', 'f0', 'kind'), 'label',
+     "columns.f0.kind: Input should be 'feature' or 'prediction' (got 'label')"),
+    ('baseline.json', ('columns', 'f0', 'std'), -1.0,
+     'columns.f0.std: Input should be greater than or equal to 0 (got -1.0)'),
+    ('baseline.json', ('columns', 'f0', 'min'), 5.0,
+     'columns.f0: min 5.0 is above max 2.3665623664855957'),
+    ('baseline.json', ('columns', 'f0', 'nulls'), DROP,
+     'columns.f0.nulls: missing'),
+    ('baseline.json', ('profile_version',), 2,
+     'profile_version: Input should be 1 (got 2)'),
+    ('baseline.json', ('columns',), DROP,
+     'columns: missing'),
+    ('baseline.json', ('columns', 'f0'), 3,
+     'columns.f0: Input should be an object (got 3)'),
+    ('baseline.json', ('columns', 'f0', 'at_cuts'), [1],
+     'columns.f0: 1 at_cuts for 19 cuts'),
+    ('baseline.json', ('columns', 'f0', 'quantiles', '0.5'), 'x',
+     "columns.f0.quantiles.0.5: Input should be a valid number (got 'x')"),
+    ('run_profile.json', ('level',), 'bad',
+     "level: Input should be 'none', 'ok', 'warn' or 'fail' (got 'bad')"),
+    ('run_profile.json', ('quarantine',), [['c', 'k', -1]],
+     'quarantine.0.2: Input should be greater than or equal to 0 (got -1)'),
+    ('run_profile.json', ('drift',), [{'column': 'f0', 'kind': 'feature', 'psi': None, 'ks': 0.1, 'level': 'meh'}],
+     "drift.0.level: Input should be 'ok', 'warn' or 'fail' (got 'meh')"),
+    ('run_profile.json', ('drift',), [{'column': 'f0', 'kind': 'feature', 'psi': None, 'level': 'ok'}],
+     'drift.0.ks: missing'),
+    ('run_profile.json', ('limits', 'warn'), {'psi': '0.1'},
+     "limits.warn.psi: Input should be a valid number (got '0.1')"),
+    ('run_profile.json', ('baseline',), {'path': 3},
+     'baseline.path: Input should be a valid string (got 3)'),
+    ('run_profile.json', ('columns', 'f0', 'count'), -1,
+     'columns.f0.count: Input should be greater than or equal to 0 (got -1)'),
+    ('run_profile.json', ('profile_version',), DROP,
+     'profile_version: missing'),
+    ('metrics.json', ('tracking_uri',), '',
+     "tracking_uri: String should have at least 1 character (got '')"),
+    ('metrics.json', ('experiment',), DROP,
+     'experiment: missing'),
+    ('metrics.json', ('uploaded',), 'yes',
+     "uploaded: Input should be a valid boolean (got 'yes')"),
+    ('metrics.json', ('params', 'job'), [1],
+     'params.job.str: Input should be a valid string'),
+    ('metrics.json', ('metrics', 'rows_in'), '400',
+     "metrics.rows_in: Input should be a valid number (got '400')"),
+    ('metrics.json', ('tags', 'batchinfer.job'), 1,
+     'tags.batchinfer.job: Input should be a valid string (got 1)'),
 ])
 def test_a_wrong_field_gives_the_one_line_error_it_gave_before(name, where, value, message):
     document = json.loads((FIXTURES / name).read_bytes())
@@ -148,7 +248,7 @@ def test_a_wrong_field_gives_the_one_line_error_it_gave_before(name, where, valu
         del node[where[-1]]
     else:
         node[where[-1]] = value
-    error = ContractError if name == "manifest.json" else StorageError
+    error = ERRORS.get(name, StorageError)
     with pytest.raises(error) as info:
         check(KINDS[name], json.dumps(document), name, error, "hint")
     assert info.value.message == f"{name}: {message}: hint"
@@ -173,28 +273,72 @@ def test_a_format_the_registry_does_not_know_reads_but_an_empty_one_does_not():
 
 # -- one declaration per record ------------------------------------------------------------------
 
-def io_classes() -> list[type]:
+def classes_of(*modules: str) -> list[type]:
     found = []
-    for path in sorted(Path(io_package.__file__).parent.glob("*.py")):
-        module = importlib.import_module(f"batchinfer.io.{path.stem}")
+    for name in modules:
+        module = importlib.import_module(name)
         found += [c for _, c in inspect.getmembers(module, inspect.isclass)
                   if c.__module__ == module.__name__]
     return found
 
 
+def io_classes() -> list[type]:
+    return classes_of(*(f"batchinfer.io.{path.stem}"
+                        for path in sorted(Path(io_package.__file__).parent.glob("*.py"))))
+
+
+def mirrors(model: type[BaseModel], record: type) -> bool:
+    """Whether ``model`` declares ``record`` again: by name (``X``, ``XModel``, ``ColumnProfileModel``
+    for ``ColumnProfileRecord``), or by its keys — the record's, or some of them that hold all
+    the record's required ones."""
+    fields = dataclasses.fields(record)
+    keys = {f.name for f in fields}
+    required = {f.name for f in fields
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    names = {record.__name__, f"{record.__name__}Model", f"{record.__name__.removesuffix('Record')}Model"}
+    return model.__name__ in names or required <= set(model.model_fields) <= keys
+
+
 def test_every_record_is_a_dataclass_declared_once_and_no_model_mirrors_one():
-    classes = io_classes()
+    classes = io_classes() + classes_of("batchinfer.codec", "batchinfer.profile_records")
     records = [c for c in classes if issubclass(c, Record) and c is not Record]
     models = [c for c in classes if issubclass(c, BaseModel)]
     assert {"Manifest", "ShardRecord", "FileRecord", "ShardResult", "AttemptKey", "CommitOutcome",
-            "Sink", "InputTable", "TableCommit"} <= {c.__name__ for c in records}
+            "Sink", "InputTable", "TableCommit", "MetricsRecord", "ColumnStatsRecord",
+            "ColumnProfileRecord", "Profile", "RunProfile", "DriftRecord", "LimitsRecord",
+            "BaselineAbout"} <= {c.__name__ for c in records}
     assert len({c.__name__ for c in records}) == len(records)
     for record in records:
         assert dataclasses.is_dataclass(record), record
-        keys = {f.name for f in dataclasses.fields(record)}
         for model in models:
-            assert model.__name__ != f"{record.__name__}Model", (model, record)
-            assert set(model.model_fields) != keys, f"{model.__name__} mirrors {record.__name__}"
+            assert not mirrors(model, record), f"{model.__name__} mirrors {record.__name__}"
+
+
+def test_a_mirror_of_a_profile_record_would_be_found():
+    from pydantic import BaseModel as Model
+
+    from batchinfer.io.records import MetricsRecord as Metrics
+    from batchinfer.profile_records import ColumnProfileRecord, LimitsRecord
+
+    class ProfileModel(Model):   # the schema io/readback.py had: fewer keys than Profile
+        profile_version: int
+        columns: dict
+
+    class LimitsModel(Model):
+        warn: dict = {}
+        fail: dict = {}
+
+    class MetricsRecordModel(Model):
+        tracking_uri: str
+
+    class Settings(Model):   # a key no profile has: something else
+        profile_version: int
+        columns: dict
+        retries: int
+
+    assert mirrors(ProfileModel, Profile) and mirrors(LimitsModel, LimitsRecord)
+    assert mirrors(MetricsRecordModel, Metrics)
+    assert not mirrors(LimitsModel, ColumnProfileRecord) and not mirrors(Settings, Profile)
 
 
 # -- the model's declaration ---------------------------------------------------------------------

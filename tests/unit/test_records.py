@@ -1,5 +1,5 @@
 """The typed records (io/records.py, pipeline/shard_reports.py): wide ones are keyword-only; their JSON
-is generated from their fields (io/codec.py) with the keys in the files' order, and reads back,
+is generated from their fields (batchinfer/codec.py) with the keys in the files' order, and reads back,
 validated against the same declaration (io/readback.py ``check``), to the same record."""
 from __future__ import annotations
 
