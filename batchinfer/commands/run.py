@@ -255,7 +255,7 @@ def decide(run: Resolution, overwrite: bool, update: bool = False) -> Decision:
             declares), without ``--overwrite``.
     """
     decision = run.partition.decide(run.wanted, overwrite=overwrite, shown=run.shown, update=update)
-    if decision.action == "conflict" and decision.refusal is not None:
+    if decision.refusal is not None:   # a conflict, and the error that says which
         raise decision.refusal
     return decision
 
