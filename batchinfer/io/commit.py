@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, TypeVar
+from typing import Any, Literal, Mapping, Sequence, TypeVar
 
 from fsspec import AbstractFileSystem
 
@@ -43,7 +43,7 @@ from .manifest import (
 )
 from .outputs import CHALLENGERS, PREDICTIONS, QUARANTINE, TMP, Layout, write_json
 from .readback import check
-from .records import AttemptKey, FileRecord, Manifest, ShardResult, TableCommit, TableVersion
+from .records import AttemptKey, ChallengerShard, FileRecord, Manifest, ShardResult, TableCommit, TableVersion
 from .resume import KEY
 from .sinks import FILES, LostRace, Sink
 from .storage import join, url_to_fs
@@ -300,14 +300,16 @@ class Attempt:
         layout = self.layout
         write_json(layout.fs, join(layout.scratch(), KEY), key.to_dict())
 
-    def results(self, shard_count: int,
-                adopted: Mapping[int, ShardResult] | None = None) -> list[ShardResult]:
+    def results(self, shard_count: int, adopted: Mapping[int, ShardResult] | None = None,
+                challengers: Sequence[str] = ()) -> list[ShardResult]:
         """Every shard's result, by shard index: those in ``adopted`` (finished by an earlier
-        attempt, io/resume.py) as they are, the others from this attempt's scratch.
+        attempt, io/resume.py) as they are, the others from this attempt's scratch, each joined
+        with the part of every challenger named in ``challengers`` (``ShardResult.joined``).
 
         Raises:
-            RuntimeFailure: a shard has no result (the pipeline ended without finishing it, or
-                another run's cleanup removed this attempt's scratch).
+            RuntimeFailure: a shard (or a challenger's part of it) has no result: the pipeline
+                ended without finishing it, or another run's cleanup removed this attempt's
+                scratch.
         """
         layout = self.layout
         results = []
@@ -315,12 +317,20 @@ class Attempt:
             if adopted and index in adopted:
                 results.append(adopted[index])
                 continue
+            path = layout.shard_result(index)
             try:
-                results.append(_read_scratch(layout, layout.shard_result(index), ShardResult))
+                result = _read_scratch(layout, path, ShardResult)
+                if result.scored_rows and challengers:
+                    parts = {}
+                    for name in challengers:
+                        path = layout.challenger_result(name, index)
+                        parts[name] = _read_scratch(layout, path, ChallengerShard)
+                    result = result.joined(parts)
             except FileNotFoundError:
-                raise RuntimeFailure(f"shard {index} has no result: the pipeline ended without "
-                                     f"finishing it (or another run removed this attempt's "
-                                     f"files)") from None
+                raise RuntimeFailure(f"shard {index} has no result ({path}): the pipeline ended "
+                                     f"without finishing it (or another run removed this "
+                                     f"attempt's files)") from None
+            results.append(result)
         return results
 
     def missing(self, paths: "set[str]") -> list[str]:
@@ -609,7 +619,7 @@ def _pending(layout: Layout) -> Manifest | None:
         return None
 
 
-S = TypeVar("S", ShardResult, CommitOutcome)
+S = TypeVar("S", ShardResult, ChallengerShard, CommitOutcome)
 
 
 def _read_scratch(layout: Layout, path: str, record: type[S]) -> S:

@@ -7,6 +7,7 @@
     <output.path>/quarantine/<attempt>/part-SSSSS-BBBBB.parquet
     <output.path>/challengers/<name>/<attempt>/part-SSSSS-BBBBB.parquet   a challenger's predictions
     <output.path>/_tmp/<attempt>/shards/SSSSS.json                 per-shard results (scratch)
+    <output.path>/_tmp/<attempt>/challengers/<name>/SSSSS.json     a challenger's part of each
 
 ``output.format: delta`` or ``iceberg``, ``output.path`` the root of the job's tables, the same
 for every date; the partition is ``dt=<ds>`` (``output.partition_column``) in each table:
@@ -118,6 +119,11 @@ class Layout:
 
     def shard_result(self, shard: int) -> str:
         return join(self.scratch(), "shards", f"{shard:05d}.json")
+
+    def challenger_result(self, name: str, shard: int) -> str:
+        """Challenger ``name``'s part of a shard's result (its writer's, written beside the
+        champion's :meth:`shard_result` the moment its own files are written)."""
+        return join(self.scratch(), CHALLENGERS, name, f"{shard:05d}.json")
 
     @property
     def pending(self) -> str:

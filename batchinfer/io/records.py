@@ -11,7 +11,7 @@ a file without its key (written by an older batchinfer) reads with it. Pure: no 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
@@ -370,6 +370,30 @@ class ShardResult(Record):
     batches: tuple[tuple[Count, Finite], ...] = ()
     challengers: dict[str, ChallengerShard] = field(default_factory=dict)   # by challenger name
     preprocess: PreprocessStats = PreprocessStats()
+
+    @property
+    def scored_rows(self) -> bool:
+        """Whether any of its batches reached the models: then each challenger scored it too and
+        left its part of the result (unreadable and empty shards have none)."""
+        return self.record.status != "unreadable" and bool(self.record.rows_in)
+
+    def joined(self, parts: Mapping[str, ChallengerShard]) -> "ShardResult":
+        """The champion's result of a shard with each challenger's part (by name), as the writers
+        of the champion and of each challenger left them in scratch, each once its own files were
+        written (pipeline/transforms.py).
+
+        Raises:
+            RuntimeError: a challenger was given other rows than the champion's model (a bug,
+                never bad data).
+        """
+        given = self.model.rows
+        for name, part in parts.items():
+            if part.rows_scored + part.rows_rejected != given:
+                raise RuntimeError(f"accounting failed for challenger {name} on shard "
+                                   f"{self.record.path}: it was given "
+                                   f"{part.rows_scored + part.rows_rejected} rows, the champion's "
+                                   f"model {given}")
+        return replace(self, challengers={**self.challengers, **parts})
 
 
 def with_challenger_shards(challengers: tuple[Challenger, ...],

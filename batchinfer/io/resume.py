@@ -3,10 +3,14 @@
 
 An attempt leaves its key (:class:`~batchinfer.io.records.AttemptKey`: job, date, spec hash,
 triple, declared options, challengers) in its scratch when it begins, and each finished shard's
-result beside it (``_tmp/<attempt>/shards/SSSSS.json``, written after the shard's files). A run
-of a partition that is not committed adopts a shard another attempt finished when:
+result beside it (``_tmp/<attempt>/shards/SSSSS.json``, and each challenger's part,
+``_tmp/<attempt>/challengers/<name>/SSSSS.json``), each written the moment the writer has
+written the shard's last file — whatever stopped the attempt afterwards: a kill, a lost node, a
+failure (exit 4 or 5), Ctrl-C. A run of a partition that is not committed adopts a shard another
+attempt finished when:
 
 * that attempt's key is this run's;
+* its result is there, and every challenger's part of it;
 * the shard, as ``input.path`` lists it now, has the sha256 the result was scored from (it is
   hashed again: a shard rewritten since the crash is scored again, never adopted);
 * every file of its result (predictions, quarantine, each challenger's) is on the output store
@@ -25,12 +29,12 @@ from typing import Sequence, TypeVar
 from fsspec import AbstractFileSystem
 
 from ..errors import StorageError
-from .outputs import ATTEMPT, Layout
+from .outputs import ATTEMPT, CHALLENGERS, Layout
 from .readback import check
-from .records import AttemptKey, ShardResult
+from .records import AttemptKey, ChallengerShard, ShardResult
 from .storage import join, url_to_fs
 
-R = TypeVar("R", AttemptKey, ShardResult)
+R = TypeVar("R", AttemptKey, ShardResult, ChallengerShard)
 
 KEY = "attempt.json"   # _tmp/<attempt>/attempt.json: the attempt's key
 CHUNK = 8 << 20
@@ -108,8 +112,9 @@ def find(url: str, key: AttemptKey, shards: Sequence[tuple[str, str]], *,
 def finished(fs: AbstractFileSystem, base: str, key: AttemptKey, *,
              exclude: str | None = None) -> dict[str, list[ShardResult]]:
     """By shard name, the results that attempts with ``key`` left in scratch (``base``: the
-    folder of every attempt's scratch), newest attempt first; shards that were unreadable are
-    not among them (they are read again). A key or a result that cannot be read or is
+    folder of every attempt's scratch), newest attempt first, each joined with every
+    challenger's part; shards that were unreadable are not among them (they are read again),
+    nor those a challenger did not finish. A key, a result or a part that cannot be read or is
     malformed is skipped (debris, never an error)."""
     try:
         entries = sorted((e.rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(base, detail=False)),
@@ -131,10 +136,33 @@ def finished(fs: AbstractFileSystem, base: str, key: AttemptKey, *,
             result = _result(fs, path)
             if result is None or result.record.status == "unreadable":
                 continue
+            result = _joined(fs, join(base, attempt), path.rsplit("/", 1)[-1], result, key)
+            if result is None:
+                continue
             if result.record.scored_by is None:
                 result = replace(result, record=replace(result.record, scored_by=attempt))
             found.setdefault(result.record.path, []).append(result)
     return found
+
+
+def _joined(fs: AbstractFileSystem, scratch: str, name: str, result: ShardResult,
+            key: AttemptKey) -> ShardResult | None:
+    """``result`` with each of ``key``'s challengers' parts (``name``: the result's file name), or
+    None if one is missing, malformed or does not account for the champion's rows. (A result
+    written before the writers finished shards holds its challengers' parts already.)"""
+    wanted = [c for c in key.challengers if c.name not in result.challengers]
+    if not wanted or not result.scored_rows:
+        return result
+    parts = {}
+    for challenger in wanted:
+        part = _read(fs, join(scratch, CHALLENGERS, challenger.name, name), ChallengerShard)
+        if part is None:
+            return None
+        parts[challenger.name] = part
+    try:
+        return result.joined(parts)
+    except RuntimeError:
+        return None
 
 
 def _key(fs: AbstractFileSystem, path: str) -> AttemptKey | None:

@@ -1,10 +1,14 @@
 """The pipeline's last step: decide and commit the partition (docs/runners.md).
 
-    FinishShard (shard index) ─→ OnePartition (key 0) → GroupByKey → CommitPartition
+    finished shards' indices ─→ OnePartition (key 0) → GroupByKey → CommitPartition
 
-Every finished shard's index meets the others on one key, so exactly one element reaches
-:class:`CommitPartition`, on one worker, once every shard's result is in scratch. It applies the
-thresholds (contract §5.1) and commits through :mod:`batchinfer.io.commit` (the exclusive create of
+Every finished shard's index (the champion's writer's, each challenger's, ReadShard's for a
+shard without rows or unreadable) meets the others on one key, so exactly one element reaches
+:class:`CommitPartition`, on one worker, once every shard's result is in scratch. This is the
+pipeline's only barrier: each shard's result was written the moment its files were
+(pipeline/transforms.py), so a run killed before it leaves every finished shard for the next.
+
+It applies the thresholds (contract §5.1) and commits through :mod:`batchinfer.io.commit` (the exclusive create of
 ``_manifest.json``), whichever process the runner gives it: the launcher's own on the direct
 runner, a worker on Dataflow, Flink or Dask. It records what it did in the attempt's scratch; the
 launching process reads that back for its exit code and tracking. A launcher that dies (an
@@ -78,7 +82,8 @@ class CommitPlan:
 
 
 def add_commit(finished, plan: CommitPlan):
-    """Append the commit step to ``finished`` (the shard indices FinishShard yields). One more
+    """Append the commit step to ``finished`` (the indices of the shards whose results are in
+    scratch: every writer's and ReadShard's, pipeline/transforms.py). One more
     element, ``-1``, always joins them, so the commit step runs on the runner even when a
     resumed run has no shard left to score (every one adopted)."""
     seed = finished.pipeline | "Seed" >> beam.Create([-1]).with_output_types(int)
@@ -102,7 +107,8 @@ class CommitPartition(beam.DoFn):
     def process(self, element):
         plan = self.plan
         attempt = plan.begin()
-        results = attempt.results(plan.shard_count, plan.adopted)
+        results = attempt.results(plan.shard_count, plan.adopted,
+                                  tuple(c.name for c in plan.header.challengers))
         adopted = {f.path for r in plan.adopted.values() for f in r.record.files} | {
             f.path for r in plan.adopted.values() for c in r.challengers.values() for f in c.files}
         gone = attempt.missing(adopted) if adopted else []

@@ -11,11 +11,10 @@ Dataflow) is polled; every runner's final figures are its Beam metrics. They are
 times per batch of tens of thousands of rows: no per-row work.
 
 A shard is done once all the rows its footer announced are written (scored or quarantined), or
-once it is known to be unreadable — not only when ``FinishShard`` folds its records, which comes
-after a GroupByKey and so, on most runners, only at the end of the whole partition. The Beam
-counter knows it without state shared between workers: ``ReadShard`` marks a shard's last batch,
-and the writer counts the shard done when it writes that batch (a shard's batches are read and
-written in order by one worker).
+once it is known to be unreadable. The Beam counter knows it without state shared between
+workers: ``ReadShard`` marks a shard's last batch, and the writer counts the shard done when it
+writes that batch (a shard's batches are read and written by one worker), the moment it writes
+the shard's result.
 
 Beam metrics count only on a thread that Beam runs the step on (its metrics container is the
 thread's): they are bumped where a step's results are yielded, never on a writer thread.
@@ -79,11 +78,10 @@ def shard_opened(shard: int, rows: int) -> None:
             _finish(shard)
 
 
-def shard_unreadable(shard: int, *, counted: bool = False) -> None:
-    """``shard`` turned out unreadable; ``counted``: its last batch had been sent on already (the
-    writer counts the shard done then)."""
-    if not counted:
-        _beam["shards_done"].inc()
+def shard_unreadable(shard: int) -> None:
+    """``shard`` turned out unreadable (its last batch never reached a writer: ReadShard sends it
+    on only once the shard was read to its end)."""
+    _beam["shards_done"].inc()
     shard_finished(shard)
 
 

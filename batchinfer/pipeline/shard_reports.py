@@ -1,10 +1,13 @@
 """What the pipeline's stages say about a shard, and folding it into the shard's result (pure).
 
-``ReadShard`` emits one :class:`ShardInfo` per shard (after its batches), the champion's writer
-one :class:`BatchRecord` per batch, each challenger's writer one :class:`ChallengerBatchRecord`
-per batch; ``FinishShard`` groups them by shard and :func:`fold_shard` turns them into the
-:class:`~batchinfer.io.records.ShardResult` the commit reads. These travel between Beam's
-stages pickled, never as JSON; the wide ones are keyword-only.
+``ReadShard`` sends one :class:`ShardInfo` per shard on its last batch, the champion's writer
+makes one :class:`BatchRecord` per batch, each challenger's writer one
+:class:`ChallengerBatchRecord` per batch. Each writer keeps its records of a shard until it has
+written the shard's last batch, then folds them — :func:`fold_shard` into the
+:class:`~batchinfer.io.records.ShardResult`, :func:`fold_challenger` into a challenger's
+:class:`~batchinfer.io.records.ChallengerShard` — and writes the result to scratch at once
+(pipeline/transforms.py); the commit joins them (``ShardResult.joined``). Records never leave
+the worker that made them; the wide ones are keyword-only.
 """
 from __future__ import annotations
 
@@ -127,17 +130,28 @@ def _fold_challengers(name: str, batches: list[BatchRecord], records: Sequence[R
     """Each challenger's part of the shard. It must have scored exactly the batches, and the
     rows, that reached the champion's model: the same prepared batches went to both."""
     given = {b.batch: b.model.rows for b in batches}
-    folded = {}
-    for challenger in challengers:
-        mine = sorted((r for r in records if isinstance(r, ChallengerBatchRecord)
-                       and r.name == challenger), key=lambda r: r.batch)
-        if {r.batch: r.rows_in for r in mine} != given:
-            raise RuntimeError(f"accounting failed for challenger {challenger} on shard {name}: "
-                               f"it was given batches {[(r.batch, r.rows_in) for r in mine]}, "
-                               f"the champion {sorted(given.items())}")
-        folded[challenger] = ChallengerShard(
-            path=name, rows_scored=sum(r.rows_scored for r in mine),
-            rows_rejected=sum(r.rows_rejected for r in mine),
-            reason=next((r.first_reason for r in mine if r.first_reason), None),
-            compute_ms=sum(r.compute_ms for r in mine), files=tuple(f for r in mine for f in r.files))
-    return folded
+    return {challenger: fold_challenger(name, challenger, [
+        r for r in records if isinstance(r, ChallengerBatchRecord) and r.name == challenger], given)
+        for challenger in challengers}
+
+
+def fold_challenger(name: str, challenger: str, records: Sequence[ChallengerBatchRecord],
+                    given: dict[int, int] | None = None) -> ChallengerShard:
+    """Challenger ``challenger``'s part of shard ``name`` from its batch records, which must be
+    ``given`` (batch number → rows the batch brought to the model), when it is known (its
+    writer knows only its own: the commit checks the rows against the champion's,
+    ``ShardResult.joined``).
+
+    Raises:
+        RuntimeError: they are other batches, or other rows (a bug, never bad data).
+    """
+    mine = sorted(records, key=lambda r: r.batch)
+    if given is not None and {r.batch: r.rows_in for r in mine} != given:
+        raise RuntimeError(f"accounting failed for challenger {challenger} on shard {name}: "
+                           f"it was given batches {[(r.batch, r.rows_in) for r in mine]}, "
+                           f"the champion {sorted(given.items())}")
+    return ChallengerShard(
+        path=name, rows_scored=sum(r.rows_scored for r in mine),
+        rows_rejected=sum(r.rows_rejected for r in mine),
+        reason=next((r.first_reason for r in mine if r.first_reason), None),
+        compute_ms=sum(r.compute_ms for r in mine), files=tuple(f for r in mine for f in r.files))

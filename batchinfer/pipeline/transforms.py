@@ -2,9 +2,16 @@
 
     Create(shards) → Reshuffle → ReadShard ──batches──→ Prepare → RunInference → WriteBatch ─┐
                                    │                        └─→ RunInference[c] → WriteChallenger[c] ─┤
-                                   └────shard info───────────────────────────────────────────────────┴→
-                                      GroupByKey(shard) → FinishShard (per-shard JSON in _tmp)
-                                      → GroupByKey(one key) → CommitPartition (pipeline/commit_step.py)
+                                   └──shards without rows, unreadable────────────────────────────────┴→
+                                      finished shards' indices → GroupByKey(one key) → CommitPartition
+                                                                         (pipeline/commit_step.py)
+
+A shard's result (``_tmp/<attempt>/shards/SSSSS.json``, and each challenger's part of it) is
+written by the writer the moment the shard's last file is written: the last batch of a shard
+carries the shard's :class:`ShardInfo`, and the writer folds the records of the batches it wrote
+(pipeline/writer/finished.py). No GroupByKey stands between a shard's files and its result — a
+GroupByKey waits for the whole partition on every batch runner — so a run killed at any moment
+leaves every finished shard to the next (contract §5.3). The only barrier is the commit's.
 
 Each model is a :class:`ModelRun` — the champion, then each challenger ``c``
 (``model.challengers``) — and gets the same prepared batches: one read, one validation, one
@@ -12,7 +19,7 @@ preprocessing. Each has its own RunInference and the one writer, :class:`WritePr
 whose policy is the run's: the champion's rejected rows are quarantined and its batches carry
 the partition's accounting and drift statistics; a challenger's files go to
 ``challengers/<c>/<attempt>/``, its rejected rows are only counted, and its records meet the
-champion's at FinishShard, so they are committed (or not) with the partition.
+champion's at the commit, so they are committed (or not) with the partition.
 
 Elements are Arrow RecordBatches of ``batch.rows`` rows, never single rows. Nothing here raises
 for bad data: bad rows become quarantine rows and unreadable shards become shard records, so the
@@ -33,7 +40,7 @@ import concurrent.futures
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping, Sequence, Tuple, cast
+from typing import Any, Iterator, Mapping, Sequence, cast
 
 import numpy as np
 import pyarrow as pa
@@ -60,6 +67,7 @@ from .prepare import prepare_batch
 from .shard_reports import BatchRecord, ChallengerBatchRecord, ShardInfo, fold_shard
 from .writer.audit import AuditColumns
 from .writer.explanations import ExplanationColumns
+from .writer.finished import OpenShards
 from .writer.policy import WritePolicy
 from .writer.predictions import PredictionColumns
 from .writer.profiling import BatchProfile
@@ -169,6 +177,7 @@ class Chunk:
     batch: pa.RecordBatch
     read_s: float
     last: bool = False             # the shard's last batch (its footer's rows all read)
+    info: ShardInfo | None = None  # on the last batch: the shard as read (its sha256, its rows)
 
     def nbytes(self) -> int:
         return self.batch.nbytes
@@ -190,7 +199,7 @@ def build(pipeline: beam.Pipeline, plan: ScoringPlan, commit: CommitPlan, *,
     read = shards | "ReadShard" >> beam.ParDo(ReadShard(plan))
     read.element_type = Chunk  # so Beam uses SizedPickleCoder (cheap size estimates) here
     batches = read | "Batches" >> beam.Filter(_is_chunk).with_output_types(Chunk)
-    infos = read | "ShardInfo" >> beam.Filter(_is_shard_info).with_output_types(Tuple[int, Any])
+    ended = read | "ShardEnded" >> beam.Filter(_is_index).with_output_types(int)
     prepared = (batches | "Prepare" >> beam.ParDo(PrepareBatch(plan))
                 .with_output_types(Prepared))
     written = []
@@ -202,12 +211,8 @@ def build(pipeline: beam.Pipeline, plan: ScoringPlan, commit: CommitPlan, *,
                       .with_output_types(PredictionResult))
         written.append(scored
                        | write >> beam.ParDo(WritePredictions(plan, run))
-                       .with_output_types(Tuple[int, Any]))
-    finished = ((infos, *written)
-                | "Merge" >> beam.Flatten().with_output_types(Tuple[int, Any])
-                | "ByShard" >> beam.GroupByKey().with_output_types(Tuple[int, Iterable[Any]])
-                | "FinishShard" >> beam.ParDo(FinishShard(plan, tuple(c.name for c in challengers)))
-                .with_output_types(int))
+                       .with_output_types(int))
+    finished = (ended, *written) | "Finished" >> beam.Flatten().with_output_types(int)
     return add_commit(finished, commit)
 
 
@@ -215,16 +220,20 @@ def _is_chunk(element: Any) -> bool:
     return isinstance(element, Chunk)
 
 
-def _is_shard_info(element: Any) -> bool:
+def _is_index(element: Any) -> bool:
     return not isinstance(element, Chunk)
 
 
 class ReadShard(beam.DoFn):
-    """(shard index, url as a :class:`~batchinfer.redaction.Deferred`) → :class:`Chunk`
-    RecordBatches, then one ``(shard index, ShardInfo)``.
+    """(shard index, url as a :class:`~batchinfer.redaction.Deferred`) → the shard's
+    :class:`Chunk` RecordBatches, the last one carrying its :class:`ShardInfo` — or, for a
+    shard without rows or one that cannot be read, its result written to scratch here (no
+    writer sees it) and its index.
 
     The shard's sha256 is computed on a helper thread while its batches are decoded and scored
-    downstream; the shard record, which carries it, comes out after the batches.
+    downstream. Each batch is sent on once the next one is decoded, so the last is known as the
+    last, and carries the digest, whatever the footer says: a shard whose bytes turn out
+    unreadable after its last row (a streamed shard that changed) is never finished by a writer.
     """
 
     def __init__(self, plan: ScoringPlan):
@@ -232,6 +241,7 @@ class ReadShard(beam.DoFn):
 
     def setup(self):
         self._hasher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="batchinfer-sha256")
+        self.layout = self.plan.sink.layout(self.plan.output_url.value(), self.plan.attempt)
 
     def teardown(self):
         hasher = getattr(self, "_hasher", None)
@@ -245,12 +255,12 @@ class ReadShard(beam.DoFn):
             reader = ShardReader(deferred.value(), hasher=self._hasher)
         except Unreadable as exc:
             counters.shard_unreadable(index)
-            yield index, ShardInfo(None, None, str(exc))
+            yield self._finished(index, ShardInfo(None, None, str(exc)))
             return
         faults.point("read")
         counters.shard_opened(index, reader.num_rows or 0)
         opened_s = time.perf_counter() - t0
-        first_row, last = 0, False
+        first_row, held = 0, None
         try:
             batches = enumerate(reader.batches(self.plan.batch_rows))
             while True:
@@ -259,17 +269,31 @@ class ReadShard(beam.DoFn):
                 if item is None:
                     break
                 number, batch = item
+                if held is not None:
+                    yield held
+                held = Chunk(index, number, first_row, batch, time.perf_counter() - t0)
                 first_row += batch.num_rows
-                last = reader.num_rows is not None and first_row >= reader.num_rows
-                yield Chunk(index, number, first_row - batch.num_rows, batch,
-                            time.perf_counter() - t0, last)
+            info = ShardInfo(reader.sha256, reader.num_rows, None, {"read": opened_s})
         except Unreadable as exc:
-            # Batches already sent on are dropped by FinishShard: the shard counts as unreadable.
-            counters.shard_unreadable(index, counted=last)
-            yield index, ShardInfo(reader.sha256, None, str(exc))
+            # The batches already sent on are written, but no writer finishes the shard (its last
+            # batch never comes): it counts as unreadable, and the cleanup removes their files.
+            counters.shard_unreadable(index)
+            yield self._finished(index, ShardInfo(reader.sha256, None, str(exc)))
             return
-        info = ShardInfo(reader.sha256, reader.num_rows, None, {"read": opened_s})
-        yield index, info
+        if held is None:
+            yield self._finished(index, info)
+        else:
+            yield dataclasses.replace(held, last=True, info=info)
+
+    def _finished(self, index: int, info: ShardInfo) -> int:
+        """A shard no writer finishes (no rows, or unreadable): its result, written here."""
+        result = fold_shard(self.plan.shard_names[index], [info])
+        result = dataclasses.replace(result, record=dataclasses.replace(result.record,
+                                                                        scored_by=self.plan.attempt))
+        write_json(self.layout.fs, self.layout.shard_result(index), result.to_dict())
+        counters.shard_finished(index)
+        faults.point("shard_done")
+        return index
 
 
 class PrepareBatch(beam.DoFn):
@@ -289,7 +313,7 @@ class PrepareBatch(beam.DoFn):
                        features=prepared.features,
                        payload=Payload(element.first_row, element.batch.num_rows, prepared.valid,
                                        prepared.source_rows, prepared.quarantine, seconds,
-                                       prepared.stats, element.last))
+                                       prepared.stats, element.last, element.info))
 
 
 class ExplainBatch(beam.DoFn):
@@ -355,7 +379,9 @@ class ExplainBatch(beam.DoFn):
 
 
 class WritePredictions(beam.DoFn):
-    """One model's results → this attempt's files; one record per batch out. The one writer: the
+    """One model's results → this attempt's files, and each shard's result (or a challenger's part
+    of it) the moment the shard's last file is written; the index of each shard it finished
+    out. The one writer: the
     champion's batches and each challenger's are written by this code, from the parts in
     pipeline/writer/ — the prediction file's columns (id and predictions, explanations, audit),
     the drift statistics, the rejected rows — and the run's :class:`WritePolicy` says what
@@ -366,7 +392,7 @@ class WritePredictions(beam.DoFn):
     on one writer thread while this worker's main thread reads, validates and scores the next
     batches: that work is mostly single-threaded and releases the GIL, so it fills the core
     that scoring leaves idle (bench/README.md). At most ``IN_FLIGHT`` batches wait for the
-    writer; records come out in order, the last ones at the end of the bundle.
+    writer; finished shards come out in order, the last ones at the end of the bundle.
     """
 
     IN_FLIGHT = 2
@@ -393,36 +419,43 @@ class WritePredictions(beam.DoFn):
         self.constants = self.plan.sink.constants()
         self.arrow_schema = self.plan.sink.arrow_schema
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="batchinfer-write")
+        # Only the writer thread touches it: a shard's records, until its last batch is written.
+        self._open = OpenShards(self.policy, self.plan.shard_names, self.plan.attempt)
 
     def start_bundle(self):
         self._pending: collections.deque = collections.deque()
 
-    def process(self, result: PredictionResult) -> Iterator[Any]:
+    def process(self, result: PredictionResult) -> Iterator[int]:
         self._pending.append(self._writer.submit(self._complete, result))
         while len(self._pending) > self.IN_FLIGHT:
-            yield self._counted(self._pending.popleft().result())
+            yield from self._counted(self._pending.popleft().result())
 
     def finish_bundle(self) -> Iterator[Any]:
         while self._pending:
-            yield in_global_window(self._counted(self._pending.popleft().result()))
+            for index in self._counted(self._pending.popleft().result()):
+                yield in_global_window(index)
 
-    def _counted(self, out: tuple[int, Any]) -> tuple[int, Any]:
-        """``out`` (a batch's record), counted for progress — here, on the thread Beam runs the
-        step on, where its metrics count (pipeline/counters.py)."""
-        index, record = out
+    def _counted(self, out: tuple[int, BatchRecord | ChallengerBatchRecord, bool]) -> Iterator[int]:
+        """``out`` (a batch's record, and whether it finished its shard), counted for progress —
+        here, on the thread Beam runs the step on, where its metrics count
+        (pipeline/counters.py); the shard's index if it is finished."""
+        index, record, finished = out
         if isinstance(record, BatchRecord):
             counters.rows_written(index, record.rows_in, record.rows_quarantined,
                                   last=record.last)
             counters.batch_timings(record.rows_in, record.seconds, record.compute_ms)
-        return out
+        if finished:
+            counters.shard_finished(index)
+            yield index
 
     def teardown(self):
         writer = getattr(self, "_writer", None)
         if writer is not None:
             writer.shutdown(wait=True, cancel_futures=True)
 
-    def _complete(self, result: PredictionResult) -> tuple[int, BatchRecord | ChallengerBatchRecord]:
-        """One batch's files and its record, on the writer thread: the parts, composed."""
+    def _complete(self, result: PredictionResult) -> tuple[int, BatchRecord | ChallengerBatchRecord, bool]:
+        """One batch's files and its record, on the writer thread: the parts, composed; then, if
+        it was the shard's last to be written, the shard's result (whether it was: the third)."""
         t0 = time.perf_counter()
         batch = ScoredBatch.of(cast(Prepared, result.example), cast(Inference, result.inference),
                                shard_names=self.plan.shard_names,
@@ -445,8 +478,13 @@ class WritePredictions(beam.DoFn):
         if batch.explained is not None:
             seconds["explain"] = batch.explained.seconds
         explanation = self.explanations.stats(batch) if self.explanations is not None else {}
-        return batch.shard, self.policy.record(batch, tuple(files), rejected, seconds=seconds,
-                                               profile=profile, explanation=explanation)
+        record = self.policy.record(batch, tuple(files), rejected, seconds=seconds,
+                                    profile=profile, explanation=explanation)
+        shard = self._open.add(batch.shard, batch.number, record, batch.payload.info)
+        if shard is not None:
+            write_json(self.layout.fs, self.policy.result_path(self.layout, batch.shard), shard.to_dict())
+            faults.point("shard_done")
+        return batch.shard, record, shard is not None
 
     def _write(self, kind: str, batch: ScoredBatch, table: pa.Table,
                encoding: dict | None = None) -> FileRecord:
@@ -460,25 +498,3 @@ class WritePredictions(beam.DoFn):
         digest = write_file(self.layout.fs, self.layout.abs(relative), data)
         faults.point("write")
         return FileRecord(relative, table.num_rows, digest)
-
-
-class FinishShard(beam.DoFn):
-    """Fold a shard's record and its batches' records into one shard entry of the manifest;
-    ``challengers``: the names of the challengers whose records it must find."""
-
-    def __init__(self, plan: ScoringPlan, challengers: tuple[str, ...] = ()):
-        self.plan = plan
-        self.challengers = challengers
-
-    def setup(self):
-        self.layout = self.plan.sink.layout(self.plan.output_url.value(), self.plan.attempt)
-
-    def process(self, element) -> Iterator[int]:
-        index, records = element
-        result = fold_shard(self.plan.shard_names[index], list(records), self.challengers)
-        result = dataclasses.replace(result, record=dataclasses.replace(result.record,
-                                                                        scored_by=self.plan.attempt))
-        write_json(self.layout.fs, self.layout.shard_result(index), result.to_dict())
-        counters.shard_finished(index)
-        faults.point("shard_done")
-        yield index

@@ -16,8 +16,10 @@ DATAFLOW = {"project": "my-project-123", "region": "europe-west4",
             "temp_location": "gs://my-bucket-123/tmp",
             "sdk_container_image": "europe-docker.pkg.dev/my-project-123/batchinfer/worker:1.0",
             "dataflow_service_options": "worker_accelerator=type:nvidia-l4;count:1;install-nvidia-driver"}
-STEPS = ("Shards → Spread → ReadShard → Batches → ShardInfo → Prepare → RunInference → WriteBatch → "
-         "Merge → ByShard → FinishShard → Seed → WithSeed → OnePartition → AllShards → Commit")
+# No GroupByKey between the writer and a shard's result (issue 34): the writer writes it; the
+# commit's AllShards is the one barrier.
+STEPS = ("Shards → Spread → ReadShard → Batches → ShardEnded → Prepare → RunInference → WriteBatch → "
+         "Finished → Seed → WithSeed → OnePartition → AllShards → Commit")
 
 
 def sets(options: dict) -> list[str]:

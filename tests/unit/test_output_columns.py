@@ -68,7 +68,7 @@ def _write(tmp_path, run: ModelRun):
     writer = WritePredictions(plan, run)
     writer.setup()
     try:
-        _, record = writer._complete(_result())
+        _, record, _ = writer._complete(_result())
     finally:
         writer.teardown()
     return record

@@ -81,6 +81,34 @@ def test_a_finished_shard_is_adopted_an_unreadable_one_is_read_again(crashed):
     assert find(str(out), KEY, shards, exclude=OLD).adopted == {}
 
 
+def _split(out: Path) -> Path:
+    """Shard 0's result as the writers leave it now: the champion's, with its model's rows, and
+    the challenger's part beside it (io/outputs.py ``Layout.challenger_result``)."""
+    scratch = out / "_tmp" / OLD
+    path = scratch / "shards" / "00000.json"
+    result = ShardResult.from_dict(json.loads(path.read_text()))
+    part = result.challengers["c"]
+    path.write_text(json.dumps(dataclasses.replace(
+        result, challengers={}, model=dataclasses.replace(result.model, rows=1)).to_dict()))
+    (scratch / "challengers" / "c").mkdir(parents=True)
+    (scratch / "challengers" / "c" / "00000.json").write_text(json.dumps(part.to_dict()))
+    return scratch / "challengers" / "c" / "00000.json"
+
+
+def test_a_shard_is_adopted_with_each_challengers_part_and_not_without(crashed):
+    out, _, shards, files = crashed
+    part = _split(out)
+    [(index, adopted)] = find(str(out), KEY, shards).adopted.items()
+    assert index == 0 and adopted.challengers["c"].files[0].path == files["challenger"]
+    # A part that does not account for the rows the champion's model was given is not one.
+    text = part.read_text()
+    part.write_text(text.replace('"rows_rejected": 0', '"rows_rejected": 1'))
+    assert find(str(out), KEY, shards).adopted == {}
+    part.unlink()   # the challenger had not written the shard's last batch yet
+    resume = find(str(out), KEY, shards)
+    assert resume.adopted == {} and not resume.damaged and not resume.changed
+
+
 @pytest.mark.parametrize("change", [
     {"job_spec_sha256": "t" * 64}, {"triple": {"model_version": "m:2"}},
     {"model_options": {"precision": "bf16"}}, {"ds": "2026-01-02"},

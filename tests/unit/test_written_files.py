@@ -231,7 +231,7 @@ def write_case(out: Path, case: str):
     writer = WritePredictions(_plan(out, sink), _run(challenger, explain))
     writer.setup()
     try:
-        _, record = writer._complete(_result(explain=explain, **batch))
+        _, record, _ = writer._complete(_result(explain=explain, **batch))
     finally:
         writer.teardown()
     return record

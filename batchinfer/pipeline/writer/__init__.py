@@ -11,7 +11,10 @@ on its writer thread, the same code for the champion and each challenger:
 - ``profiling``: the batch's drift statistics (rows/column_profiles.py);
 - ``rejects``: the rejected rows, quarantined or only counted;
 - ``policy``: what differs between the champion and a challenger (``WritePolicy``): where its
-  files go, what becomes of its rejected rows, whether it is profiled, the record it emits.
+  files go, what becomes of its rejected rows, whether it is profiled, the record it emits, how
+  a shard's records fold into its result;
+- ``finished``: the shards a writer has not finished writing (``OpenShards``), until it writes
+  a shard's last batch — then the shard's result, which it writes at once.
 
 All pure (Arrow and numpy in, Arrow tables and records out); the files are put by
 ``WritePredictions``, at the edge.

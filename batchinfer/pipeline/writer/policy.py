@@ -5,18 +5,20 @@ The champion's files go to ``predictions``; the rows it rejects are quarantined;
 profiled; its record (:class:`~batchinfer.pipeline.shard_reports.BatchRecord`) carries the
 partition's accounting and drift statistics. A challenger's files go to
 ``challengers/<name>``; the rows it rejects are only counted; it is not profiled; its record
-(:class:`~batchinfer.pipeline.shard_reports.ChallengerBatchRecord`) meets the champion's at
-FinishShard, so it is committed (or not) with the partition and never changes what it commits.
+(:class:`~batchinfer.pipeline.shard_reports.ChallengerBatchRecord`), folded into its part of
+the shard's result, is joined to the champion's at the commit, so it is committed (or not) with
+the partition and never changes what it commits.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
-from ...io.outputs import PREDICTIONS, challenger_folder
-from ...io.records import FileRecord, ModelStats
+from ...io.outputs import PREDICTIONS, Layout, challenger_folder
+from ...io.records import ChallengerShard, FileRecord, ModelStats, ShardResult
 from ...rows.column_profiles import ColumnStats
-from ..shard_reports import BatchRecord, ChallengerBatchRecord
+from ..shard_reports import BatchRecord, ChallengerBatchRecord, ShardInfo, fold_challenger, fold_shard
 from .rejects import Rejected, counted, quarantined
 from .scored import ScoredBatch
 
@@ -88,3 +90,18 @@ class WritePolicy:
             seconds=seconds, model=model, profile=profile, quarantine=rejected.by_check,
             compute_ms=inference.compute_ms if batch.rows else None, preprocess=payload.preprocess,
             last=payload.last)
+
+    def fold(self, name: str, info: ShardInfo, records: Sequence[BatchRecord | ChallengerBatchRecord],
+             *, attempt: str) -> ShardResult | ChallengerShard:
+        """A shard's result from all its batches' records (``name``: the shard as the manifest
+        names it; ``info``: the shard as read), scored by ``attempt``: the champion's
+        :class:`~batchinfer.io.records.ShardResult`, or this challenger's part of it."""
+        if not self.quarantines:
+            mine = [r for r in records if isinstance(r, ChallengerBatchRecord)]
+            return fold_challenger(name, self.name, mine)
+        result = fold_shard(name, [info, *records])
+        return dataclasses.replace(result, record=dataclasses.replace(result.record, scored_by=attempt))
+
+    def result_path(self, layout: Layout, shard: int) -> str:
+        """Where its part of a shard's result goes in the attempt's scratch."""
+        return layout.shard_result(shard) if self.quarantines else layout.challenger_result(self.name, shard)

@@ -18,6 +18,7 @@ from ...handlers.base import Inference, Prepared
 from ...handlers.explain import Attributions, ExplainPlan, grouped, top
 from ...io.records import PreprocessStats
 from ...rows.hashing import row_hashes
+from ..shard_reports import ShardInfo
 
 
 @dataclass
@@ -32,6 +33,7 @@ class Payload:
     seconds: dict[str, float] = field(default_factory=dict)   # time spent per stage
     preprocess: PreprocessStats = PreprocessStats()
     last: bool = False             # the shard's last batch (pipeline/counters.py counts it done)
+    info: ShardInfo | None = None  # on the last batch: the shard as read (writer/finished.py)
 
 
 @dataclass(frozen=True, kw_only=True)
