@@ -15,7 +15,7 @@ Points, in the order a run meets them:
     read          a shard's bytes have been read
     mid_write     half of an output file's bytes are written (then the process dies)
     write         an output file was written
-    shard_done    a shard's result record was written to _tmp
+    shard_done    a shard's result record was written to _tmp, then its last batch's files
     before_commit the pipeline finished, thresholds passed, manifest not yet written
     during_commit the manifest's bytes are in scratch, not yet linked into place
     after_table_commit  tables: the predictions table holds the commit, the manifest not yet

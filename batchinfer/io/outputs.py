@@ -180,13 +180,18 @@ def parquet_bytes(table: pa.Table, *, dictionary: list[str] | None = None,
 
 def write_file(fs: AbstractFileSystem, path: str, data: bytes) -> str:
     """Write ``data`` to ``path``; return its sha256."""
+    put_file(fs, path, data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def put_file(fs: AbstractFileSystem, path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` (one put on an object store)."""
     try:
         parent = path.rsplit("/", 1)[0]
         fs.makedirs(parent, exist_ok=True)
         fs.pipe_file(path, data)
     except OSError as exc:
         raise StorageError(f"cannot write {path}: {exc}") from None
-    return hashlib.sha256(data).hexdigest()
 
 
 def write_json(fs: AbstractFileSystem, path: str, obj: Any) -> None:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence, cast
@@ -50,7 +51,7 @@ from ..beam_compat import PredictionResult, RunInference, beam, in_global_window
 from ..errors import SpecError
 from ..handlers.base import BatchModelHandler, Inference, Prepared
 from ..handlers.explain import Attributions, ExplainPlan, explain_rows, selected
-from ..io.outputs import QUARANTINE, parquet_bytes, write_file, write_json
+from ..io.outputs import QUARANTINE, parquet_bytes, put_file, write_json
 from ..io.records import FileRecord
 from ..io.shards import ShardReader, Unreadable
 from ..io.sinks import FILES, Sink
@@ -454,47 +455,64 @@ class WritePredictions(beam.DoFn):
             writer.shutdown(wait=True, cancel_futures=True)
 
     def _complete(self, result: PredictionResult) -> tuple[int, BatchRecord | ChallengerBatchRecord, bool]:
-        """One batch's files and its record, on the writer thread: the parts, composed; then, if
-        it was the shard's last to be written, the shard's result (whether it was: the third)."""
+        """One batch's files and its record, on the writer thread: the parts, composed; and if it
+        is the shard's last to be written, the shard's result (whether it is: the third).
+
+        The result of a shard is written before its last batch's files are put, never after:
+        were the process killed in between, the shard would have all its rows on the store and
+        no result, and a user counting the files would see a finished shard the rerun scores
+        again. This way round resume finds the result, checks each file's sha256, and scores the
+        shard again only if a file is missing (io/resume.py). So the last batch's ``write``
+        seconds leave out its puts.
+        """
         t0 = time.perf_counter()
         batch = ScoredBatch.of(cast(Prepared, result.example), cast(Inference, result.inference),
                                shard_names=self.plan.shard_names,
                                hash_columns=self.plan.hash_columns, explain=self.explain)
-        files: list[FileRecord] = []
+        encoded: list[tuple[FileRecord, bytes]] = []
         profile, profile_s = {}, 0.0
         if batch.scored is not None:
             if self.profile is not None:   # the partition's model: its drift statistics
                 t1 = time.perf_counter()
                 profile = self.profile.of(batch)
                 profile_s = time.perf_counter() - t1
-            files.append(self._write(self.policy.folder, batch, prediction_table(self.parts, batch),
-                                     self.encoding))
+            encoded.append(self._encode(self.policy.folder, batch, prediction_table(self.parts, batch),
+                                        self.encoding))
         rejected = self.policy.rejected(batch)
         if rejected.table is not None:
-            files.append(self._write(QUARANTINE, batch, rejected.table))
+            encoded.append(self._encode(QUARANTINE, batch, rejected.table))
+        last = self._open.finishes(batch.shard, batch.number, batch.payload.info)
+        if not last:
+            self._put(encoded)
         seconds = dict(batch.payload.seconds, infer=batch.inference.compute_ms / 1000.0,
                        hash=batch.hash_s, profile=profile_s,
                        write=time.perf_counter() - t0 - batch.hash_s - profile_s)
         if batch.explained is not None:
             seconds["explain"] = batch.explained.seconds
         explanation = self.explanations.stats(batch) if self.explanations is not None else {}
-        record = self.policy.record(batch, tuple(files), rejected, seconds=seconds,
+        record = self.policy.record(batch, tuple(f for f, _ in encoded), rejected, seconds=seconds,
                                     profile=profile, explanation=explanation)
         shard = self._open.add(batch.shard, batch.number, record, batch.payload.info)
         if shard is not None:
             write_json(self.layout.fs, self.policy.result_path(self.layout, batch.shard), shard.to_dict())
+            self._put(encoded)
             faults.point("shard_done")
         return batch.shard, record, shard is not None
 
-    def _write(self, kind: str, batch: ScoredBatch, table: pa.Table,
-               encoding: dict | None = None) -> FileRecord:
+    def _encode(self, kind: str, batch: ScoredBatch, table: pa.Table,
+                encoding: dict | None = None) -> tuple[FileRecord, bytes]:
+        """A file of the batch: its record (path, rows, sha256) and its bytes, not yet put."""
         relative = self.layout.part(kind, batch.shard, batch.number)
         for name, value in self.constants.items():   # Iceberg's partition column (io/sinks.py)
             table = table.append_column(name, pa.array([value] * table.num_rows, pa.string()))
         data = parquet_bytes(table, **(encoding or {}), arrow_schema=self.arrow_schema)
-        if faults.armed("mid_write"):
-            write_file(self.layout.fs, self.layout.abs(relative), data[: len(data) // 2])
-            faults.point("mid_write")
-        digest = write_file(self.layout.fs, self.layout.abs(relative), data)
-        faults.point("write")
-        return FileRecord(relative, table.num_rows, digest)
+        return FileRecord(relative, table.num_rows, hashlib.sha256(data).hexdigest()), data
+
+    def _put(self, encoded: list[tuple[FileRecord, bytes]]) -> None:
+        for file, data in encoded:
+            path = self.layout.abs(file.path)
+            if faults.armed("mid_write"):
+                put_file(self.layout.fs, path, data[: len(data) // 2])
+                faults.point("mid_write")
+            put_file(self.layout.fs, path, data)
+            faults.point("write")

@@ -8,7 +8,8 @@ whole partition. The writer can fold a shard on its own because a shard's batche
 ``ReadShard`` call and flow through fused steps to the same writer, and because the last one
 carries what the shard's result needs besides them (its :class:`ShardInfo`: the sha256 and the
 footer's row count). A shard is finished when that batch and every batch before it are written,
-in whatever order they came.
+in whatever order they came — its result is written just before the last batch's files are put
+(``WritePredictions._complete`` says why).
 """
 from __future__ import annotations
 
@@ -34,6 +35,14 @@ class OpenShards:
     shard_names: tuple[str, ...]
     attempt: str
     _open: dict[int, _Open] = field(default_factory=dict)
+
+    def finishes(self, shard: int, number: int, info: ShardInfo | None) -> bool:
+        """Whether batch ``number`` of ``shard`` (``info``: as :meth:`add` takes it) is the last
+        of the shard still to be written."""
+        entry = self._open.get(shard, _Open())
+        batches = number + 1 if info is not None else entry.batches
+        seen = len(entry.records) + (number not in entry.records)
+        return batches is not None and seen >= batches
 
     def add(self, shard: int, number: int, record: BatchRecord | ChallengerBatchRecord,
             info: ShardInfo | None) -> ShardResult | ChallengerShard | None:
