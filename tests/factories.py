@@ -340,6 +340,29 @@ def check_partition(out: Path, shard_paths: Sequence[Path]) -> tuple[pa.Table, p
 EXEMPT = {"_inference_id", "_compute_ms"}
 
 
+def kept_for_resume(out: Path, *, all_finished: bool = True) -> set[str]:
+    """A run that stopped after scoring (exit 4 or 5, Ctrl-C) committed nothing and kept what
+    the next run can adopt (contract §5.3): no manifest, every file its finished shards' results
+    list, and — when it stopped with every shard finished (``all_finished``: a refusal of the
+    commit step) — no other data file (a run stopped part-way leaves its unfinished shards'
+    files to the next commit's cleanup). Returns the shards kept."""
+    assert not (out / "_manifest.json").exists()
+    listed, shards = set(), set()
+    for path in (out / "_tmp").glob("*/shards/*.json"):
+        result = json.loads(path.read_text())
+        shards.add(result["record"]["path"])
+        listed |= {f["path"] for f in result["record"]["files"]}
+        listed |= {f["path"] for c in result.get("challengers", {}).values() for f in c["files"]}
+    for part in (out / "_tmp").glob("*/challengers/*/*.json"):
+        listed |= {f["path"] for f in json.loads(part.read_text())["files"]}
+    on_disk = {str(p.relative_to(out)) for p in out.rglob("*.parquet")
+               if p.is_file() and p.relative_to(out).parts[0] != "_tmp"}
+    assert listed <= on_disk, f"files a kept shard lists are gone: {sorted(listed - on_disk)[:3]}"
+    if all_finished:
+        assert on_disk <= listed, f"files no finished shard lists: {sorted(on_disk - listed)[:3]}"
+    return shards
+
+
 def finished_shards(out: Path) -> dict[str, str]:
     """shard → attempt, of every shard result a killed run left in ``out``'s scratch (one cut
     short by the kill is none)."""

@@ -444,10 +444,11 @@ def launch(run: Resolution, decision: Decision, resumed: Resume, tracking: "Trac
 
 def score(run: Resolution, launched: Launch, tracking: "TrackingRun",
           watch: "Callable[[int, str], Any] | None") -> "Scored | Outcome":
-    """Phase 3: score into the attempt and commit, in the pipeline. A failure removes the
-    attempt's files — unless its commit happened (the runner may fail after the commit step):
-    then the run goes on to read it back. Returns the lost race's outcome when another run
-    committed the same triple meanwhile.
+    """Phase 3: score into the attempt and commit, in the pipeline. A failure or Ctrl-C keeps
+    the shards the attempt finished for the next run (``Attempt.stop``) — unless its commit
+    happened (the runner may fail after the commit step): then the run goes on to read it back.
+    Returns the lost race's outcome when another run committed the same triple meanwhile (this
+    run's files removed).
 
     Raises:
         KeyboardInterrupt: Ctrl-C (the MLflow run is KILLED).
@@ -458,23 +459,33 @@ def score(run: Resolution, launched: Launch, tracking: "TrackingRun",
     try:
         pipeline_run.run_pipeline(resolved, launched.champion, attempt, launched.header,
                              launched.baseline, watch, launched.challengers, launched.resume)
-    except KeyboardInterrupt:  # Ctrl-C: leave nothing, and say so in MLflow
+    except KeyboardInterrupt:  # Ctrl-C: commit nothing, keep what is finished, say so in MLflow
         winner = attempt.committed_meanwhile()
         if winner is None or winner.attempt != attempt.attempt:  # never undo a commit
-            attempt.abort()
+            _stopped(attempt, run)
         tracking.finish({"attempt": attempt.attempt}, {}, {}, "KILLED", timeout=10.0)
         raise
     except Exception:
         winner = attempt.committed_meanwhile()
         if winner is None or winner.attempt != attempt.attempt:
-            # Never abort a commit that happened: the runner may fail after the commit step.
-            attempt.abort()
+            # Never touch a commit that happened: the runner may fail after the commit step.
             if winner is not None and winner.triple == resolved.triple.as_dict():
+                attempt.abort()
                 tracking.finish({"attempt": attempt.attempt}, {}, {}, "KILLED")
                 return _lost(winner, run)
+            _stopped(attempt, run)
             tracking.finish({"attempt": attempt.attempt}, {}, {}, "FAILED")
             raise
     return Scored(pipeline_s=time.perf_counter() - t_pipeline)
+
+
+def _stopped(attempt: Attempt, run: Resolution) -> None:
+    """Keep what ``attempt`` finished for the next run (logged with --debug: a failed command
+    prints one line, contract §2; the rerun says what it reuses)."""
+    kept = attempt.stop()
+    if kept:
+        log.info("kept %d finished shard(s) of attempt %s in %s: the next run of this "
+                    "partition reuses them", kept, attempt.attempt, run.shown)
 
 
 def read_back(run: Resolution, launched: Launch) -> ReadBack:
@@ -536,7 +547,7 @@ def _refused(run: Resolution, launched: Launch, scored: Scored, read: ReadBack,
     """Raise the error of the commit step's refusal, once the MLflow run says FAILED (with the
     drift report a run that drift stopped keeps under ``output.path``, as artifacts)."""
     job, attempt, device = run.job, launched.attempt, launched.champion.device
-    attempt.abort()  # its files went in the pipeline; the record goes now
+    _stopped(attempt, run)  # the commit step kept the finished shards: a rerun adopts them
     drifted = (read.outcome.message or "").startswith("drift:")
     kept: dict[str, str] = {}
     where = None

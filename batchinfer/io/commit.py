@@ -12,7 +12,9 @@
     outcome = attempt.commit(manifest)          # committed | lost_race | conflict
     attempt.record(outcome)                     # what the commit did, for the launcher to read
     attempt.outcome(triple)                     # ... read back (or learned from the manifest)
-    attempt.abort()                             # on any failure: this attempt's files go
+    attempt.stop()                              # a failure: its finished shards stay for a
+                                                # rerun to adopt (none finished: its files go)
+    attempt.abort()                             # a lost race: this attempt's files go
 
 Exactly one run creates ``_manifest.json`` (see :mod:`batchinfer.io.manifest`); a run that
 loses removes its own files, and the winner removes every other attempt and the scratch after
@@ -533,6 +535,21 @@ class Attempt:
             return CommitOutcome("lost_race" if winner.triple == triple else "conflict", winner)
         raise RuntimeFailure("the pipeline finished but its commit step left no outcome and no "
                              "manifest: the runner did not run the commit step; nothing committed")
+
+    def stop(self) -> int:
+        """A run that ends without committing — it failed (exit 4 or 5), was refused, or was
+        stopped (Ctrl-C) — keeps the shards it finished, their files and results in scratch,
+        for the next run of the partition to adopt (io/resume.py); the next commit's cleanup
+        removes whatever it does not adopt (contract §4). Returns how many it kept: an attempt
+        that finished none is removed now (:meth:`abort`): it is only debris."""
+        layout = self.layout
+        try:
+            kept = len(layout.fs.find(join(layout.scratch(), "shards")))
+        except OSError:
+            kept = 0
+        if not kept:
+            self.abort()
+        return kept
 
     def abort(self) -> None:
         """Remove this attempt's files (best effort: debris is never part of a partition) —

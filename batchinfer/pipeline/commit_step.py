@@ -121,9 +121,10 @@ class CommitPartition(beam.DoFn):
             drifted = plan.drift.refusal(r.profile for r in results)
             refusal = DataQualityError(drifted) if drifted else None
         if refusal is not None:
-            # The files go now (a dead launcher would leave them); the record stays for the
-            # launcher to turn into its exit code.
-            attempt.abort()
+            # The finished shards stay for a rerun to adopt (a fixed shard is scored again, the
+            # others are not: io/resume.py); the record, for the launcher to turn into its exit
+            # code.
+            attempt.stop()
             outcome = CommitOutcome("refused", None, refusal.exit_code, refusal.message, tuple(results),
                                     error=type(refusal).__name__)
         else:

@@ -23,6 +23,7 @@ import yaml
 from factories import (
     DS,
     all_input_rows,
+    kept_for_resume,
     make_mlp_onnx,
     make_shards,
     mlp_reference,
@@ -64,15 +65,6 @@ WRONG_TYPE_ROWS = 3
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-def nothing_committed(out: Path) -> None:
-    """No manifest, no data file, no attempt folder left under an output path."""
-    assert not (out / "_manifest.json").exists()
-    assert [p for p in out.rglob("*") if p.is_file()] == [] if out.exists() else True
-    for kind in ("predictions", "quarantine", "_tmp"):
-        folder = out / kind
-        assert not folder.exists() or list(folder.iterdir()) == [], kind
-
 
 def copy_project(base: Path, target: Path) -> Path:
     shutil.copytree(base, target, ignore=shutil.ignore_patterns("out", "mlflow.db", "job_*.yaml"))
@@ -164,8 +156,8 @@ def messy(base):
     r["after_failed_runs"] = snapshot(out)
     r["failed_runs"] = runs
     r["nothing_after_failed"] = None
-    try:
-        nothing_committed(out)
+    try:   # committed nothing; kept its finished shards for a rerun (contract §5.3)
+        r["kept"] = kept_for_resume(out)
     except AssertionError as exc:
         r["nothing_after_failed"] = str(exc)
     before = snapshot(root)
@@ -193,6 +185,10 @@ def test_above_thresholds_exit_4_and_commit_nothing(messy):
     assert "max 1" in runs["one_bad_shard"].stderr
     assert "8 of 2003 rows" in runs["fraction"].stderr
     assert messy["nothing_after_failed"] is None, messy["nothing_after_failed"]
+    # Every shard was finished (the unreadable ones too) before the commit step refused: all
+    # kept. (The runs' --set differ, so none adopts another's: each scores again, and the last
+    # commit's cleanup removes what they kept, test_under_thresholds_commits.)
+    assert len(messy["kept"]) == 6, messy["kept"]
 
 
 def test_under_thresholds_commits(messy, messy_part):

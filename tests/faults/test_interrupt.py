@@ -1,5 +1,6 @@
 """Ctrl-C during a run (docs/contract.md §6): exit 130, nothing committed, the MLflow run marked
-KILLED rather than left RUNNING, and a rerun commits the partition as if nothing happened."""
+KILLED rather than left RUNNING, the shards it finished kept, and a rerun that reuses them commits
+the partition as if nothing happened."""
 from __future__ import annotations
 
 import os
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from factories import DS, numeric_project, read_partition, run_cli
+from factories import DS, kept_for_resume, numeric_project, read_partition, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -70,6 +71,7 @@ def test_ctrl_c_commits_nothing_and_marks_the_run_killed(tmp_path):
     output = tmp_path / "out" / f"dt={DS}"
     assert not (output / "_manifest.json").exists()
     assert run_statuses(tmp_path / "mlflow.db") == ["KILLED"]
+    kept = kept_for_resume(output, all_finished=False)   # for the rerun (issue 34)
 
     slow.unlink()
     rerun = run_cli("run", "job.yaml", "--ds", DS, cwd=tmp_path, track=True)
@@ -79,5 +81,7 @@ def test_ctrl_c_commits_nothing_and_marks_the_run_killed(tmp_path):
     assert predictions.num_rows + quarantine.num_rows == 3000
     listed = {f["path"] for s in manifest["shards"] for f in s["files"]}
     on_disk = {str(p.relative_to(output)) for p in output.rglob("*.parquet")}
-    assert on_disk == listed  # the interrupted attempt left nothing behind
+    assert on_disk == listed  # the interrupted attempt left nothing behind but what was adopted
+    reused = {s["path"] for s in manifest["shards"] if s["scored_by"] != manifest["attempt"]}
+    assert reused == kept
     assert run_statuses(tmp_path / "mlflow.db") == ["KILLED", "FINISHED"]

@@ -13,6 +13,7 @@ left anything to reuse: every one of these tests failed (0 reused).
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import time
@@ -22,9 +23,9 @@ import forkserver
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from factories import DS, assert_same_result, make_mlp_onnx, make_shards, write_job, write_schema
 from killing import Scoring, complete_on_disk, data_files, kill_at, scoring_of
+
+from factories import DS, assert_same_result, kept_for_resume, make_mlp_onnx, make_shards, write_job, write_schema
 
 pytestmark = pytest.mark.slow
 
@@ -135,3 +136,71 @@ def test_killed_with_its_worker_processes_the_rerun_reuses_every_shard_on_disk(s
     result = killed_then_rerun(server, project, scoring, 0.5, "out_multi", *MULTI,
                                from_first_file=True)
     assert_resumed(result, 0.5)
+
+
+# -- a run that fails, or is stopped, keeps what it finished ----------------------------------------
+
+SLOW_PREP_SOURCE = '''\
+import os
+import time
+
+import numpy as np
+
+
+def transform(batch):
+    if os.path.exists(os.environ.get("SLOW_WHILE", "")):
+        time.sleep(0.15)   # slow enough for the test to break the store under the run
+    return np.stack([batch.column(f"f{i}").to_numpy(zero_copy_only=False) for i in range(4)],
+                    axis=1).astype(np.float32)
+'''
+
+
+def test_a_run_that_fails_keeps_its_finished_shards_and_the_rerun_reuses_them(server, project,
+                                                                                tmp_path):
+    """A transient failure of the output store (exit 5) part-way: once a few shards are finished,
+    the first file of every shard not yet begun cannot be written (a folder stands where it
+    goes). The failed run keeps what it finished; the rerun, the store mended, reuses it."""
+    folder, shards = project
+    (folder / "slow_prep.py").write_text(SLOW_PREP_SOURCE)
+    make_mlp_onnx(folder / "models" / "slow.onnx")   # stamped for this job's preprocessing
+    write_job(folder, batch={"rows": BATCH}, quarantine={"max_bad_fraction": 0.01},
+              preprocess="slow_prep:transform", model="models/slow.onnx",
+              tracking={"uri": "sqlite:///mlflow.db", "experiment": "kill"}).rename(folder / "slow.yaml")
+    stamp = server.run("stamp", "models/slow.onnx", "--job", "slow.yaml", "--model-version",
+                       "model:1", cwd=folder)
+    assert stamp.returncode == 0, stamp.stderr
+    slow = tmp_path / "slow"
+    env = {**os.environ, "SLOW_WHILE": str(slow)}
+    ref = server.run("run", "slow.yaml", "--ds", DS, "--set", "output.path=ref_slow", cwd=folder,
+                     env=env, track=False)
+    assert ref.returncode == 0, ref.stderr
+    slow.touch()
+    run = ("run", "slow.yaml", "--ds", DS, "--set", "output.path=out_failed")
+    out = folder / "out_failed"
+    victim = server.start(*run, cwd=folder, env=env, track=False)
+    deadline = time.monotonic() + 120
+    while len(list(out.glob("_tmp/*/shards/*.json"))) < 3:
+        assert victim.poll() is None, victim.stderr
+        assert time.monotonic() < deadline, "no 3 shards finished within 120 s"
+        time.sleep(0.02)
+    [attempt] = [p.name for p in (out / "predictions").iterdir()]
+    blocked = []
+    for i in range(SHARDS):
+        first = out / "predictions" / attempt / f"part-{i:05d}-00000.parquet"
+        if not first.exists():
+            first.mkdir()
+            blocked.append(first)
+    victim.wait()
+    assert victim.returncode == 5, victim.stderr
+    assert "cannot write" in victim.stderr.strip().splitlines()[-1]
+    kept = kept_for_resume(out, all_finished=False)
+    assert 3 <= len(kept) < SHARDS, kept
+    for path in blocked:          # the store mended
+        path.rmdir()
+    slow.unlink()
+    rerun = server.run(*run, cwd=folder, env=env)
+    assert rerun.returncode == 0, rerun.stderr
+    manifest = assert_same_result(out, folder / "ref_slow", shards)
+    reused = {s["path"] for s in manifest["shards"] if s["scored_by"] != manifest["attempt"]}
+    assert reused == kept
+    assert f"reusing {len(kept)} of {SHARDS} shards" in rerun.stdout
