@@ -457,6 +457,10 @@ class Job:
         path: the job file.
         ds: the partition date, or None.
         spec_sha256: sha256 of the spec after --set, before templating.
+        work_sha256: the same without its ``runner`` section: of what the job scores, not of
+            where (every runner commits the same partition, docs/runners.md), so a rerun on
+            another cluster — a new scheduler address — resumes what the lost one finished
+            (the attempt key, contract §5.3 "Resume").
         secrets: the secret environment values substituted for ``${NAME}``, by name (what
             :meth:`display` hides).
         templated: every environment value substituted for ``${NAME}``, by name.
@@ -468,6 +472,7 @@ class Job:
     spec_sha256: str
     secrets: Mapping[str, str] = field(default_factory=dict)
     templated: Mapping[str, str] = field(default_factory=dict)
+    work_sha256: str = ""
 
     @property
     def folder(self) -> Path:
@@ -500,6 +505,8 @@ def load_job(path: str | os.PathLike, *, ds: str | None = None,
     for item in overrides:
         apply_override(data, item)
     spec_sha256 = hashlib.sha256(canonical_json(data).encode()).hexdigest()
+    work = {k: v for k, v in data.items() if k != "runner"}
+    work_sha256 = hashlib.sha256(canonical_json(work).encode()).hexdigest()
     # validate before templating: errors name keys, not values
     listed = parse_spec(data, source=job_path.name).secrets
     if ds is not None:
@@ -513,7 +520,7 @@ def load_job(path: str | os.PathLike, *, ds: str | None = None,
     spec = _resolve_paths(spec, job_path.parent)
     _check_paths(data, spec, job_path.parent, ds, env)
     return Job(spec=spec, path=job_path, ds=ds, spec_sha256=spec_sha256, secrets=secrets,
-               templated=values)
+               templated=values, work_sha256=work_sha256)
 
 
 def read_mapping(path: Path, what: str, *, allow_empty: bool = False) -> dict:

@@ -290,9 +290,10 @@ def _plan_update(job: Job, resolved: Resolved, committed: Manifest, shown: str) 
 
 
 def resume_key(job: Job, resolved: Resolved) -> AttemptKey:
-    """What an attempt of this run scores, as its scratch records it (io/resume.py)."""
+    """What an attempt of this run scores, as its scratch records it (io/resume.py): its spec
+    hash leaves the runner out (``Job.work_sha256``)."""
     wanted = _identity(job, resolved)
-    return AttemptKey(job=wanted.job, ds=wanted.ds, job_spec_sha256=job.spec_sha256,
+    return AttemptKey(job=wanted.job, ds=wanted.ds, job_spec_sha256=job.work_sha256 or job.spec_sha256,
                       triple=wanted.triple, model_options=wanted.model_options,
                       challengers=tuple(Challenger(name=n, triple=t, model_options=o)
                                         for n, t, o in wanted.challengers))

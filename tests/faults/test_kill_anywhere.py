@@ -23,9 +23,9 @@ import forkserver
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from killing import Scoring, complete_on_disk, data_files, kill_at, scoring_of
 
 from factories import DS, assert_same_result, kept_for_resume, make_mlp_onnx, make_shards, write_job, write_schema
+from killing import Scoring, complete_on_disk, data_files, kill_at, scoring_of
 
 pytestmark = pytest.mark.slow
 
