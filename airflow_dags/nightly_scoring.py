@@ -47,7 +47,8 @@ Why a Python task that runs ``python -m batchinfer run JOB --ds DS`` as a child 
   than a pipeline (contract check, commit, tracking) and picks its runner from the job spec.
 - in a child process Beam, ONNX Runtime and MLflow load there and leave with it: the worker's
   process stays small, and a crash in native code fails one try instead of the worker. When
-  Airflow stops the task (SIGTERM), the child gets Ctrl-C and stops with nothing committed; even a
+  Airflow stops the task (SIGTERM), the child gets Ctrl-C and stops with nothing committed (the
+  shards it finished kept: the retry, like the retry of a failed try, resumes them); even a
   child that outlived its task is harmless: the commit is exclusive, so a retry racing it either
   commits or finds the partition committed (exit 0), never both. (``airflow dags test`` itself
   does not stop on SIGTERM once a task ran: it runs tasks in its own process, and Airflow's task
