@@ -42,7 +42,7 @@ class Record:
     __pydantic_config__: ClassVar[ConfigDict] = CHECKED
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return {name: _plain(getattr(self, name)) for name in _field_names(type(self))}
 
     @classmethod
     def read(cls: type[R], data: bytes | str) -> R:
@@ -86,11 +86,27 @@ def adapter(kind: type[T]) -> TypeAdapter[T]:
     return found
 
 
+_NAMES: dict[type, tuple[str, ...]] = {}
+# Values that are their own JSON: most of a record's fields (a fast path, not a different result).
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _field_names(kind: type) -> tuple[str, ...]:
+    """A dataclass's field names in declaration order, looked up once per class (a shard's
+    result holds hundreds of fields: ``dataclasses.fields`` each time was most of ``to_dict``)."""
+    found = _NAMES.get(kind)
+    if found is None:
+        found = _NAMES[kind] = tuple(f.name for f in dataclasses.fields(kind))
+    return found
+
+
 def _plain(value: Any) -> Any:
+    if type(value) in _SCALARS:
+        return value
     if isinstance(value, Record):
         return value.to_dict()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {name: _plain(getattr(value, name)) for name in _field_names(type(value))}
     if isinstance(value, (tuple, list)):
         return [_plain(v) for v in value]
     if isinstance(value, dict):

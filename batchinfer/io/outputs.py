@@ -195,7 +195,28 @@ def put_file(fs: AbstractFileSystem, path: str, data: bytes) -> None:
 
 
 def write_json(fs: AbstractFileSystem, path: str, obj: Any) -> None:
-    write_file(fs, path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
+    write_file(fs, path, json_bytes(obj))
+
+
+_JSON = json.JSONEncoder(indent=1, sort_keys=True)
+_PIECES = 1 << 14   # encoded pieces joined at a time
+
+
+def json_bytes(obj: Any) -> bytes:
+    """``obj`` as the JSON text batchinfer writes (sorted keys, indented by one, a newline at the
+    end), as bytes. Encoded piece by piece: ``json.dumps`` with an indent first holds every piece
+    (a few characters each) in one list, which for a manifest or a commit record of 20,000
+    shards was several hundred MB at once (bench/README.md "Many small shards")."""
+    blocks: list[bytes] = []
+    pieces: list[str] = []
+    for piece in _JSON.iterencode(obj):
+        pieces.append(piece)
+        if len(pieces) >= _PIECES:
+            blocks.append("".join(pieces).encode())
+            pieces.clear()
+    pieces.append("\n")
+    blocks.append("".join(pieces).encode())
+    return b"".join(blocks)
 
 
 def read_json(fs: AbstractFileSystem, path: str) -> Any:

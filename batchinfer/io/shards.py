@@ -37,6 +37,11 @@ from .records import InputTable
 from .storage import full_url, is_local, url_to_fs
 
 MAX_IN_MEMORY_BYTES = 256 << 20
+# Below these sizes a thread costs more than it saves (measured: bench/README.md "Many small
+# shards"): a shard's digest is computed here rather than on the hasher's thread, and its
+# columns are decoded on the calling thread rather than by Arrow's pool.
+INLINE_HASH_BYTES = 256 << 10
+THREADED_DECODE_BYTES = 4 << 20
 # Names (of a file, or of a folder on its way down from a matched folder) that are metadata.
 METADATA_PREFIXES = ("_", ".")
 CHANGED = "changed while being read"
@@ -123,7 +128,7 @@ class ShardReader:
         url: the shard.
         hasher: where to compute the sha256 of a shard held in memory (an executor: hashlib
             releases the GIL, so the digest is computed while the caller parses and scores);
-            None computes it here.
+            None, or a shard of at most ``INLINE_HASH_BYTES``, computes it here.
 
     Raises:
         Unreadable: not a regular file, zero bytes, or not Parquet.
@@ -139,9 +144,10 @@ class ShardReader:
             size = info["size"]
             if size == 0:
                 raise Unreadable("zero-byte file")
+            self._threads = size > THREADED_DECODE_BYTES
             if size <= MAX_IN_MEMORY_BYTES:
                 data = fs.cat_file(path)
-                if hasher is None:
+                if hasher is None or size <= INLINE_HASH_BYTES:
                     self._sha256: Any = hashlib.sha256(data).hexdigest()
                 else:
                     self._sha256 = hasher.submit(lambda: hashlib.sha256(data).hexdigest())
@@ -183,7 +189,7 @@ class ShardReader:
             StorageError: (streamed) the file system failed.
         """
         try:
-            for batch in self._file.iter_batches(batch_size=rows, use_threads=True):
+            for batch in self._file.iter_batches(batch_size=rows, use_threads=self._threads):
                 if batch.num_rows:
                     yield batch
             if self._stream is not None:

@@ -370,6 +370,31 @@ def test_shard_reader_valid_file(tmp_path):
     np.testing.assert_array_equal(ids, np.arange(1000))
 
 
+def test_shard_reader_hashes_a_small_shard_itself_and_a_larger_one_on_the_hasher(tmp_path, monkeypatch):
+    # A thread costs more than hashing a small shard (bench/shards.py): the digest is the same.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from batchinfer.io import shards
+
+    [path] = make_shards(tmp_path, shards=1, rows=1000, n_features=2)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    submitted = []
+
+    class Recording(ThreadPoolExecutor):
+        def submit(self, fn, /, *args, **kwargs):
+            submitted.append(fn)
+            return super().submit(fn, *args, **kwargs)
+
+    with Recording(1) as hasher:
+        assert ShardReader(str(path), hasher=hasher).sha256 == digest
+        assert submitted == []
+        monkeypatch.setattr(shards, "INLINE_HASH_BYTES", 0)
+        monkeypatch.setattr(shards, "THREADED_DECODE_BYTES", 0)   # and Arrow's threads decode
+        reader = ShardReader(str(path), hasher=hasher)
+        assert [b.num_rows for b in reader.batches(300)] == [300, 300, 300, 100]
+        assert reader.sha256 == digest and len(submitted) == 1
+
+
 def test_shard_reader_memory_url(memory_root):
     data = parquet_bytes(pa.table({"x": list(range(10))}))
     fsspec.filesystem("memory").pipe_file(f"{memory_root[len('memory://'):]}/s.parquet", data)

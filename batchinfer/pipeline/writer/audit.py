@@ -28,6 +28,7 @@ class AuditColumns(ColumnPart):
     def __init__(self, attempt: str, triple: Triple):
         self.attempt = attempt
         self.triple = triple
+        self._parts = tuple(triple.as_dict().items())   # once, not per batch (dataclasses.asdict)
 
     def columns(self, batch: ScoredBatch) -> dict[str, pa.Array]:
         values = self.values(batch)
@@ -41,7 +42,7 @@ class AuditColumns(ColumnPart):
             SOURCE_SHARD.name: pa.repeat(batch.shard_name, n).cast(pa.string()),
             SOURCE_ROW.name: pa.array(batch.payload.source_rows[batch.ok], pa.int64()),
             INPUT_HASH.name: batch.input_hash,
-            **{TRIPLE[part].name: constant(value, n) for part, value in self.triple.as_dict().items()},
+            **{TRIPLE[part].name: constant(value, n) for part, value in self._parts},
             INFERENCE_ID.name: pa.repeat(inference_id, n).cast(pa.string()),
             COMPUTE_MS.name: pa.repeat(float(batch.inference.compute_ms), n).cast(pa.float64()),
         }
