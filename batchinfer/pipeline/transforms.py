@@ -51,7 +51,7 @@ from ..beam_compat import PredictionResult, RunInference, beam, in_global_window
 from ..errors import SpecError
 from ..handlers.base import BatchModelHandler, Inference, Prepared
 from ..handlers.explain import Attributions, ExplainPlan, explain_rows, selected
-from ..io.outputs import QUARANTINE, parquet_bytes, put_file, write_json
+from ..io.outputs import QUARANTINE, parquet_bytes, put_file, write_scratch_json
 from ..io.records import FileRecord
 from ..io.shards import ShardReader, Unreadable
 from ..io.sinks import FILES, Sink
@@ -291,7 +291,7 @@ class ReadShard(beam.DoFn):
         result = fold_shard(self.plan.shard_names[index], [info])
         result = dataclasses.replace(result, record=dataclasses.replace(result.record,
                                                                         scored_by=self.plan.attempt))
-        write_json(self.layout.fs, self.layout.shard_result(index), result.to_dict())
+        write_scratch_json(self.layout.fs, self.layout.shard_result(index), result.to_dict())
         counters.shard_finished(index)
         faults.point("shard_done")
         return index
@@ -494,7 +494,7 @@ class WritePredictions(beam.DoFn):
                                     profile=profile, explanation=explanation)
         shard = self._open.add(batch.shard, batch.number, record, batch.payload.info)
         if shard is not None:
-            write_json(self.layout.fs, self.policy.result_path(self.layout, batch.shard), shard.to_dict())
+            write_scratch_json(self.layout.fs, self.policy.result_path(self.layout, batch.shard), shard.to_dict())
             self._put(encoded)
             faults.point("shard_done")
         return batch.shard, record, shard is not None
