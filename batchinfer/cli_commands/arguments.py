@@ -40,8 +40,13 @@ def update_or_overwrite(args: argparse.Namespace) -> None:
 
 
 def watcher(quiet: bool):
-    """Live progress for the pipeline: a bar on a terminal, plain lines otherwise, or nothing."""
-    from ..app.run_progress import choose_mode, watch
+    """Live progress for the pipeline: a bar on a terminal, plain lines otherwise, or nothing.
 
-    mode = choose_mode(quiet)
-    return lambda shards, live: watch(shards, mode, live=live)
+    Its module (which imports Beam) is imported when scoring starts, not here: a command's
+    MLflow helper starts first (``backfill``: :func:`batchinfer.commands.backfill.backfill`)."""
+    def watching(shards: int, live: str):
+        from ..app.run_progress import choose_mode, watch
+
+        return watch(shards, choose_mode(quiet), live=live)
+
+    return watching

@@ -53,22 +53,36 @@ def backfill(job_path: str | Path, dates: Sequence[str], *, overrides: Sequence[
 
     The spec is loaded for the first date before anything runs, so an error in the spec itself
     is raised (exit 2) instead of being reported once per date. KeyboardInterrupt propagates.
+
+    One process runs every date, so what does not change between dates is paid once: MLflow's
+    helper process (started here, before Beam is imported, and kept from one date's run to the
+    next: ``io/tracking.py``), the model's load (``handlers/sharing.py``), the runner's options
+    check (``pipeline/runner_options.checked_once``), the imports. Each date is still a run of
+    its own: its checks, attempt, commit and MLflow run.
     """
+    first = load_job(job_path, ds=dates[0], overrides=overrides)  # raises SpecError: nothing to attempt
+    tracking = None
+    if not dry_run:  # its import of MLflow runs while this process imports Beam and the rest
+        from ..io.tracking import TrackingRun
+
+        tracking = TrackingRun(first.spec.tracking.uri, first.spec.tracking.experiment or first.spec.name)
+    from ..pipeline.runner_options import checked_once
     from .run import run_job
 
-    load_job(job_path, ds=dates[0], overrides=overrides)  # raises SpecError: nothing to attempt
     results = []
-    for ds in dates:
-        try:
-            job = load_job(job_path, ds=ds, overrides=overrides)
-            outcome = run_job(job, overwrite=overwrite, update=update, dry_run=dry_run,
-                              progress=progress, watch=watch)
-            result = PartitionResult(ds, outcome.status, outcome.message, 0, outcome.manifest)
-        except BatchInferError as exc:
-            # Messages are masked when made (batchinfer.redaction): no ${NAME} value in them.
-            result = PartitionResult(ds, "failed", error_line(exc), exc.exit_code)
-        results.append(result)
-        done(result)
-        if result.status == "failed" and not keep_going:
-            break
+    with checked_once():
+        for ds in dates:
+            try:
+                job = first if ds == dates[0] else load_job(job_path, ds=ds, overrides=overrides)
+                outcome = run_job(job, overwrite=overwrite, update=update, dry_run=dry_run,
+                                  progress=progress, watch=watch,
+                                  tracking=tracking if ds == dates[0] else None)
+                result = PartitionResult(ds, outcome.status, outcome.message, 0, outcome.manifest)
+            except BatchInferError as exc:
+                # Messages are masked when made (batchinfer.redaction): no ${NAME} value in them.
+                result = PartitionResult(ds, "failed", error_line(exc), exc.exit_code)
+            results.append(result)
+            done(result)
+            if result.status == "failed" and not keep_going:
+                break
     return results

@@ -340,12 +340,14 @@ def _serve() -> None:
     # Only replies go to the pipe: MLflow prints to sys.stdout ("View run … at: URL" after
     # set_terminated against a server), which would corrupt the JSON protocol.
     replies, sys.stdout = sys.stdout, sys.stderr
-    # Scoring keeps both cores busy (ONNX Runtime's threads); tracking can wait for them.
-    os.nice(10)
     try:  # imported before the first request, while the job does its own start-up
         import mlflow.tracking  # noqa: F401
     except Exception:  # reported when a run is asked for
         pass
+    # Scoring keeps both cores busy (ONNX Runtime's threads); tracking can wait for them. Not
+    # MLflow's import: the job's first run waits for it (the run's id is in the manifest's
+    # header), while its own start-up uses one core.
+    os.nice(10)
     experiment_id = prepared = None
     for line in sys.stdin:
         message = json.loads(line)

@@ -10,10 +10,12 @@ flag it does not know and runs without it; :func:`check` refuses it before any w
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import difflib
 import importlib
 import logging
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from .. import runners
 from ..errors import RuntimeFailure, SpecError
@@ -155,6 +157,25 @@ def _reinstall(name: str) -> str:
     return "install the package that provides it"
 
 
+# The checks that passed in the current checked_once() block: (runner, options, Beam's options
+# classes) → the warnings they gave. None outside such a block.
+_passed: contextvars.ContextVar[dict[tuple, list[str]] | None] = contextvars.ContextVar(
+    "batchinfer_runner_checks", default=None)
+
+
+@contextlib.contextmanager
+def checked_once() -> Iterator[None]:
+    """Within the block, :func:`check` of the runner and options of a check that passed earlier
+    in the block is not done again (its warnings are logged again): ``backfill`` checks its
+    runner once, not once per date (13 ms a date here: Beam's option parsers and validator).
+    Only for the block: a later check meets the packages as they are then."""
+    token = _passed.set({})
+    try:
+        yield
+    finally:
+        _passed.reset(token)
+
+
 def check(name: str, options: Mapping[str, Any]) -> None:
     """Refuse, before any work, options that are not runner ``name``'s
     (:func:`check_option_names`), options Beam would refuse when the pipeline is built (the same
@@ -164,6 +185,23 @@ def check(name: str, options: Mapping[str, Any]) -> None:
         SpecError: options unknown to the runner, or that Beam cannot parse or refuses (exit 2).
         RuntimeFailure: the runner's package is missing (exit 5, like a missing backend).
     """
+    passed = _passed.get()
+    if passed is None:
+        _check(name, options)
+        return
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    key = (name, repr(sorted((str(k), repr(v)) for k, v in options.items())),
+           tuple(sorted(map(str, PipelineOptions.__subclasses__()))))
+    if key in passed:
+        for warning in passed[key]:
+            log.warning("%s", warning)
+        return
+    passed[key] = _check(name, options)
+
+
+def _check(name: str, options: Mapping[str, Any]) -> list[str]:
+    """:func:`check`'s checks (their warnings logged); returns the warnings."""
     from apache_beam.options.pipeline_options_validator import PipelineOptionsValidator
     from apache_beam.runners.runner import create_runner
 
@@ -182,7 +220,8 @@ def check(name: str, options: Mapping[str, Any]) -> None:
             f"runner {name}{_from(name)} names the Beam runner {entry.beam_runner}, which cannot "
             f"be loaded{missing}: {type(exc).__name__}: {' '.join(str(exc).split())}; "
             f"{entry.install or _reinstall(name)}") from None
-    for warning in check_option_names(name, options):
+    warnings = check_option_names(name, options)
+    for warning in warnings:
         log.warning("%s", warning)
     try:
         # As in Beam's dry run, the validator then checks the options without reaching Google
@@ -194,3 +233,4 @@ def check(name: str, options: Mapping[str, Any]) -> None:
         raise SpecError(f"runner {name}: Beam cannot parse runner.options {dict(options)}") from None
     if errors:
         raise SpecError(f"runner {name}: {' '.join(' '.join(errors).split())}")
+    return warnings

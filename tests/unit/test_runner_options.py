@@ -168,6 +168,32 @@ def test_a_job_service_runner_warns_about_an_option_only_its_job_service_may_kno
                               f"option Beam knows here; it goes to the job service"), warning
 
 
+def test_checked_once_checks_a_runner_and_options_once_and_says_its_warnings_each_time(
+        monkeypatch, caplog):
+    """``backfill``'s block (pipeline/runner_options.checked_once): the same runner and options
+    are checked once; another set is checked too; a refusal is not remembered (raised each
+    time); the warnings are logged at each check; outside the block every check is done."""
+    from batchinfer.errors import SpecError
+    from batchinfer.pipeline import runner_options
+
+    done = []
+    real = runner_options._check
+    monkeypatch.setattr(runner_options, "_check", lambda name, options: done.append(name) or real(name, options))
+    service = {"job_endpoint": "localhost:8099", "checkpointing_interval": 60000}
+    with runner_options.checked_once():
+        for _ in range(3):
+            runner_options.check("portable", service)
+            runner_options.check("direct", {})
+            with pytest.raises(SpecError):
+                runner_options.check("direct", {"totally_bogus": 1})
+    assert done == ["portable", "direct", "direct", "direct", "direct"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "batchinfer"]
+    assert len(warnings) == 3 and len(set(warnings)) == 1, warnings
+    runner_options.check("direct", {})
+    runner_options.check("direct", {})
+    assert done[5:] == ["direct", "direct"]
+
+
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
     folder = tmp_path_factory.mktemp("runner-options")
