@@ -12,6 +12,7 @@ from batchinfer.pipeline.runner_options import beam_args, pipeline_options
 from factories import (
     DS,
     NoTracking,
+    kept_for_resume,
     make_mlp_onnx,
     make_shards,
     numeric_project,
@@ -310,8 +311,9 @@ def test_the_pipeline_commits_without_its_launcher_and_the_rerun_is_a_noop(job_f
 
 
 def test_a_refusal_is_recorded_for_the_launcher_and_commits_nothing(job_folder):
-    """Above the thresholds the commit step removes the attempt's files itself (its launcher may
-    be gone) and records the exit code and message; nothing is committed."""
+    """Above the thresholds the commit step records the exit code and message itself (its
+    launcher may be gone) and keeps the attempt's finished shards for a rerun (contract §5.3);
+    nothing is committed."""
     import batchinfer.commands.run as run_mod
     from batchinfer.errors import DataQualityError
 
@@ -325,18 +327,17 @@ def test_a_refusal_is_recorded_for_the_launcher_and_commits_nothing(job_folder):
     stamp(load_job(job_folder / "job.yaml", require_ds=False), None, "model:1")
     _, attempt = _pipeline_alone(job_folder)
     out = job_folder / "out" / f"dt={DS}"
-    assert not (out / "_manifest.json").exists()
-    assert not (out / "predictions" / attempt.attempt).exists()
+    assert kept_for_resume(out)
     outcome = attempt.outcome({})
     assert outcome.status == "refused" and outcome.code == DataQualityError.exit_code
     assert outcome.message.startswith("data quality: ")
     with pytest.raises(DataQualityError, match="^data quality: "):
         run_mod.run_job(load_job(job_folder / "job.yaml", ds=DS))
     assert not (out / "_manifest.json").exists()
-    # The launcher that read its refusal removed its record; the one that never did (above)
-    # left one, which the next commit removes with the rest of the scratch.
-    assert [p.name for p in (out / "_tmp").iterdir()] == [attempt.attempt]
-    assert not any((out / "predictions").iterdir())
+    # The run was refused the same way, and kept its finished shards too (the pipeline alone,
+    # above, has no attempt key for it to adopt): the next commit removes both.
+    assert attempt.attempt in {p.name for p in (out / "_tmp").iterdir()}
+    assert kept_for_resume(out)
 
 
 def test_a_retried_commit_step_is_its_own_commit_never_aborted(tmp_path):
