@@ -114,7 +114,7 @@ def test_an_empty_or_unreadable_shard_is_done_at_once():
     counters.rows_written(2, 4, 1)
     assert counters.snapshot().shards_done == 2
     counters.rows_written(2, 6)
-    counters.shard_finished(2)            # FinishShard, later: not counted twice
+    counters.shard_finished(2)            # its result written, just after: not counted twice
     snap = counters.snapshot()
     assert (snap.shards_done, snap.rows_done, snap.rows_quarantined) == (3, 10, 1)
 
