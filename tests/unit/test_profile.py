@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from batchinfer.app.job_report import render_report
 from batchinfer.app.run_record import health_metrics, metric_part
-from batchinfer.io.records import ShardRecord, ShardResult
+from batchinfer.io.records import ShardRecord, ShardResult, fold
 from batchinfer.rows.column_profiles import (
     ColumnProfile,
     ColumnStats,
@@ -174,7 +174,7 @@ def _result(batches, quarantine=()):
 def test_health_metrics_percentiles_and_quarantine_names():
     results = [_result([(100, float(ms)) for ms in range(1, 51)], ((None, "validation_error", 2),)),
                _result([(50, float(ms)) for ms in range(51, 101)], (("f 1", "in_range(0, 1)", 3),))]
-    metrics = health_metrics(results, 0.25)
+    metrics = health_metrics(fold(results), 0.25)
     assert metrics["model_latency_ms_p50"] == pytest.approx(50.5)
     assert metrics["model_latency_ms_p99"] == pytest.approx(99.01)
     assert metrics["model_latency_ms_max"] == 100.0 and metrics["model_batches"] == 100.0
