@@ -147,7 +147,8 @@ def test_a_run_profile_keeps_every_key_of_its_baseline_beside_its_path_as_before
 
 
 KINDS = {"manifest.json": Manifest, "attempt.json": AttemptKey, "shard_result.json": ShardResult,
-         "outcome.json": CommitOutcome, "outcome_folded.json": CommitOutcome, "baseline.json": Profile, "run_profile.json": RunProfile,
+         "outcome.json": CommitOutcome, "outcome_folded.json": CommitOutcome,
+         "baseline.json": Profile, "run_profile.json": RunProfile,
          "metrics.json": MetricsRecord}
 ERRORS = {"manifest.json": ContractError, "baseline.json": SpecError, "run_profile.json": SpecError,
           "metrics.json": SpecError}
