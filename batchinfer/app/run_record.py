@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..backends import declared_options
 from ..io.outputs import DRIFT, METRICS, PROFILE, REPORT, Layout, write_json
-from ..io.records import Manifest, MetricsRecord, ModelStats, ShardResult, Totals
+from ..io.records import Manifest, MetricsRecord, ModelStats, ResultsSummary, Totals
 from ..profile_records import PROFILE_VERSION, BaselineAbout, LimitsRecord, RunProfile
 from ..rows.drift import Baseline, DriftVerdict
 from ..spec import Job
@@ -99,33 +99,32 @@ def table_tags(manifest: Manifest) -> dict[str, str]:
             **{f"batchinfer.table.{t.kind}": f"{t.table}@{t.version}" for t in table.tables}}
 
 
-def run_metrics(totals: Totals, pipeline_s: float, wall_s: float, results: Sequence[ShardResult],
+def run_metrics(totals: Totals, pipeline_s: float, wall_s: float, summary: ResultsSummary,
                 load_s: float | None, verdict: DriftVerdict, *,
                 attempt: str | None = None) -> dict[str, Any]:
     """Every metric of a run: its totals, the shards and rows it reused (adopted from crashed
-    attempts, not scored by ``attempt``), time per stage, model health, challengers, drift.
-    The partition's figures (stages, model health) cover every shard, reused ones with the time
-    their attempt spent; ``rows_per_second`` counts only the rows this run scored."""
+    attempts, not scored by ``attempt``), time per stage, model health, challengers, drift —
+    from its shards' results folded (``summary``). The partition's figures (stages, model
+    health) cover every shard, reused ones with the time their attempt spent;
+    ``rows_per_second`` counts only the rows this run scored."""
     metrics: dict[str, Any] = {k: float(v) for k, v in totals.to_dict().items()}
-    reused = [r.record for r in results if attempt and r.record.scored_by not in (None, attempt)]
-    metrics["shards_reused"] = float(len(reused))
-    metrics["rows_reused"] = float(sum(s.rows_in or 0 for s in reused))
+    reused = summary.reused(attempt)
+    metrics["shards_reused"] = float(reused.shards)
+    metrics["rows_reused"] = float(reused.rows_in)
     metrics["pipeline_seconds"] = pipeline_s
     # Where the time went, per stage, summed over batches (stages overlap across workers).
-    for result in results:
-        for stage, value in result.seconds.items():
-            key = f"stage_seconds_{stage}"
-            metrics[key] = metrics.get(key, 0.0) + value
-    model = sum((r.model for r in results), ModelStats())
+    for stage, value in summary.seconds.items():
+        metrics[f"stage_seconds_{stage}"] = value
+    model = summary.model
     metrics["model_oom_backoffs"] = float(model.oom_backoffs)
     if model.chunk_rows:
         metrics["model_chunk_rows"] = float(model.chunk_rows)
     if wall_s:
         metrics["wall_seconds"] = wall_s
         metrics["rows_per_second"] = (totals.rows_in - metrics["rows_reused"]) / wall_s
-    metrics.update(health_metrics(results, load_s))
+    metrics.update(health_metrics(summary, load_s))
     metrics.update(explain_metrics(model))
-    metrics.update(challenger_metrics(results))
+    metrics.update(challenger_metrics(summary))
     metrics.update(drift_metrics(verdict))
     return metrics
 
@@ -145,16 +144,14 @@ def explain_metrics(model: ModelStats) -> dict[str, float]:
     return metrics
 
 
-def challenger_metrics(results: Sequence[ShardResult]) -> dict[str, float]:
+def challenger_metrics(summary: ResultsSummary) -> dict[str, float]:
     """``challenger.<name>.rows_scored``, ``.rows_rejected`` and ``.compute_ms`` (its model
     time, summed over batches) for each challenger."""
     metrics: dict[str, float] = {}
-    for result in results:
-        for name, shard in result.challengers.items():
-            for key, value in (("rows_scored", shard.rows_scored),
-                               ("rows_rejected", shard.rows_rejected),
-                               ("compute_ms", shard.compute_ms)):
-                metrics[f"challenger.{name}.{key}"] = metrics.get(f"challenger.{name}.{key}", 0.0) + value
+    for name, sums in summary.challengers.items():
+        metrics[f"challenger.{name}.rows_scored"] = float(sums.rows_scored)
+        metrics[f"challenger.{name}.rows_rejected"] = float(sums.rows_rejected)
+        metrics[f"challenger.{name}.compute_ms"] = sums.compute_ms
     return metrics
 
 
@@ -183,21 +180,20 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
 
 
-def quarantine_counts(results: Sequence[ShardResult]) -> list[tuple[str | None, str, int]]:
+def quarantine_counts(summary: ResultsSummary | None) -> list[tuple[str | None, str, int]]:
     """Quarantined rows by (column, check) over all shards, most first."""
     counts: dict[tuple[str | None, str], int] = {}
-    for result in results:
-        for column, check, n in result.quarantine:
-            counts[(column, check)] = counts.get((column, check), 0) + n
+    for column, check, n in summary.quarantine if summary is not None else ():
+        counts[(column, check)] = counts.get((column, check), 0) + n
     return sorted(((c, k, n) for (c, k), n in counts.items()), key=lambda t: (-t[2], str(t[0]), t[1]))
 
 
-def health_metrics(results: Sequence[ShardResult], load_seconds: float | None) -> dict[str, float]:
+def health_metrics(summary: ResultsSummary, load_seconds: float | None) -> dict[str, float]:
     """Inference health: model latency per batch, batch sizes, model throughput, quarantine
     counts by check and by column and check, model load and warm-up time, and for sequence
-    models the real and padded tokens."""
+    models the real and padded tokens (of the shards' results folded: ``summary``)."""
     out: dict[str, float] = {}
-    batches = [b for r in results for b in r.batches]
+    batches = summary.batches
     if batches:
         latency = [ms for _, ms in batches]
         sizes = [float(rows) for rows, _ in batches]
@@ -211,11 +207,11 @@ def health_metrics(results: Sequence[ShardResult], load_seconds: float | None) -
         model_s = sum(latency) / 1000.0
         if model_s > 0:
             out["model_rows_per_second"] = sum(sizes) / model_s
-    for column, check, n in quarantine_counts(results):
+    for column, check, n in quarantine_counts(summary):
         for key in (f"quarantine_rows.{metric_part(check)}",
                     f"quarantine_rows.{metric_part(column)}.{metric_part(check)}"):
             out[key] = out.get(key, 0.0) + n
-    model = sum((r.model for r in results), ModelStats())
+    model = summary.model
     out["model_warmup_ms"] = model.warmup_ms
     if model.tokens:
         # A model with a lengths input (handlers/tokens.py): what padding cost.
@@ -228,14 +224,14 @@ def health_metrics(results: Sequence[ShardResult], load_seconds: float | None) -
 
 
 def profile_record(job: Job, verdict: DriftVerdict, baseline: Baseline | None,
-                   results: Sequence[ShardResult] = ()) -> dict[str, Any]:
+                   summary: ResultsSummary | None = None) -> dict[str, Any]:
     """What ``_profile.json`` (and a stopped run's ``_drift/<attempt>.json``) holds: a
     :class:`~batchinfer.profile_records.RunProfile`."""
     about = (None if baseline is None else
              BaselineAbout(path=job.display(baseline.path), about=dict(baseline.about),
                            columns={k: v.record() for k, v in baseline.columns.items()}))
     return RunProfile(profile_version=PROFILE_VERSION, job=job.spec.name, ds=job.ds,
-                      quarantine=quarantine_counts(results),
+                      quarantine=quarantine_counts(summary),
                       level=verdict.level,  # type: ignore[arg-type]
                       baseline=about,
                       limits=LimitsRecord(warn=dict(verdict.warn), fail=dict(verdict.fail)),
@@ -254,7 +250,7 @@ def input_dataset(manifest: Manifest) -> dict[str, str]:
 
 
 def keep_drift_report(job: Job, layout: Layout, verdict: DriftVerdict, baseline: Baseline | None,
-                      results: Sequence[ShardResult]) -> tuple[dict[str, str], str]:
+                      summary: ResultsSummary) -> tuple[dict[str, str], str]:
     """Keep the drift report of a run that drift stopped as ``_drift/<attempt>.json`` and
     ``.html`` (the job report) under ``output.path``, which no cleanup removes. Returns what
     is kept there as MLflow artifacts (``report.html`` and ``drift.json``; what cannot be read
@@ -263,10 +259,10 @@ def keep_drift_report(job: Job, layout: Layout, verdict: DriftVerdict, baseline:
     shown = job.display(records_url(job))
     kept = f"{DRIFT}/{layout.attempt}"
     where = f"drift report kept in {shown}/{kept}.json"
-    profile = profile_record(job, verdict, baseline, results)
+    profile = profile_record(job, verdict, baseline, summary)
     try:
         write_json(layout.fs, layout.record(f"{kept}.json"), profile)
-        metrics = {**health_metrics(results, None), **drift_metrics(verdict)}
+        metrics = {**health_metrics(summary, None), **drift_metrics(verdict)}
         html = render_report(None, {"metrics": metrics, "params": {"attempt": layout.attempt}}, profile,
                              title=f"{job.spec.name} {job.ds or ''}: stopped by drift")
         layout.fs.pipe_file(layout.record(f"{kept}.html"), html.encode())

@@ -60,7 +60,7 @@ from ..errors import (
 )
 from ..io.commit import Attempt, CommitOutcome, Decision, Identity, PartitionCommit, not_committed, triple_conflict
 from ..io.commit import decide as decide_partition
-from ..io.records import AttemptKey, Challenger, Manifest, PreprocessStats, ShardResult, Totals
+from ..io.records import AttemptKey, Challenger, Manifest, ResultsSummary, Totals
 from ..io.resume import Resume
 from ..io.resume import find as resume_shards
 from ..io.update import Update, current_digests, plan_update
@@ -201,10 +201,12 @@ class Scored:
 
 @dataclass(frozen=True, kw_only=True)
 class ReadBack:
-    """Phase 4: what the commit step did, its shards' results, and the drift verdict on them."""
+    """Phase 4: what the commit step did, its shards' results folded (an empty summary when the
+    commit step's record was lost: then the manifest has the counts), and the drift verdict on
+    them."""
 
     outcome: CommitOutcome
-    results: list[ShardResult]
+    summary: ResultsSummary
     totals: Totals
     verdict: DriftVerdict
 
@@ -493,10 +495,9 @@ def read_back(run: Resolution, launched: Launch) -> ReadBack:
     """Phase 4: what the commit step did (its record, or the manifest), and the verdict of the
     run's shards against the baseline."""
     outcome = launched.attempt.outcome(run.resolved.triple.as_dict())
-    results = list(outcome.results)
-    return ReadBack(outcome=outcome, results=results, totals=Totals.of([r.record for r in results]),
-                    verdict=observe([r.profile for r in results], run.resolved.features,
-                                    launched.baseline))
+    summary = outcome.summary if outcome.summary is not None else ResultsSummary()
+    return ReadBack(outcome=outcome, summary=summary, totals=summary.totals,
+                    verdict=observe(summary.profiles, run.resolved.features, launched.baseline))
 
 
 def publish(run: Resolution, launched: Launch, scored: Scored, read: ReadBack,
@@ -524,7 +525,7 @@ def publish(run: Resolution, launched: Launch, scored: Scored, read: ReadBack,
     manifest = outcome.manifest
     run.partition.tidy(manifest)  # the commit step's record
     # Without results the record was lost; the manifest has the counts.
-    totals = read.totals if read.results else manifest.totals
+    totals = read.totals if read.totals.shards else manifest.totals
     job, device = run.job, launched.champion.device
     wall_s = time.perf_counter() - run.t0
     tags = run_record.run_tags(job, attempt.attempt, device)
@@ -532,12 +533,12 @@ def publish(run: Resolution, launched: Launch, scored: Scored, read: ReadBack,
         tags["batchinfer.drift"] = verdict.level
     kept = run_record.RunRecord(
         params=run_record.run_params(job, run.resolved, attempt.attempt, device),
-        metrics={**run_record.run_metrics(totals, scored.pipeline_s, wall_s, read.results,
+        metrics={**run_record.run_metrics(totals, scored.pipeline_s, wall_s, read.summary,
                                      launched.load_s, verdict, attempt=attempt.attempt),
                  "commit_seconds": outcome.seconds},
         tags={**tags, **run_record.table_tags(manifest)})
     line = run_record.publish(job, tracking, attempt.layout, manifest, kept,
-                          run_record.profile_record(job, verdict, launched.baseline, read.results))
+                          run_record.profile_record(job, verdict, launched.baseline, read.summary))
     return Outcome("committed", f"committed {run.shown} (attempt {attempt.attempt})", manifest,
                    run.shown, line, {"wall_s": wall_s, "pipeline_s": scored.pipeline_s},
                    verdict.level)
@@ -554,7 +555,7 @@ def _refused(run: Resolution, launched: Launch, scored: Scored, read: ReadBack,
     where = None
     if drifted:  # _drift/ is kept: no cleanup there
         kept, where = run_record.keep_drift_report(job, attempt.layout, read.verdict,
-                                               launched.baseline, read.results)
+                                               launched.baseline, read.summary)
     accept = launched.baseline.accept if drifted and launched.baseline is not None else None
     error = _refusal(read.outcome, where, accept)
     tags = {**run_record.run_tags(job, attempt.attempt, device), "batchinfer.error": error_line(error),
@@ -562,7 +563,7 @@ def _refused(run: Resolution, launched: Launch, scored: Scored, read: ReadBack,
     if drifted:
         tags["batchinfer.drift"] = "fail"
     tracking.finish(run_record.run_params(job, run.resolved, attempt.attempt, device),
-                    run_record.run_metrics(read.totals, scored.pipeline_s, 0.0, read.results,
+                    run_record.run_metrics(read.totals, scored.pipeline_s, 0.0, read.summary,
                                        launched.load_s, read.verdict, attempt=attempt.attempt),
                     kept, "FAILED", tags=tags)
     raise error
@@ -577,7 +578,7 @@ def _refusal(outcome: CommitOutcome, kept: str | None = None,
     cls = _refused_as(outcome)
     if issubclass(cls, PreprocessError):
         # The function's exception stayed on the worker; its traceback came back as text.
-        trace = sum((r.preprocess for r in outcome.results), PreprocessStats()).trace
+        trace = outcome.summary.preprocess.trace if outcome.summary is not None else None
         if trace:
             log.debug("the preprocessing's first failure:\n%s", trace.rstrip())
         return cls(message)

@@ -9,6 +9,7 @@
                                                 # each finished shard's result in scratch
     results = attempt.results(shard_count, adopted)   # per-shard results, in shard order
                                                 # (adopted: io/resume.py, a crashed attempt's)
+    folded = attempt.fold(shard_count, adopted)  # ... folded as they are read (the commit step)
     outcome = attempt.commit(manifest)          # committed | lost_race | conflict
     attempt.record(outcome)                     # what the commit did, for the launcher to read
     attempt.outcome(triple)                     # ... read back (or learned from the manifest)
@@ -26,9 +27,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Sequence, TypeVar
+from typing import Any, Iterator, Literal, Mapping, Sequence, TypeVar
 
 from fsspec import AbstractFileSystem
+from pydantic import model_validator
 
 from .. import backends, faults
 from ..clock import Clock, utc_now
@@ -45,7 +47,19 @@ from .manifest import (
 )
 from .outputs import CHALLENGERS, PREDICTIONS, QUARANTINE, TMP, Layout, write_json
 from .readback import check
-from .records import AttemptKey, ChallengerShard, FileRecord, Manifest, ShardResult, TableCommit, TableVersion
+from .records import (
+    AttemptKey,
+    ChallengerShard,
+    FileRecord,
+    Manifest,
+    ProfileFold,
+    ResultsFold,
+    ResultsSummary,
+    ShardResult,
+    TableCommit,
+    TableVersion,
+    fold,
+)
 from .resume import KEY
 from .sinks import FILES, LostRace, Sink
 from .storage import join, url_to_fs
@@ -66,22 +80,35 @@ class CommitOutcome(Record):
         error: the class of the refusal's error (``batchinfer/errors.py``), so that the launcher
             raises what the commit step raised, not a class guessed from ``code``; "" in
             outcomes written before it was recorded, and for every other status.
-        results: the per-shard results the commit step read (for the metrics).
+        summary: the shards' results the commit step read, folded (for the metrics, the
+            profile and the report); None for an outcome learned without the commit step's
+            record (from the manifest).
         seconds: how long the commit itself took (the manifest, and the tables' commits).
+        results: only in an outcome written before the results were folded (every shard's
+            result): read, they are folded into ``summary``, and never written again.
     """
 
     status: Literal["committed", "lost_race", "conflict", "refused"]
     manifest: Manifest | None = None
     code: Count = 0
     message: str | None = None
-    results: tuple[ShardResult, ...] = ()
+    summary: ResultsSummary | None = None
     seconds: NonNegative = 0.0
     error: str = ""
+    results: tuple[ShardResult, ...] = field(default=(), repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         data = super().to_dict()
-        keys = ("status", "code", "message", "manifest", "results", "seconds")
+        keys = ("status", "code", "message", "manifest", "summary", "seconds")
         return {key: data[key] for key in keys + (("error",) if self.error else ())}
+
+    @model_validator(mode="after")
+    def _folded(self) -> "CommitOutcome":
+        # An outcome of 20,000 shards' results was ~120 MB of JSON, read back whole by the
+        # launcher: an older one's results are folded as it is read.
+        if self.results:
+            return dataclasses.replace(self, summary=fold(self.results), results=())
+        return self
 
 
 # A challenger as a manifest holds it and a run declares it: name, triple, declared options.
@@ -313,11 +340,34 @@ class Attempt:
                 ended without finishing it, or another run's cleanup removed this attempt's
                 scratch.
         """
+        return list(self.each_result(shard_count, adopted, challengers))
+
+    def fold(self, shard_count: int, adopted: Mapping[int, ShardResult] | None = None,
+             challengers: Sequence[str] = (), profiles: ProfileFold | None = None) -> ResultsFold:
+        """Every shard's result (as :meth:`results` has them) folded as it is read
+        (:class:`~batchinfer.io.records.ResultsFold`: the manifest's entries and the sums; no
+        more than one result in memory at a time). ``profiles``: how their column statistics
+        are folded (the commit step merges them; the io layer does not interpret them).
+
+        Raises:
+            RuntimeFailure: as :meth:`results`.
+        """
+        folding = ResultsFold(profiles)
+        for result in self.each_result(shard_count, adopted, challengers):
+            folding.add(result)
+        return folding
+
+    def each_result(self, shard_count: int, adopted: Mapping[int, ShardResult] | None = None,
+                    challengers: Sequence[str] = ()) -> Iterator[ShardResult]:
+        """:meth:`results`, one at a time (each read when asked for).
+
+        Raises:
+            RuntimeFailure: as :meth:`results`, when the iteration reaches the shard.
+        """
         layout = self.layout
-        results = []
         for index in range(shard_count):
             if adopted and index in adopted:
-                results.append(adopted[index])
+                yield adopted[index]
                 continue
             path = layout.shard_result(index)
             try:
@@ -332,8 +382,7 @@ class Attempt:
                 raise RuntimeFailure(f"shard {index} has no result ({path}): the pipeline ended "
                                      f"without finishing it (or another run removed this "
                                      f"attempt's files)") from None
-            results.append(result)
-        return results
+            yield result
 
     def missing(self, paths: "set[str]") -> list[str]:
         """Which of ``paths`` (relative data files) are not on the store now, by one listing

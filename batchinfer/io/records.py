@@ -11,7 +11,7 @@ a file without its key (written by an older batchinfer) reads with it. Pure: no 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Annotated, Any, Literal, Mapping
+from typing import Annotated, Any, Iterable, Literal, Mapping, Protocol, Sequence
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
@@ -397,15 +397,189 @@ class ShardResult(Record):
 
 
 def with_challenger_shards(challengers: tuple[Challenger, ...],
-                           results: "list[ShardResult] | tuple[ShardResult, ...]") -> tuple[Challenger, ...]:
+                           results: "Iterable[ShardResult]") -> tuple[Challenger, ...]:
     """The manifest's challenger entries (known before any work) with each shard's rows and
     files from the shards' results, in shard order. A shard without an entry for a challenger
     (unreadable) gets an empty one."""
+    return challenger_entries(challengers, [(r.record.path, r.challengers) for r in results])
+
+
+def challenger_entries(challengers: tuple[Challenger, ...],
+                       parts: "Sequence[tuple[str, Mapping[str, ChallengerShard]]]") -> tuple[Challenger, ...]:
+    """:func:`with_challenger_shards` from each shard's (path, challengers' parts by name)."""
     return tuple(
-        replace(c, shards=tuple(r.challengers.get(c.name)
-                                or ChallengerShard(path=r.record.path, rows_scored=0, rows_rejected=0)
-                                for r in results))
+        replace(c, shards=tuple(by_name.get(c.name)
+                                or ChallengerShard(path=path, rows_scored=0, rows_rejected=0)
+                                for path, by_name in parts))
         for c in challengers)
+
+
+# -- the partition's results folded (what the commit step and the launcher need of them) ----------
+
+@dataclass(frozen=True, kw_only=True)
+class ChallengerSums(Record):
+    """A challenger's rows scored and rejected, and its model time, summed over the shards."""
+
+    rows_scored: Count = 0
+    rows_rejected: Count = 0
+    compute_ms: Duration = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScoredBy(Record):
+    """The shards one attempt scored (as their manifest entries record it), and their rows in."""
+
+    shards: Count = 0
+    rows_in: Count = 0
+
+
+# One shard's column statistics, or several shards' merged: column → ColumnStats.to_dict().
+ProfileData = dict[str, ColumnStatsData]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResultsSummary(Record):
+    """Every shard's :class:`ShardResult` of a partition folded, in shard order (:func:`fold`):
+    what the commit step decides on and the launcher's metrics, profile and report are made of,
+    without holding 20,000 results (bench/README.md "Many small shards").
+
+    Attributes:
+        totals: the manifest's totals of the shards' entries.
+        scored_by: for the shards whose entry records the attempt that scored them, by attempt
+            (:meth:`reused` counts those of other attempts than the run's).
+        seconds: time per stage, summed (in shard order, as the metrics always summed them).
+        model, preprocess: the shards' statistics added up.
+        quarantine: quarantined rows by (column, check), summed, in the order first seen.
+        batches: every model batch's (rows, model ms), in shard order (for the percentiles).
+        challengers: each challenger's sums, by name, in the order first seen.
+        profiles: the column statistics: the shards' merged into one (the commit step merges
+            them, rows/drift.py ``MergedProfiles``), or each shard's (the io layer does not
+            interpret them: an outcome written before the results were folded keeps each). The
+            drift verdict on either is the same (rows/drift.py ``run_columns`` merges them).
+    """
+
+    totals: Totals = _UNCOUNTED
+    scored_by: dict[str, ScoredBy] = field(default_factory=dict)
+    seconds: dict[str, Finite] = field(default_factory=dict)
+    model: ModelStats = ModelStats()
+    preprocess: PreprocessStats = PreprocessStats()
+    quarantine: tuple[tuple[str | None, str, Count], ...] = ()
+    batches: tuple[tuple[Count, Finite], ...] = ()
+    challengers: dict[str, ChallengerSums] = field(default_factory=dict)
+    profiles: tuple[ProfileData, ...] = ()
+
+    def reused(self, attempt: str | None) -> ScoredBy:
+        """The shards (and their rows in) that another attempt than ``attempt`` scored: adopted
+        from a crashed attempt, or kept by an update (none without an ``attempt``)."""
+        others = [n for by, n in self.scored_by.items() if attempt and by != attempt]
+        return ScoredBy(shards=sum(n.shards for n in others), rows_in=sum(n.rows_in for n in others))
+
+
+class ProfileFold(Protocol):
+    """How :class:`ResultsFold` folds the shards' column statistics (plain data to the io
+    layer): ``add`` each shard's, in shard order; ``profiles`` what the summary keeps."""
+
+    def add(self, profile: Mapping[str, Mapping[str, Any]]) -> None: ...
+
+    def profiles(self) -> tuple[ProfileData, ...]: ...
+
+
+class EachProfile:
+    """Keeps every shard's column statistics as they are (what a reader without the rows layer
+    can do: an outcome written before the fold)."""
+
+    def __init__(self) -> None:
+        self._each: list[ProfileData] = []
+
+    def add(self, profile: Mapping[str, Mapping[str, Any]]) -> None:
+        if profile:
+            self._each.append(dict(profile))   # type: ignore[arg-type]
+
+    def profiles(self) -> tuple[ProfileData, ...]:
+        return tuple(self._each)
+
+
+class ResultsFold:
+    """The fold of a partition's shards' results, one at a time and in shard order: the sums of
+    :class:`ResultsSummary`, and, for the manifest, each shard's entry and its challengers'
+    parts (``keep``). No result is held once added.
+
+        fold = ResultsFold(profiles)
+        for result in results: fold.add(result)
+        fold.summary(), fold.records, fold.challenger_entries(challengers)
+    """
+
+    def __init__(self, profiles: ProfileFold | None = None, *, keep: bool = True):
+        self.keep = keep
+        self.records: list[ShardRecord] = []
+        self._parts: list[tuple[str, Mapping[str, ChallengerShard]]] = []
+        self._profiles = profiles if profiles is not None else EachProfile()
+        self._totals = [0, 0, 0, 0, 0]
+        self._scored_by: dict[str, list[int]] = {}
+        self._seconds: dict[str, float] = {}
+        self._model = ModelStats()
+        self._preprocess = PreprocessStats()
+        self._quarantine: dict[tuple[str | None, str], int] = {}
+        self._batches: list[tuple[int, float]] = []
+        self._challengers: dict[str, list[float]] = {}
+
+    def add(self, result: ShardResult) -> "ResultsFold":
+        record = result.record
+        if self.keep:
+            self.records.append(record)
+            self._parts.append((record.path, result.challengers))
+        totals = self._totals
+        totals[0] += 1
+        totals[1] += record.rows_in or 0
+        totals[2] += record.rows_scored
+        totals[3] += record.rows_quarantined
+        totals[4] += record.status == "unreadable"
+        if record.scored_by is not None:
+            by = self._scored_by.setdefault(record.scored_by, [0, 0])
+            by[0] += 1
+            by[1] += record.rows_in or 0
+        seconds = self._seconds
+        for stage, value in result.seconds.items():
+            seconds[stage] = seconds.get(stage, 0.0) + value
+        self._model = self._model + result.model
+        self._preprocess = self._preprocess + result.preprocess
+        quarantine = self._quarantine
+        for column, check, n in result.quarantine:
+            quarantine[(column, check)] = quarantine.get((column, check), 0) + n
+        self._batches.extend(result.batches)
+        for name, shard in result.challengers.items():
+            sums = self._challengers.setdefault(name, [0, 0, 0.0])
+            sums[0] += shard.rows_scored
+            sums[1] += shard.rows_rejected
+            sums[2] += shard.compute_ms
+        self._profiles.add(result.profile)
+        return self
+
+    def summary(self) -> ResultsSummary:
+        shards, rows_in, rows_scored, rows_quarantined, unreadable = self._totals
+        return ResultsSummary(
+            totals=Totals(shards=shards, rows_in=rows_in, rows_scored=rows_scored,
+                          rows_quarantined=rows_quarantined, shards_unreadable=unreadable),
+            scored_by={by: ScoredBy(shards=n, rows_in=rows) for by, (n, rows) in self._scored_by.items()},
+            seconds=dict(self._seconds), model=self._model, preprocess=self._preprocess,
+            quarantine=tuple((c, k, n) for (c, k), n in self._quarantine.items()),
+            batches=tuple(self._batches),
+            challengers={name: ChallengerSums(rows_scored=int(s), rows_rejected=int(r), compute_ms=ms)
+                         for name, (s, r, ms) in self._challengers.items()},
+            profiles=self._profiles.profiles())
+
+    def challenger_entries(self, challengers: tuple[Challenger, ...]) -> tuple[Challenger, ...]:
+        """The manifest's challenger entries with the shards' parts (:func:`challenger_entries`)."""
+        return challenger_entries(challengers, self._parts)
+
+
+def fold(results: Iterable[ShardResult], profiles: ProfileFold | None = None) -> ResultsSummary:
+    """``results`` (in shard order) folded into their :class:`ResultsSummary`, one at a time;
+    ``profiles``: how their column statistics are (default: each kept, :class:`EachProfile`)."""
+    folding = ResultsFold(profiles, keep=False)
+    for result in results:
+        folding.add(result)
+    return folding.summary()
 
 
 # -- _metrics.json (contract §6 "Tracking record") --------------------------------------------------

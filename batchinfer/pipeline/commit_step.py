@@ -27,10 +27,10 @@ from ..beam_compat import beam
 from ..clock import Clock, rfc3339, utc_now
 from ..errors import BatchInferError, DataQualityError, ModelError, PreprocessError, RuntimeFailure
 from ..io.commit import Attempt, CommitOutcome, PartitionCommit
-from ..io.records import Manifest, ModelStats, PreprocessStats, ShardResult, Totals, with_challenger_shards
+from ..io.records import Manifest, ResultsSummary, ShardResult
 from ..io.sinks import FILES, Sink
 from ..redaction import Deferred
-from ..rows.drift import DriftGate
+from ..rows.drift import DriftGate, MergedProfiles
 from .prepare import preprocess_fault
 
 # The quarantine thresholds: (rows_in, rows quarantined, unreadable shards) → why the partition
@@ -107,8 +107,10 @@ class CommitPartition(beam.DoFn):
     def process(self, element):
         plan = self.plan
         attempt = plan.begin()
-        results = attempt.results(plan.shard_count, plan.adopted,
-                                  tuple(c.name for c in plan.header.challengers))
+        # Folded as they are read: the manifest's entries and the sums, never every result.
+        folded = attempt.fold(plan.shard_count, plan.adopted,
+                              tuple(c.name for c in plan.header.challengers), MergedProfiles())
+        summary = folded.summary()
         adopted = {f.path for r in plan.adopted.values() for f in r.record.files} | {
             f.path for r in plan.adopted.values() for c in r.challengers.values() for f in c.files}
         gone = attempt.missing(adopted) if adopted else []
@@ -116,44 +118,44 @@ class CommitPartition(beam.DoFn):
             raise RuntimeFailure(f"{len(gone)} file(s) of shards this run adopted from another "
                                  f"attempt were removed meanwhile (e.g. {gone[0]}): nothing "
                                  f"committed; run the job again")
-        refusal = refuse(results, plan.breach, plan.preprocess) or incomplete(results, plan.max_incomplete)
+        refusal = refuse(summary, plan.breach, plan.preprocess) or incomplete(summary, plan.max_incomplete)
         if refusal is None and plan.drift is not None:
-            drifted = plan.drift.refusal(r.profile for r in results)
+            drifted = plan.drift.refusal(summary.profiles)
             refusal = DataQualityError(drifted) if drifted else None
         if refusal is not None:
             # The finished shards stay for a rerun to adopt (a fixed shard is scored again, the
             # others are not: io/resume.py); the record, for the launcher to turn into its exit
             # code.
             attempt.stop()
-            outcome = CommitOutcome("refused", None, refusal.exit_code, refusal.message, tuple(results),
+            outcome = CommitOutcome("refused", None, refusal.exit_code, refusal.message, summary,
                                     error=type(refusal).__name__)
         else:
-            records = tuple(r.record for r in results)
+            records = tuple(folded.records)
             manifest = dataclasses.replace(plan.header, finished_at=rfc3339(plan.clock()),
-                                           totals=Totals.of(records), shards=records,
-                                           challengers=with_challenger_shards(plan.header.challengers, results))
+                                           totals=summary.totals, shards=records,
+                                           challengers=folded.challenger_entries(plan.header.challengers))
             t0 = time.perf_counter()
             committed = attempt.commit(manifest)
-            outcome = dataclasses.replace(committed, results=tuple(results),
+            outcome = dataclasses.replace(committed, summary=summary,
                                           seconds=time.perf_counter() - t0)
         attempt.record(outcome)
         yield outcome.status
 
 
-def refuse(results: list[ShardResult], breach: Breach,
+def refuse(summary: ResultsSummary, breach: Breach,
            preprocess: str | None = None) -> BatchInferError | None:
     """Why the partition must not commit, or None: a model that raised on every row it was given
     (exit 5: not the data's fault), or bad rows or shards above the thresholds — mostly rows the
     preprocessing raised on for one reason (exit 2: its fault, pipeline/prepare.py rule (b)),
-    otherwise exit 4."""
-    model = sum((r.model for r in results), ModelStats())
+    otherwise exit 4. ``summary``: the shards' results folded."""
+    model = summary.model
     if model.rows and model.raised == model.rows:
         return ModelError(f"the model raised on every one of the {model.rows} rows it was given "
                           f"(first error: {model.error}); nothing committed")
-    totals = Totals.of([r.record for r in results])
+    totals = summary.totals
     why = breach(totals.rows_in, totals.rows_quarantined, totals.shards_unreadable)
     if why:
-        fault = preprocess_fault(sum((r.preprocess for r in results), PreprocessStats()), preprocess)
+        fault = preprocess_fault(summary.preprocess, preprocess)
         if fault:
             return PreprocessError(fault)
         return DataQualityError(f"data quality: {why}; nothing committed: run `batchinfer validate` "
@@ -161,12 +163,12 @@ def refuse(results: list[ShardResult], breach: Breach,
     return None
 
 
-def incomplete(results: list[ShardResult], limit: float | None) -> BatchInferError | None:
+def incomplete(summary: ResultsSummary, limit: float | None) -> BatchInferError | None:
     """Exit 4 when more of the explained rows than ``limit`` (a fraction) have attributions that
     do not sum to ``f(x) - f(baseline)`` within ``explain.tolerance``; None otherwise."""
     if limit is None:
         return None
-    model = sum((r.model for r in results), ModelStats())
+    model = summary.model
     if not model.explained or model.incomplete / model.explained <= limit:
         return None
     return DataQualityError(

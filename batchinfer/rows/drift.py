@@ -39,6 +39,26 @@ def run_columns(profiles: Iterable[ShardProfile], features: Sequence[str],
             for name, stats in merged.items()}
 
 
+class MergedProfiles:
+    """The shards' column statistics merged as they come, in shard order, as :func:`run_columns`
+    merges them: one profile whose verdict (:func:`observe`, :meth:`DriftGate.refusal`) is the
+    shards' own. What the commit step folds the shards' results with (io/records.py
+    ``ResultsFold``: the io layer keeps the statistics as plain data)."""
+
+    def __init__(self) -> None:
+        self._merged: dict[str, ColumnStats] = {}
+
+    def add(self, profile: ShardProfile) -> None:
+        merged = self._merged
+        for name, data in profile.items():
+            stats = ColumnStats.from_dict(data)
+            merged[name] = merged[name] + stats if name in merged else stats
+
+    def profiles(self) -> tuple[dict[str, dict[str, Any]], ...]:
+        """The merged profile (none when no shard had one)."""
+        return ({name: stats.to_dict() for name, stats in self._merged.items()},) if self._merged else ()
+
+
 def listed(names: Sequence[str] | Mapping[str, Any], limit: int = 8) -> str:
     """``a, b, c and 4 more`` (``none`` when empty): names in one line of a message."""
     names = list(names)

@@ -4,6 +4,7 @@ included)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -141,3 +142,7 @@ def test_the_commit_step_stamps_finished_at_with_the_runs_clock(tmp_path):
     committed = PartitionCommit(str(tmp_path / "out")).committed()
     assert committed is not None and committed.finished_at == "2026-01-15T01:04:05.678Z"
     assert committed.finished_at == rfc3339(datetime(2026, 1, 15, 1, 4, 5, 678000, tzinfo=timezone.utc))
+    # its record holds the shards' results folded, not each of them (issue 34)
+    written = json.loads(attempt.layout.fs.cat_file(attempt.layout.outcome))
+    assert "results" not in written and written["summary"]["totals"] == committed.totals.to_dict()
+    assert attempt.outcome(committed.triple).summary.totals == committed.totals

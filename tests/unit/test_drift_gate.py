@@ -2,6 +2,7 @@
 out, no I/O) and the metric names a verdict becomes (batchinfer/app/run_record.py)."""
 from __future__ import annotations
 
+import json
 import math
 import pickle
 
@@ -10,7 +11,7 @@ import pytest
 
 from batchinfer.app.run_record import drift_metrics
 from batchinfer.rows.column_profiles import ColumnStats, baseline_column, bin_counts, psi
-from batchinfer.rows.drift import Baseline, DriftGate, observe
+from batchinfer.rows.drift import Baseline, DriftGate, MergedProfiles, observe
 
 RNG = np.random.default_rng(7)
 F0 = RNG.normal(0.0, 1.0, 4000)
@@ -93,3 +94,26 @@ def test_the_gate_pickles_to_the_worker_that_commits_with_only_the_columns_and_l
     assert (GATE.baseline.path, GATE.baseline.shown, GATE.baseline.accept, GATE.baseline.about) == (
         "", "", "", {})
     assert (GATE.baseline.warn, GATE.baseline.fail) == (WARN, FAIL)
+
+
+def test_the_shards_merged_into_one_profile_give_their_verdict_and_refusal():
+    """The commit step folds the shards' profiles into one (rows/drift.py MergedProfiles, in
+    shard order, as run_columns merges them); through the commit record's JSON, the gate and the
+    launcher's verdict on it are the shards' own, to the bit."""
+    from batchinfer.io.records import ResultsSummary
+
+    f0 = np.concatenate([F0 + 2.0, [np.nan, np.inf]])
+    score = np.concatenate([np.clip(SCORE + 0.08, 0.0, 1.0), [0.5, np.nan]])
+    profiles = [{}] + shards(f0, score, parts=7) + [{}]
+    merging = MergedProfiles()
+    for profile in profiles:
+        merging.add(profile)
+    merged = ResultsSummary.read(json.dumps(ResultsSummary(profiles=merging.profiles()).to_dict())).profiles
+    assert len(merged) == 1
+    for baseline in (BASELINE, None):
+        one, each = observe(merged, ("f0",), baseline), observe(profiles, ("f0",), baseline)
+        assert one == each and list(one.columns) == list(each.columns)
+    assert GATE.refusal(merged) == GATE.refusal(profiles) is not None
+    nothing = MergedProfiles()
+    nothing.add({})
+    assert nothing.profiles() == () and observe((), ("f0",), BASELINE).columns == {}

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from batchinfer.app.job_report import render_report
 from batchinfer.app.run_record import health_metrics, metric_part
-from batchinfer.io.records import ShardRecord, ShardResult
+from batchinfer.io.records import ShardRecord, ShardResult, fold
 from batchinfer.rows.column_profiles import (
     ColumnProfile,
     ColumnStats,
@@ -174,7 +174,7 @@ def _result(batches, quarantine=()):
 def test_health_metrics_percentiles_and_quarantine_names():
     results = [_result([(100, float(ms)) for ms in range(1, 51)], ((None, "validation_error", 2),)),
                _result([(50, float(ms)) for ms in range(51, 101)], (("f 1", "in_range(0, 1)", 3),))]
-    metrics = health_metrics(results, 0.25)
+    metrics = health_metrics(fold(results), 0.25)
     assert metrics["model_latency_ms_p50"] == pytest.approx(50.5)
     assert metrics["model_latency_ms_p99"] == pytest.approx(99.01)
     assert metrics["model_latency_ms_max"] == 100.0 and metrics["model_batches"] == 100.0
@@ -259,3 +259,53 @@ def test_the_report_shows_a_discrete_median():
     cells = [cell.split(">", 1)[1] for cell in row.split("</td>")[:-1]]
     # column, kind, count, nulls, mean, baseline mean, std, min, median, max
     assert cells[4] == "46.8" and cells[7:] == ["36", "36", "60"], cells
+
+
+def test_the_metrics_of_the_results_folded_are_those_of_every_result():
+    """The launcher's figures come from the shards' results folded (io/records.py fold): the
+    same sums, added in shard order, as when every result was held (the formulas below are
+    what run_record did with them)."""
+    from batchinfer.app.run_record import challenger_metrics, quarantine_counts, run_metrics
+    from batchinfer.io.records import ChallengerShard, ModelStats, PreprocessStats, Totals
+    from batchinfer.rows.drift import DriftVerdict
+
+    def shard(i: int, by: str | None) -> ShardResult:
+        rows = 10 + i
+        record = ShardRecord(path=f"s{i}", sha256="0" * 64, rows_in=rows, rows_scored=rows - i % 3,
+                             rows_quarantined=i % 3, status="scored", reason=None, scored_by=by)
+        return ShardResult(
+            record=record, seconds={"read": 0.1 * i, "infer": 1 / (i + 3), **({"write": 0.3} if i % 2 else {})},
+            model=ModelStats(rows=rows, raised=i % 2, error=f"e{i}" if i % 2 else None,
+                             chunk_rows=100 - i, warmup_ms=0.7 * i, tokens=i, padded_tokens=2 * i),
+            quarantine=((None, "validation_error", i % 3),) if i % 3 else (("f 1", "in_range", 1),),
+            batches=((rows, 0.1 + i / 7),),
+            challengers={"c": ChallengerShard(path=f"s{i}", rows_scored=rows - 1, rows_rejected=1,
+                                              compute_ms=1 / (i + 1))},
+            preprocess=PreprocessStats(rows, {"KeyError": i}, {"KeyError": f"k{i}"}, f"t{i}" if i > 2 else None))
+
+    results = [shard(i, "old" if i < 3 else "now" if i % 2 else None) for i in range(9)]
+    summary = fold(results)
+    verdict = DriftVerdict(columns={})
+    metrics = run_metrics(Totals.of([r.record for r in results]), 2.0, 3.0, summary, 0.5, verdict,
+                          attempt="now")
+    assert metrics["shards_reused"] == 3.0 and metrics["rows_reused"] == 10.0 + 11.0 + 12.0
+    stages: dict[str, float] = {}
+    challengers: dict[str, float] = {}
+    for r in results:
+        for stage, value in r.seconds.items():
+            stages[stage] = stages.get(stage, 0.0) + value
+        for name, c in r.challengers.items():
+            for key, value in (("rows_scored", c.rows_scored), ("rows_rejected", c.rows_rejected),
+                               ("compute_ms", c.compute_ms)):
+                challengers[f"challenger.{name}.{key}"] = challengers.get(f"challenger.{name}.{key}", 0.0) + value
+    assert {k: v for k, v in metrics.items() if k.startswith("stage_seconds_")} == {
+        f"stage_seconds_{k}": v for k, v in stages.items()}
+    assert challenger_metrics(summary) == challengers
+    model = sum((r.model for r in results), ModelStats())
+    assert summary.model == model and metrics["model_warmup_ms"] == model.warmup_ms
+    assert summary.preprocess == sum((r.preprocess for r in results), PreprocessStats())
+    assert summary.preprocess.trace == "t3"
+    assert summary.batches == tuple(b for r in results for b in r.batches)
+    assert health_metrics(summary, 0.5) == {k: v for k, v in metrics.items() if k in health_metrics(summary, 0.5)}
+    assert quarantine_counts(summary) == [(None, "validation_error", 9), ("f 1", "in_range", 3)]
+    assert summary.totals == Totals.of([r.record for r in results])

@@ -43,6 +43,7 @@ from batchinfer.io.records import (
     ShardRecord,
     ShardResult,
     Totals,
+    fold,
 )
 from batchinfer.rows.column_profiles import ColumnStats, baseline_column, drift, run_column
 from batchinfer.rows.drift import run_columns
@@ -206,7 +207,7 @@ def test_shard_result_reader(document):
     results = _reads(lambda: attempt.results(1), StorageError)
     if results is not None:
         run_columns([r.profile for r in results], ["f0", "term"], {})
-        health_metrics(results, None)
+        health_metrics(fold(results), None)
         Totals.of([r.record for r in results])
 
 
@@ -219,18 +220,41 @@ def test_scratch_records_read_back_whole():
     result = _shard_result()
     fs.pipe_file(attempt.layout.shard_result(0), json.dumps(result.to_dict()).encode())
     assert attempt.results(1) == [result]
-    outcome = CommitOutcome("refused", _manifest(), 4, "too many", (result,))
+    outcome = CommitOutcome("refused", _manifest(), 4, "too many", fold([result]))
     attempt.record(outcome)
+    assert attempt.outcome(TRIPLE) == outcome
+    # as an outcome written before the fold had them: every shard's result, folded on read
+    older = {**outcome.to_dict(), "results": [result.to_dict()]}
+    del older["summary"]
+    fs.pipe_file(attempt.layout.outcome, json.dumps(older).encode())
     assert attempt.outcome(TRIPLE) == outcome
 
 
-@given(mutated(CommitOutcome("refused", _manifest(), 4, "too many", (_shard_result(),)).to_dict()))
+@given(mutated(CommitOutcome("refused", _manifest(), 4, "too many", fold([_shard_result()])).to_dict()))
 @EXAMPLES
 def test_outcome_reader(document):
     fs, root = _root()
     attempt = PartitionCommit(f"memory://{root}").begin(ATTEMPT)
     fs.pipe_file(attempt.layout.outcome, _text(document).encode())
     _reads(lambda: attempt.outcome(TRIPLE), StorageError)
+
+
+def _older_outcome() -> dict:
+    """An outcome as written before the commit step folded its shards' results: every result."""
+    older = CommitOutcome("refused", _manifest(), 4, "too many").to_dict()
+    del older["summary"]
+    return {**older, "results": [_shard_result().to_dict(), _shard_result().to_dict()]}
+
+
+@given(mutated(_older_outcome()))
+@EXAMPLES
+def test_older_outcome_reader(document):
+    fs, root = _root()
+    attempt = PartitionCommit(f"memory://{root}").begin(ATTEMPT)
+    fs.pipe_file(attempt.layout.outcome, _text(document).encode())
+    outcome = _reads(lambda: attempt.outcome(TRIPLE), StorageError)
+    if outcome is not None and outcome.summary is not None:
+        health_metrics(outcome.summary, None)
 
 
 @given(mutated(_baseline()))

@@ -27,7 +27,7 @@ from batchinfer.errors import ContractError, SpecError, StorageError
 from batchinfer.io.commit import CommitOutcome
 from batchinfer.io.manifest import manifest_bytes, read_manifest
 from batchinfer.io.readback import check
-from batchinfer.io.records import AttemptKey, Manifest, MetricsRecord, ShardResult
+from batchinfer.io.records import AttemptKey, Manifest, MetricsRecord, ShardResult, Totals, fold
 from batchinfer.io.sinks import Sink
 from batchinfer.profile_records import Profile, RunProfile
 from batchinfer.rows.column_profiles import ColumnProfile
@@ -71,7 +71,28 @@ def test_a_record_written_by_59ab11f_reads_and_writes_back_the_same_bytes(name, 
     data = (FIXTURES / name).read_bytes()
     record = check(kind, data, name, StorageError)
     assert type(record) is kind
-    assert written(record) == data
+    # On purpose: the commit step's record holds its shards' results folded since issue 34 (an
+    # older one's are folded as it is read), so it is written back as the folded kind's fixture.
+    assert written(record) == (FIXTURES / WRITTEN_AS.get(name, name)).read_bytes()
+
+
+WRITTEN_AS = {"outcome.json": "outcome_folded.json"}
+
+
+def test_an_outcome_with_every_shards_result_reads_folded_and_the_folded_one_writes_back():
+    """59ab11f's commit record held every shard's result; read now, they are folded into the
+    summary the commit step writes instead (its fixture: make.py --folded), which reads and
+    writes back to the same bytes."""
+    old = json.loads((FIXTURES / "outcome.json").read_bytes())
+    outcome = check(CommitOutcome, json.dumps(old), "outcome.json", StorageError)
+    results = [ShardResult.from_dict(r) for r in old["results"]]
+    assert outcome.summary == fold(results) and outcome.results == ()
+    assert outcome.summary.totals == Totals.of([r.record for r in results])
+    assert outcome.summary.profiles == (results[0].profile,)
+    data = (FIXTURES / "outcome_folded.json").read_bytes()
+    folded = check(CommitOutcome, data, "outcome_folded.json", StorageError)
+    assert folded == outcome and scratch_bytes(folded) == data
+    assert "results" not in json.loads(data) and "summary" in json.loads(data)
 
 
 def test_the_job_manifest_reads_as_a_committed_partition(tmp_path):
@@ -126,7 +147,8 @@ def test_a_run_profile_keeps_every_key_of_its_baseline_beside_its_path_as_before
 
 
 KINDS = {"manifest.json": Manifest, "attempt.json": AttemptKey, "shard_result.json": ShardResult,
-         "outcome.json": CommitOutcome, "baseline.json": Profile, "run_profile.json": RunProfile,
+         "outcome.json": CommitOutcome, "outcome_folded.json": CommitOutcome,
+         "baseline.json": Profile, "run_profile.json": RunProfile,
          "metrics.json": MetricsRecord}
 ERRORS = {"manifest.json": ContractError, "baseline.json": SpecError, "run_profile.json": SpecError,
           "metrics.json": SpecError}
@@ -185,6 +207,14 @@ ERRORS = {"manifest.json": ContractError, "baseline.json": SpecError, "run_profi
      'code: Input should be greater than or equal to 0 (got -4)'),
     ('outcome.json', ('results', 0, 'record', 'status'), None,
      "results.0.record.status: Input should be 'scored', 'empty', 'quarantined' or 'unreadable' (got None)"),
+    ('outcome_folded.json', ('summary', 'totals', 'rows_in'), -1,
+     'summary.totals.rows_in: Input should be greater than or equal to 0 (got -1)'),
+    ('outcome_folded.json', ('summary', 'profiles', 0, 'f1', 'counts'), [1, 1],
+     'summary.profiles.0.f1: counts sum to 2, not to count 3'),
+    ('outcome_folded.json', ('summary', 'batches', 0), [1],
+     'summary.batches.0.1: missing'),
+    ('outcome_folded.json', ('summary', 'challengers', 'v2', 'compute_ms'), -1.0,
+     'summary.challengers.v2.compute_ms: Input should be greater than or equal to 0 (got -1.0)'),
     # the profiles and the metrics record (the messages of io/readback.py's schemas at e211ced)
     ('baseline.json', ('columns', 'f0', 'count'), '400',
      "columns.f0.count: Input should be a valid integer (got '400')"),
@@ -304,6 +334,7 @@ def test_every_record_is_a_dataclass_declared_once_and_no_model_mirrors_one():
     records = [c for c in classes if issubclass(c, Record) and c is not Record]
     models = [c for c in classes if issubclass(c, BaseModel)]
     assert {"Manifest", "ShardRecord", "FileRecord", "ShardResult", "AttemptKey", "CommitOutcome",
+            "ResultsSummary", "ChallengerSums", "ScoredBy",
             "Sink", "InputTable", "TableCommit", "MetricsRecord", "ColumnStatsRecord",
             "ColumnProfileRecord", "Profile", "RunProfile", "DriftRecord", "LimitsRecord",
             "BaselineAbout"} <= {c.__name__ for c in records}
