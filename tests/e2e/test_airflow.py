@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from factories import REPO, check_partition, one_line_error, run_cli, snapshot
+from factories import REPO, check_partition, kept_for_resume, one_line_error, run_cli, snapshot
 
 pytestmark = pytest.mark.slow
 
@@ -496,7 +496,7 @@ def test_a_contract_violation_fails_once_without_retry_and_commits_nothing(airfl
     assert "data quality failure (exit 4), not retried: batchinfer run: data quality:" in str(failed)
     out = airflow["job"] / "out" / f"dt={ds}"
     assert not (out / "_manifest.json").exists()
-    assert not [p for p in out.rglob("*") if p.is_file()], "files left in a failed partition"
+    assert kept_for_resume(out), "its finished shards kept for a rerun (contract §5.3)"
 
 
 def test_a_runtime_failure_is_retried(airflow, nightly):
