@@ -232,9 +232,10 @@ class ReadShard(beam.DoFn):
     writer sees it) and its index.
 
     The shard's sha256 is computed on a helper thread while its batches are decoded and scored
-    downstream. Each batch is sent on once the next one is decoded, so the last is known as the
-    last, and carries the digest, whatever the footer says: a shard whose bytes turn out
-    unreadable after its last row (a streamed shard that changed) is never finished by a writer.
+    downstream. Each batch is sent on as soon as it is decoded, except the last by the footer's
+    row count, which waits until the reader is done and then carries the digest: a shard whose
+    bytes turn out unreadable after its last row (a streamed shard that changed) is never
+    finished by a writer.
     """
 
     def __init__(self, plan: ScoringPlan):
@@ -261,7 +262,7 @@ class ReadShard(beam.DoFn):
         faults.point("read")
         counters.shard_opened(index, reader.num_rows or 0)
         opened_s = time.perf_counter() - t0
-        first_row, held = 0, None
+        first_row, held, sent = 0, None, 0
         try:
             batches = enumerate(reader.batches(self.plan.batch_rows))
             while True:
@@ -270,10 +271,16 @@ class ReadShard(beam.DoFn):
                 if item is None:
                     break
                 number, batch = item
-                if held is not None:
+                if held is not None:   # more rows than the footer said: not the last after all
                     yield held
-                held = Chunk(index, number, first_row, batch, time.perf_counter() - t0)
+                    held, sent = None, sent + 1
+                chunk = Chunk(index, number, first_row, batch, time.perf_counter() - t0)
                 first_row += batch.num_rows
+                if reader.num_rows is not None and first_row >= reader.num_rows:
+                    held = chunk   # the last by the footer: sent on once the reader is done
+                else:
+                    yield chunk
+                    sent += 1
             info = ShardInfo(reader.sha256, reader.num_rows, None, {"read": opened_s})
         except Unreadable as exc:
             # The batches already sent on are written, but no writer finishes the shard (its last
@@ -281,10 +288,14 @@ class ReadShard(beam.DoFn):
             counters.shard_unreadable(index)
             yield self._finished(index, ShardInfo(reader.sha256, None, str(exc)))
             return
-        if held is None:
-            yield self._finished(index, info)
-        else:
+        if held is not None:
             yield dataclasses.replace(held, last=True, info=info)
+        elif not sent:
+            yield self._finished(index, info)
+        else:   # fewer rows than its footer said (never seen): no batch can carry the shard's end
+            counters.shard_unreadable(index)
+            yield self._finished(index, ShardInfo(
+                reader.sha256, None, f"its footer says {reader.num_rows} rows, its pages hold {first_row}"))
 
     def _finished(self, index: int, info: ShardInfo) -> int:
         """A shard no writer finishes (no rows, or unreadable): its result, written here."""
