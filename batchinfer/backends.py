@@ -187,6 +187,7 @@ BUILTIN: tuple[Backend, ...] = (
             "enable_cpu_mem_arena": bool,
             "allow_spinning": bool,           # intra-op threads busy-wait for work (default: false)
             "chunk_rows": int,                # rows per session.run call (default: 4,096 on CPU)
+            "call_threads": int,              # CPU: session.run calls at once (default: one per core)
             "providers": list,                # explicit provider list, overrides `device`
             "tensorrt": bool,                 # on CUDA: TensorRT provider first (engine cache beside the model)
             "io_binding": bool,               # bind inputs/outputs (default: on CUDA only)

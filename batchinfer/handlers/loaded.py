@@ -47,7 +47,9 @@ class LoadedModel(Generic[ModelT]):
         self._facts = ModelFacts(inputs=list(declared.inputs), outputs=list(declared.outputs),
                                  input_shapes={k: tuple(v) for k, v in declared.input_shapes.items()},
                                  device=str(declared.device),
-                                 default_chunk_rows=declared.default_chunk_rows)
+                                 default_chunk_rows=declared.default_chunk_rows,
+                                 # calls that take turns gain nothing from being made at once
+                                 call_threads=declared.call_threads if lock is None else 1)
         self._waits = threading.local()
 
     @property
@@ -69,6 +71,9 @@ class LoadedModel(Generic[ModelT]):
 
     def default_chunk_rows(self) -> Optional[int]:
         return self._facts.default_chunk_rows
+
+    def call_threads(self) -> int:
+        return self._facts.call_threads
 
     def device_used(self) -> str:
         return self._facts.device

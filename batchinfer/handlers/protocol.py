@@ -62,6 +62,10 @@ class ModelFacts:
         device: where it runs, as the manifest records it ("cpu", "cuda:0").
         default_chunk_rows: rows per ``predict`` call when the job does not say (None: the
             whole batch).
+        call_threads: how many of a batch's ``predict`` calls the scorer makes at once, each on
+            a thread of its own (1: one after another). Only a thread-safe backend may say more
+            than 1; ONNX Runtime on the CPU says one per core, each call then on one thread of
+            its own (handlers/onnx.py).
     """
 
     inputs: Sequence[str]
@@ -69,6 +73,7 @@ class ModelFacts:
     input_shapes: Mapping[str, tuple] = field(default_factory=dict)
     device: str = "cpu"
     default_chunk_rows: Optional[int] = None
+    call_threads: int = 1
 
 
 class ModelBackend(Protocol[ModelT]):

@@ -12,7 +12,10 @@ no backend's code; it is made of parts, each of which lives in a module of its o
 - call planning (handlers/calls.py), the out-of-memory back-off (handlers/oom.py) and the batch
   contract (handlers/batch_contract.py) on every call;
 - the untimed warm-up call, and the model's time without the time a call waited for another
-  thread's (the call lock, handlers/loaded.py).
+  thread's (the call lock, handlers/loaded.py);
+- calls at once: a model whose facts say ``call_threads`` > 1 (ONNX Runtime on the CPU) has a
+  batch's calls made on that many threads, each call on one core, their outputs taken in order
+  (what a call raises, out of memory included, is met as if the calls had been made in turn).
 
 Per batch it makes the model calls and a fixed handful of Python calls around them; per call,
 the slicing, the timing and the contract check; never a copy of the batch's arrays, except the
@@ -20,7 +23,10 @@ row order of calls sized by tokens.
 """
 from __future__ import annotations
 
+import os
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
@@ -242,11 +248,15 @@ class Scorer:
         """The ``calls``, in order, their outputs appended to ``parts``; the first row of the
         call that ran out of device memory (the policy has halved the calls: plan again from
         it), or None when every call was made."""
+        threads = 1 if self.served else model.call_threads()
+        if threads > 1 and len(calls) > 1:
+            if self.warm_up and not self._warm:   # the untimed first call, on its own
+                if self._make_calls(model, inputs, calls[:1], tally, by_tokens, sequences, parts) is not None:
+                    return calls[0][0]
+                calls = calls[1:]
+            return self._calls_at_once(model, inputs, calls, tally, by_tokens, sequences, parts, threads)
         for lo, hi, width in calls:
-            if by_tokens is None:
-                chunk = {k: v[lo:hi] for k, v in inputs.items()}
-            else:
-                chunk = token_calls.call_inputs(inputs, lo, hi, sequences, width)
+            chunk = _call_inputs(inputs, lo, hi, width, by_tokens, sequences)
             try:
                 out = self._predict(model, chunk, hi - lo, tally)
             except Exception as exc:
@@ -259,6 +269,41 @@ class Scorer:
             parts.append(out)
             tally.padded_tokens += (hi - lo) * width
         return None
+
+    def _calls_at_once(self, model: LoadedModel, inputs: dict[str, np.ndarray], calls: list[Call],
+                       tally: _Tally, by_tokens: Optional[np.ndarray], sequences: frozenset[str],
+                       parts: list[dict[str, np.ndarray]], threads: int) -> Optional[int]:
+        """:meth:`_make_calls` with the calls made on ``threads`` threads at once (a thread-safe
+        model that says so). Outputs are taken in the calls' order, so the first call that
+        raised is met where a call-by-call run would have met it; the calls after it are
+        cancelled or waited for, never left running. The model's time is the wall time of the
+        calls together, not the sum of theirs."""
+        def call(lo: int, hi: int, width: int) -> dict[str, np.ndarray]:
+            self.oom_policy.before_call(hi - lo)
+            return model.predict(_call_inputs(inputs, lo, hi, width, by_tokens, sequences))
+
+        pool = _pool(threads)
+        t0 = time.perf_counter()
+        futures: list[Future] = [pool.submit(call, *c) for c in calls]
+        try:
+            for (lo, hi, width), future in zip(calls, futures):
+                try:
+                    out = future.result()
+                except Exception as exc:
+                    if not self._is_out_of_memory(exc):
+                        raise
+                    self.oom_policy.back_off(exc, hi - lo, width, by_tokens=by_tokens is not None)
+                    tally.oom_backoffs += 1
+                    return lo
+                self.batch_contract.check(out, hi - lo)
+                parts.append(out)
+                tally.padded_tokens += (hi - lo) * width
+            return None
+        finally:
+            for future in futures:
+                future.cancel()
+            wait(futures)
+            tally.seconds += time.perf_counter() - t0
 
     def _plan(self, lo: int, start: int, stop: int, max_rows: Optional[int], padded: int,
               by_tokens: Optional[np.ndarray]) -> list[Call]:
@@ -298,6 +343,40 @@ class Scorer:
 
     def _is_out_of_memory(self, exc: BaseException) -> bool:
         return isinstance(exc, InjectedOutOfMemory) or self.out_of_memory(exc)
+
+
+def _call_inputs(inputs: dict[str, np.ndarray], lo: int, hi: int, width: int,
+                 by_tokens: Optional[np.ndarray], sequences: frozenset[str]) -> dict[str, np.ndarray]:
+    """One call's inputs: rows ``[lo, hi)`` (views), sequences cut to ``width`` by tokens."""
+    if by_tokens is None:
+        return {k: v[lo:hi] for k, v in inputs.items()}
+    return token_calls.call_inputs(inputs, lo, hi, sequences, width)
+
+
+# The threads that make calls at once, one pool per size, shared by every scorer in the process
+# (Beam's worker threads among them): a pool per scorer would start threads per handler copy,
+# and a handler pickles to its workers (a pool does not).
+_pools: dict[int, ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def _forget_pools() -> None:
+    # A forked child (the test suite's fork server, a multi-process runner) has none of the
+    # parent's threads: a pool it inherited would queue calls that no thread ever runs.
+    global _pools_lock
+    _pools.clear()
+    _pools_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pools)
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    with _pools_lock:
+        pool = _pools.get(threads)
+        if pool is None:
+            pool = _pools[threads] = ThreadPoolExecutor(threads, thread_name_prefix="batchinfer-call")
+        return pool
 
 
 def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

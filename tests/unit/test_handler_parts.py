@@ -262,6 +262,101 @@ def test_the_time_a_call_waits_for_the_lock_is_not_the_models(monkeypatch):
     assert model.waited_s() - waited == 1.0
 
 
+# -- calls at once (call_threads) ------------------------------------------------------------------
+
+class AtOnceBackend:
+    """A thread-safe model that says how many calls it takes at once and watches them: each call
+    holds its thread a moment (the model's time, GIL released), so calls made at once overlap.
+    Rows whose x is negative are rejected (the rows-isolation path); ``oom_above`` rows or more
+    in one call raise the injected out-of-memory error."""
+
+    thread_safe = True
+    warm_up = True
+
+    def __init__(self, digest, threads, oom_above=None):
+        self.digest, self.threads, self.oom_above = digest, threads, oom_above
+
+    def load(self, path):
+        return ENTERED.setdefault(self.digest, Entered())
+
+    def facts(self, model):
+        return ModelFacts(inputs=["x"], outputs=["y"], call_threads=self.threads)
+
+    def predict(self, model, inputs):
+        x = inputs["x"]
+        if self.oom_above is not None and len(x) >= self.oom_above:
+            raise InjectedOutOfMemory("out of memory (test)")
+        with model.guard:
+            model.inside += 1
+            model.most = max(model.most, model.inside)
+            model.threads.add(threading.get_ident())
+        try:
+            time.sleep(0.003)
+            if (x < 0).any():
+                raise ValueError("negative input")
+            return {"y": x[:, 0] * 3.0}
+        finally:
+            with model.guard:
+                model.inside -= 1
+
+
+def _at_once(digest, threads, chunk_rows=4, oom_above=None):
+    return BatchModelHandler(AtOnceBackend(digest, threads, oom_above), "at-once.model",
+                             digest=digest, options={"chunk_rows": chunk_rows})
+
+
+def test_calls_at_once_overlap_and_give_the_outputs_of_calls_in_turn():
+    x = np.arange(103, dtype=np.float32).reshape(-1, 1)
+    at_once, in_turn = _at_once("at-once-2", 2), _at_once("at-once-1", 1)
+    got = at_once.infer(at_once.load_model(), Prepared((0, 0), 103, x))
+    want = in_turn.infer(in_turn.load_model(), Prepared((0, 0), 103, x))
+    assert got.outputs["y"].tolist() == want.outputs["y"].tolist() == (x[:, 0] * 3).tolist()
+    assert got.ok_rows.tolist() == list(range(103)) and got.chunk_rows == 4
+    assert ENTERED["at-once-2"].most == 2 and ENTERED["at-once-1"].most == 1
+    assert len(ENTERED["at-once-2"].threads - {threading.get_ident()}) == 2   # the pool's two
+    # the model's time is the calls' wall time together: about half of the calls' sum (26 calls
+    # of >= 3 ms on 2 threads), never their sum
+    assert got.compute_ms < 0.8 * want.compute_ms, (got.compute_ms, want.compute_ms)
+
+
+def test_a_rejected_row_or_out_of_memory_among_calls_at_once_is_met_as_in_turn():
+    x = np.arange(40, dtype=np.float32).reshape(-1, 1)
+    x[[9, 33]] = -1.0                                         # rows in the 3rd and the 9th call
+    for threads in (1, 2):
+        handler = _at_once(f"reject-{threads}", threads)
+        result = handler.infer(handler.load_model(), Prepared((0, 0), 40, x))
+        assert [row for row, _ in result.failed] == [9, 33]
+        assert result.ok_rows.tolist() == [r for r in range(40) if r not in (9, 33)]
+        assert result.outputs["y"].tolist() == (x[result.ok_rows, 0] * 3).tolist()
+    # calls of 8 rows run out of memory; halved to 4, every row is scored once, in order
+    handler = _at_once("oom-at-once", 2, chunk_rows=8, oom_above=8)
+    result = handler.infer(handler.load_model(), Prepared((0, 0), 40, np.ones((40, 1), np.float32)))
+    assert result.failed == [] and result.oom_backoffs == 1 and result.chunk_rows == 4
+    assert result.outputs["y"].tolist() == [3.0] * 40
+
+
+def test_a_model_that_is_not_thread_safe_makes_its_calls_in_turn_whatever_it_says():
+    backend = AtOnceBackend("says-2-but-locked", 2)
+    backend.thread_safe = False
+    handler = BatchModelHandler(backend, "locked.model", digest="locked", options={"chunk_rows": 4})
+    model = handler.load_model()
+    assert model.call_threads() == 1
+    handler.infer(model, Prepared((0, 0), 40, np.ones((40, 1), np.float32)))
+    assert ENTERED["says-2-but-locked"].most == 1
+
+
+def test_onnx_runtime_on_the_cpu_takes_a_call_per_core_unless_the_job_says(tmp_path):
+    from batchinfer.errors import SpecError
+    from batchinfer.handlers.onnx import cpu_call_threads
+
+    assert cpu_call_threads({}) == len(os.sched_getaffinity(0))
+    assert cpu_call_threads({"call_threads": 3}) == 3
+    assert cpu_call_threads({"intra_op_num_threads": 2}) == 1      # the job chose intra-op threads
+    assert cpu_call_threads({"intra_op_num_threads": 1, "call_threads": 2}) == 2
+    with pytest.raises(SpecError, match="call_threads must be at least 1, not 0"):
+        cpu_call_threads({"call_threads": 0})
+
+
 # -- the fault value the handler carries ----------------------------------------------------------
 
 def test_faults_are_read_from_an_environment_once_and_scoped(monkeypatch):
