@@ -24,7 +24,8 @@ import hashlib
 import os
 import stat
 import threading
-from concurrent.futures import Executor, Future
+import time
+from concurrent.futures import Executor, Future, wait
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
@@ -406,3 +407,34 @@ def _kind(mode: int) -> str:
 def _is_changed(exc: BaseException) -> bool:
     # s3fs raises FileExpired when a read's If-Match on the ETag it opened with fails.
     return type(exc).__name__ == "FileExpired"
+
+
+_END = object()
+
+
+def decoded_ahead(batches: Iterator[pa.RecordBatch], pool: Executor
+                  ) -> Iterator[tuple[pa.RecordBatch, float]]:
+    """``batches``, each with the seconds it took to decode, the next one decoded on ``pool``
+    (one thread) while the caller works on the one it was given.
+
+    Decoding releases the GIL; so do the model's calls that the caller's batch goes on to. One
+    batch ahead, never more: memory stays one batch per shard being read. What the reader
+    raises reaches the caller where the batch would have. The generator is advanced by one
+    thread at a time (the pool's, or none), and a caller that stops early waits for the decode in
+    flight, so nothing reads a shard after its reader is dropped.
+    """
+    def step() -> tuple[Any, float]:
+        t0 = time.perf_counter()
+        item = next(batches, _END)
+        return item, time.perf_counter() - t0
+
+    future = pool.submit(step)
+    try:
+        while True:
+            item, seconds = future.result()
+            if item is _END:
+                return
+            future = pool.submit(step)
+            yield item, seconds
+    finally:
+        wait([future])

@@ -53,7 +53,7 @@ from ..handlers.base import BatchModelHandler, Inference, Prepared
 from ..handlers.explain import Attributions, ExplainPlan, explain_rows, selected
 from ..io.outputs import QUARANTINE, parquet_bytes, put_file, write_scratch_json
 from ..io.records import FileRecord
-from ..io.shards import ShardReader, Unreadable
+from ..io.shards import ShardReader, Unreadable, decoded_ahead
 from ..io.sinks import FILES, Sink
 from ..redaction import Deferred
 from ..rows.columns import prediction_encoding
@@ -243,12 +243,13 @@ class ReadShard(beam.DoFn):
 
     def setup(self):
         self._hasher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="batchinfer-sha256")
+        self._decoder = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="batchinfer-decode")
         self.layout = self.plan.sink.layout(self.plan.output_url.value(), self.plan.attempt)
 
     def teardown(self):
-        hasher = getattr(self, "_hasher", None)
-        if hasher is not None:
-            hasher.shutdown(wait=True, cancel_futures=True)
+        for pool in (getattr(self, "_hasher", None), getattr(self, "_decoder", None)):
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
 
     def process(self, element) -> Iterator[Any]:
         index, deferred = element
@@ -264,17 +265,13 @@ class ReadShard(beam.DoFn):
         opened_s = time.perf_counter() - t0
         first_row, held, sent = 0, None, 0
         try:
-            batches = enumerate(reader.batches(self.plan.batch_rows))
-            while True:
-                t0 = time.perf_counter()  # decoding only: downstream work runs inside `yield`
-                item = next(batches, None)
-                if item is None:
-                    break
-                number, batch = item
+            # the next batch decodes while this one is validated, scored and written downstream
+            batches = decoded_ahead(reader.batches(self.plan.batch_rows), self._decoder)
+            for number, (batch, decode_s) in enumerate(batches):
                 if held is not None:   # more rows than the footer said: not the last after all
                     yield held
                     held, sent = None, sent + 1
-                chunk = Chunk(index, number, first_row, batch, time.perf_counter() - t0)
+                chunk = Chunk(index, number, first_row, batch, decode_s)
                 first_row += batch.num_rows
                 if reader.num_rows is not None and first_row >= reader.num_rows:
                     held = chunk   # the last by the footer: sent on once the reader is done
