@@ -119,17 +119,17 @@ def allocate(counts: Sequence[int], rows: int, rng: np.random.Generator) -> np.n
         >>> allocate([100, 300, 0, 1], 8, np.random.default_rng(0)).tolist()
         [2, 5, 0, 1]
     """
-    counts = np.asarray(counts, dtype=np.int64)
-    total = int(counts.sum())
+    sizes = np.asarray(counts, dtype=np.int64)
+    total = int(sizes.sum())
     rows = min(int(rows), total)
-    quotas = np.zeros(len(counts), dtype=np.int64)
-    having = np.flatnonzero(counts)
+    quotas = np.zeros(len(sizes), dtype=np.int64)
+    having = np.flatnonzero(sizes)
     if rows <= 0:
         return quotas
     if rows < len(having):
-        quotas[rng.choice(having, size=rows, replace=False, p=counts[having] / total)] = 1
+        quotas[rng.choice(having, size=rows, replace=False, p=sizes[having] / total)] = 1
         return quotas
-    share = counts * rows    # exact shares are share / total: integers, no float rounding
+    share = sizes * rows    # exact shares are share / total: integers, no float rounding
     quotas = share // total
     remainders = share % total
     quotas[np.argsort(-remainders, kind="stable")[:rows - int(quotas.sum())]] += 1
