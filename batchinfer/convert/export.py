@@ -25,9 +25,12 @@ int8 --method static``) builds an INT8 engine by TensorRT's explicit quantizatio
 scales, no calibration), judged by the KL rule against ONNX Runtime running the QDQ model.
 
 ``--to onnx --quantize int8`` of an ``.onnx`` model quantizes it with ONNX Runtime and writes it,
-with ``<out>.quantization.json`` (precision, settings, sample digest, the gate's figures: what
-``stamp`` declares), only when its outputs on the job's rows stay within the gate
-(:mod:`~batchinfer.convert.quantize`, its gate :mod:`~batchinfer.convert.int8_gate`).
+with ``<out>.quantization.json`` (precision, settings, how its sample was drawn and its digest,
+the gate's figures: what ``stamp`` declares), only when its outputs on the job's rows stay
+within the gate (:mod:`~batchinfer.convert.quantize`, its gate :mod:`~batchinfer.convert.int8_gate`).
+
+Every sample of a job's rows is drawn from every readable shard of its input, seeded
+(:mod:`~batchinfer.convert.samples`; ``--sample-rows``, ``--sample-seed``).
 """
 from __future__ import annotations
 
