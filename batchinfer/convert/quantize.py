@@ -37,12 +37,7 @@ def quantize_model(model: str | Path, out: str | Path, sample_job, *, method: st
     """``export MODEL.onnx --to onnx --quantize int8``: ONNX Runtime's INT8 quantization of
     ``model``, calibrated on (and compared with FP32 on) the sample job's rows prepared as a run
     prepares them, written with ``<out>.quantization.json`` only when the gate passes.
-
-    ``sample``: how many valid rows (default ``QUANTIZE_ROWS``) and the seed they are drawn
-    with, from every readable shard of the partition in proportion to its rows
-    (:func:`~batchinfer.convert.samples._job_sample`); the record says which (``sample_rows``,
-    ``sample_shards`` of ``sample_partition_shards``, ``sample_seed``, ``sample_method``)
-    beside the rows' digest.
+    ``sample``: its rows and seed (drawn from every shard: convert/samples.py; the record says how).
 
     ``method``:
 
@@ -56,10 +51,10 @@ def quantize_model(model: str | Path, out: str | Path, sample_job, *, method: st
       (tests' MLPs with 4-32 features: KL 0.0004-0.004 dynamic, 0.006-0.20 static, same rows).
     - **static** (``--method static``): QDQ, per-channel INT8 weights and INT8 activations of
       MatMul/Gemm/Conv with MinMax ranges calibrated on the first ``CALIBRATION_ROWS`` sample
-      rows (the sample is shuffled: they come from every shard). No range is computed at run
-      time, and a QDQ model is what TensorRT's explicit quantization builds from (``export
-      --to tensorrt`` of the QDQ file: TensorRT reads the Q/DQ scales instead of calibrating,
-      and its INT8 engine is then gated as FP16's is). The same gate decides whether it ships.
+      rows (shuffled: from every shard). No range is computed at run time, and a QDQ model is
+      what TensorRT's explicit quantization builds from (``export --to tensorrt`` of the QDQ
+      file: TensorRT reads the Q/DQ scales instead of calibrating, and its INT8 engine is then
+      gated as FP16's is). The same gate decides whether it ships.
 
     ``keep_fp32``: regular expressions; the quantizable nodes whose names match one stay FP32
     (mixed precision, for the nodes a model's answers are most sensitive to: all-MiniLM-L6-v2
