@@ -76,7 +76,7 @@ def table_params(resolved: "Resolved") -> dict[str, str]:
 
 # What a model's declaration says of how it was made faster (export --quantize): a run reports
 # it beside its precision, so the figures that signed the model off travel with its predictions.
-FACT_PREFIXES = ("quantization_", "calibration_", "parity_", "sample_sha256", "source_model_sha256")
+FACT_PREFIXES = ("quantization_", "calibration_", "parity_", "sample_", "source_model_sha256")
 
 
 def model_facts(declaration: Mapping[str, str] | None) -> dict[str, str]:

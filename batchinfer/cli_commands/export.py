@@ -19,13 +19,20 @@ HELP = "convert a model (.pt2 to ONNX, ONNX to TensorRT) and check parity"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..convert.int8_gate import MIN_COSINE, THRESHOLD
-    from ..convert.quantize import METHODS
+    from ..convert.quantize import METHODS, QUANTIZE_ROWS
+    from ..convert.samples import SAMPLE_ROWS, SAMPLE_SEED
 
     p.add_argument("model", help="a torch.export program (.pt2), or an ONNX model for --to tensorrt")
     p.add_argument("--to", required=True, metavar="onnx|tensorrt")
     p.add_argument("--out", required=True, help="the file to write")
     p.add_argument("--fp16", action="store_true", help="TensorRT: build an FP16 engine")
     p.add_argument("--sample", metavar="JOB.yaml", help="check parity on rows of this job's input")
+    p.add_argument("--sample-rows", type=_sample_rows, metavar="N",
+                   help=f"with --sample: valid rows drawn from every shard of the input, in "
+                        f"proportion to its rows (default {QUANTIZE_ROWS} with --quantize, else "
+                        f"{SAMPLE_ROWS})")
+    p.add_argument("--sample-seed", type=_sample_seed, metavar="S",
+                   help=f"with --sample: the seed the sample's rows are drawn with (default {SAMPLE_SEED})")
     p.add_argument("--quantize", choices=("int8",),
                    help="--to onnx of an ONNX model: INT8 quantization calibrated on --sample's "
                         "rows, written only when the parity gate passes")
@@ -49,6 +56,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "sample (alpha in (0, 1); 0.7 for MiniLM)")
     spec_options(p, "with --sample: the partition date",
                  "with --sample: override one spec key (repeatable)")
+
+
+def _sample_rows(value: str) -> int:
+    try:
+        rows = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of rows") from None
+    if rows < 1:
+        raise argparse.ArgumentTypeError(f"{rows}: give at least 1 row")
+    return rows
+
+
+def _sample_seed(value: str) -> int:
+    # a seed numpy takes and every reader of the record's JSON reads as one integer
+    try:
+        seed = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if not 0 <= seed <= 2**63 - 1:
+        raise argparse.ArgumentTypeError(f"{seed}: choose a seed from 0 to 2**63 - 1")
+    return seed
 
 
 GATE_FLAGS = {"--method": "method", "--max-flip-rate": "max_flip_rate", "--threshold": "threshold",
@@ -107,11 +135,21 @@ def execute(args: argparse.Namespace) -> Exported:
     given = [flag for flag, dest in GATE_FLAGS.items() if getattr(args, dest) is not None]
     if given and not args.quantize:
         raise UsageError(f"{', '.join(given)} go with --quantize int8")
+    sampling = [flag for flag, value in (("--sample-rows", args.sample_rows),
+                                         ("--sample-seed", args.sample_seed)) if value is not None]
+    if sampling and sample is None:
+        raise UsageError(f"{', '.join(sampling)} go{'es' if len(sampling) == 1 else ''} with "
+                         f"--sample JOB.yaml (the job whose input is sampled)")
+    from ..convert.quantize import QUANTIZE_ROWS
+    from ..convert.samples import SAMPLE_ROWS, SAMPLE_SEED, SampleSize
+
+    size = SampleSize(args.sample_rows or (QUANTIZE_ROWS if args.quantize else SAMPLE_ROWS),
+                      SAMPLE_SEED if args.sample_seed is None else args.sample_seed)
     if not args.quantize:
         from ..convert.export import export_model
 
         return Exported(args.model, args.to, export_model(args.model, args.to, args.out, fp16=args.fp16,
-                                                          sample_job=sample))
+                                                          sample_job=sample, sample=size))
     from ..convert.int8_gate import Gate
     from ..convert.quantize import METHODS, quantize_model
 
@@ -121,5 +159,5 @@ def execute(args: argparse.Namespace) -> Exported:
     gate = Gate(max_flip_rate=args.max_flip_rate, min_cosine=args.min_cosine,
                 threshold=args.threshold, embeddings=tuple(args.embedding or ()))
     report = quantize_model(args.model, args.out, sample, method=args.method or METHODS[0], gate=gate,
-                            keep_fp32=tuple(args.keep_fp32 or ()), smooth=args.smooth)
+                            keep_fp32=tuple(args.keep_fp32 or ()), smooth=args.smooth, sample=size)
     return Exported(args.model, args.to, report)

@@ -25,9 +25,12 @@ int8 --method static``) builds an INT8 engine by TensorRT's explicit quantizatio
 scales, no calibration), judged by the KL rule against ONNX Runtime running the QDQ model.
 
 ``--to onnx --quantize int8`` of an ``.onnx`` model quantizes it with ONNX Runtime and writes it,
-with ``<out>.quantization.json`` (precision, settings, sample digest, the gate's figures: what
-``stamp`` declares), only when its outputs on the job's rows stay within the gate
-(:mod:`~batchinfer.convert.quantize`, its gate :mod:`~batchinfer.convert.int8_gate`).
+with ``<out>.quantization.json`` (precision, settings, how its sample was drawn and its digest,
+the gate's figures: what ``stamp`` declares), only when its outputs on the job's rows stay
+within the gate (:mod:`~batchinfer.convert.quantize`, its gate :mod:`~batchinfer.convert.int8_gate`).
+
+Every sample of a job's rows is drawn from every readable shard of its input, seeded
+(:mod:`~batchinfer.convert.samples`; ``--sample-rows``, ``--sample-seed``).
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ModelError, SpecError, one_line
-from .samples import _job_sample
+from .samples import SampleSize, _job_sample
 from .tensorrt_engine import _to_tensorrt
 from .written import ExportReport, _check_out, _publish, _scratch, _shapes
 
@@ -48,11 +51,12 @@ ONNX_TOLERANCE = 1e-5
 
 
 def export_model(model: str | Path, to: str, out: str | Path, *, fp16: bool = False,
-                 sample_job=None) -> ExportReport:
+                 sample_job=None, sample: SampleSize = SampleSize()) -> ExportReport:
     """Convert ``model``; see the module docstring.
 
     Args:
         sample_job: a loaded :class:`~batchinfer.spec.Job` whose input supplies sample rows.
+        sample: how many rows, drawn with which seed, from every shard of its input.
 
     Raises:
         SpecError: a model or target this command does not convert.
@@ -61,7 +65,7 @@ def export_model(model: str | Path, to: str, out: str | Path, *, fp16: bool = Fa
     """
     model, out = Path(model), Path(out)
     if to == "tensorrt":
-        return _to_tensorrt(model, out, fp16, sample_job)
+        return _to_tensorrt(model, out, fp16, sample_job, sample)
     if to != "onnx":
         raise SpecError(f"export --to {to!r}: choose onnx or tensorrt")
     if fp16:
@@ -81,8 +85,8 @@ def export_model(model: str | Path, to: str, out: str | Path, *, fp16: bool = Fa
     except Exception as exc:
         raise ModelError(f"torch cannot load {model}: {one_line(exc)}") from None
     if sample_job is not None:
-        arrays = _job_sample(sample_job, _input_names(program))
-        where = f"rows of {sample_job.spec.name}'s input"
+        drawn = _job_sample(sample_job, _input_names(program), sample)
+        arrays, where = drawn.arrays, drawn.where()
     else:
         arrays, where = _example_inputs(program), "the program's example inputs"
     return _to_onnx(torch, program, arrays, where, out)

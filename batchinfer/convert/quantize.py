@@ -1,8 +1,9 @@
 """``export --to onnx --quantize int8``: an ONNX model quantized with ONNX Runtime (static QDQ
 for numeric inputs, dynamic for token ids; SmoothQuant first with ``--smooth``) and written, with
-``<out>.quantization.json`` (precision, settings, sample digest, the gate's figures: what
-``stamp`` declares), only when its outputs on the job's rows pass the gate
-(:mod:`batchinfer.convert.int8_gate`)."""
+``<out>.quantization.json`` (precision, settings, the sample: how it was drawn and its digest,
+the gate's figures: what ``stamp`` declares), only when its outputs on the job's rows pass the
+gate (:mod:`batchinfer.convert.int8_gate`). The sample is drawn from every shard of the
+partition (:mod:`batchinfer.convert.samples`)."""
 from __future__ import annotations
 
 import json
@@ -16,11 +17,11 @@ import numpy as np
 
 from ..errors import ModelError, SpecError, one_line
 from .int8_gate import Gate, _check_gate, _check_gate_applies, _gate, _row_size, _values_a_row
-from .samples import _check_onnx_input, _job_sample
+from .samples import JobSample, SampleSize, _check_onnx_input, _job_sample
 from .written import ExportReport, _arrays_sha256, _check_out, _file_sha256, _publish, _scratch, _shapes
 
 METHODS = ("auto", "static", "dynamic")   # auto: dynamic (the default)
-QUANTIZE_ROWS = 4096       # sample rows the gate compares on
+QUANTIZE_ROWS = 4096       # sample rows the gate compares on (by default: export --sample-rows)
 CALIBRATION_ROWS = 512     # of which the first ones calibrate a static quantization
 STATIC_OPS = ("MatMul", "Gemm", "Conv")   # what static quantization turns into INT8
 DYNAMIC_OPS = ("MatMul", "Gemm", "Conv", "Attention")   # and dynamic quantization
@@ -32,10 +33,11 @@ QDQ_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")
 
 def quantize_model(model: str | Path, out: str | Path, sample_job, *, method: str = METHODS[0],
                    gate: Gate = Gate(), keep_fp32: Sequence[str] = (),
-                   smooth: float | None = None) -> ExportReport:
+                   smooth: float | None = None, sample: SampleSize = SampleSize(QUANTIZE_ROWS)) -> ExportReport:
     """``export MODEL.onnx --to onnx --quantize int8``: ONNX Runtime's INT8 quantization of
     ``model``, calibrated on (and compared with FP32 on) the sample job's rows prepared as a run
     prepares them, written with ``<out>.quantization.json`` only when the gate passes.
+    ``sample``: its rows and seed (drawn from every shard: convert/samples.py; the record says how).
 
     ``method``:
 
@@ -49,10 +51,10 @@ def quantize_model(model: str | Path, out: str | Path, sample_job, *, method: st
       (tests' MLPs with 4-32 features: KL 0.0004-0.004 dynamic, 0.006-0.20 static, same rows).
     - **static** (``--method static``): QDQ, per-channel INT8 weights and INT8 activations of
       MatMul/Gemm/Conv with MinMax ranges calibrated on the first ``CALIBRATION_ROWS`` sample
-      rows. No range is computed at run time, and a QDQ model is what TensorRT's explicit
-      quantization builds from (``export --to tensorrt`` of the QDQ file: TensorRT reads the
-      Q/DQ scales instead of calibrating, and its INT8 engine is then gated as FP16's is). The
-      same gate decides whether it ships.
+      rows (shuffled: from every shard). No range is computed at run time, and a QDQ model is
+      what TensorRT's explicit quantization builds from (``export --to tensorrt`` of the QDQ
+      file: TensorRT reads the Q/DQ scales instead of calibrating, and its INT8 engine is then
+      gated as FP16's is). The same gate decides whether it ships.
 
     ``keep_fp32``: regular expressions; the quantizable nodes whose names match one stay FP32
     (mixed precision, for the nodes a model's answers are most sensitive to: all-MiniLM-L6-v2
@@ -93,9 +95,9 @@ def quantize_model(model: str | Path, out: str | Path, sample_job, *, method: st
 
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
-    arrays = _job_sample(sample_job, names, QUANTIZE_ROWS)
+    drawn = _job_sample(sample_job, names, sample)
     feed = {n: np.asarray(a, dtype=np.float32) if np.asarray(a).dtype == np.float64 else np.asarray(a)
-            for n, a in zip(names, arrays)}
+            for n, a in zip(names, drawn.arrays)}
     calibration = ({n: a[:CALIBRATION_ROWS] for n, a in feed.items()}
                    if method == "static" or smooth is not None else {})
     settings = _write_int8(model, out, sample_job, method, calibration, kept, smooth)
@@ -104,7 +106,7 @@ def quantize_model(model: str | Path, out: str | Path, sample_job, *, method: st
     scratch = settings.pop("_scratch")
     try:
         settings.update(_int8_settings(scratch, model, method, quantizable, kept))
-        return _judge_and_publish(model, out, scratch, session, sample_job, feed, calibration,
+        return _judge_and_publish(model, out, scratch, session, sample_job, drawn, feed, calibration,
                                   gate, {"precision": "int8", "quantization_method": method, **settings})
     finally:
         if os.path.exists(scratch):
@@ -152,7 +154,8 @@ def _checked(model: Path, out: Path, sample_job: Any, method: str, gate: Gate, k
 
 
 def _judge_and_publish(model: Path, out: Path, scratch: str, session: Any, sample_job: Any,
-                       feed: Mapping[str, np.ndarray], calibration: Mapping[str, np.ndarray], gate: Gate,
+                       drawn: JobSample, feed: Mapping[str, np.ndarray],
+                       calibration: Mapping[str, np.ndarray], gate: Gate,
                        settings: dict[str, Any]) -> ExportReport:
     """Both models score the sample as a run would; the gate judges; the record, then the model
     (``scratch``), renamed into place only when it passes."""
@@ -165,7 +168,7 @@ def _judge_and_publish(model: Path, out: Path, scratch: str, session: Any, sampl
         got = _score_as_a_run(scratch, feed, sample_job, "quantized")
     except ModelError as exc:
         raise ModelError(f"the quantized model does not run: {exc.message}") from None
-    where = f"{rows} rows of {sample_job.spec.name}'s input"
+    where = drawn.where()
     # shapes the graph left symbolic are known now: an option they make moot is still exit 2
     _check_gate_applies({k: _row_size(v) for k, v in want.items()}, gate, model.name,
                         "; nothing written")
@@ -174,7 +177,7 @@ def _judge_and_publish(model: Path, out: Path, scratch: str, session: Any, sampl
         **settings,
         "calibration_rows": len(next(iter(calibration.values()))) if calibration else 0,
         "calibration_sha256": _arrays_sha256(calibration) if calibration else "none (dynamic)",
-        "sample": f"the first rows of {sample_job.spec.name}'s input, prepared as a run prepares them",
+        **drawn.facts(),
         "sample_sha256": _arrays_sha256(feed),
         "source_model_sha256": _file_sha256(model), **figures,
         "model_sha256": _file_sha256(Path(scratch))}

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import ModelError, SpecError, one_line
-from .samples import _check_onnx_input, _job_sample
+from .samples import SampleSize, _check_onnx_input, _job_sample
 from .written import ExportReport, _check_out, _publish, _scratch
 
 GPU_TOLERANCE = 1e-4
@@ -41,7 +41,7 @@ def _require_tensorrt() -> Any:
         raise ModelError("export --to tensorrt needs a CUDA GPU and this machine has none")
     return tensorrt
 
-def _to_tensorrt(model: Path, out: Path, fp16: bool, sample_job) -> ExportReport:
+def _to_tensorrt(model: Path, out: Path, fp16: bool, sample_job, sample: SampleSize = SampleSize()) -> ExportReport:
     _check_onnx_input(model, sample_job, "--to tensorrt", "its batch.rows sizes the engine's "
                       "profile and its rows check parity")
     _check_out(model, out)
@@ -54,9 +54,9 @@ def _to_tensorrt(model: Path, out: Path, fp16: bool, sample_job) -> ExportReport
 
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
-    arrays = _job_sample(sample_job, names)
+    drawn = _job_sample(sample_job, names, sample)
     feed = {n: np.asarray(a, dtype=np.float32) if np.asarray(a).dtype == np.float64 else a
-            for n, a in zip(names, arrays)}
+            for n, a in zip(names, drawn.arrays)}
     rows = int(sample_job.spec.batch.rows)
     engine = _build_engine(trt, model, feed, rows, fp16, int8)
     scratch, built = _scratch(out, out.suffix or ".engine"), None
@@ -72,7 +72,7 @@ def _to_tensorrt(model: Path, out: Path, fp16: bool, sample_job) -> ExportReport
         compared = parity.compare(want, got.outputs)
         diffs = {k: d for k, (_, d) in compared.items()}
         kls = {k: kl for k, (kl, _) in compared.items()}
-        where = f"rows of {sample_job.spec.name}'s input"
+        where = drawn.where()
         if fp16 or int8:
             # an INT8 engine is compared with ONNX Runtime running the same QDQ model (which
             # `export --quantize` already held to FP32 by its gate)

@@ -27,7 +27,7 @@ import threading
 import time
 from concurrent.futures import Executor, Future, wait
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, NoReturn, Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -114,6 +114,30 @@ def list_input(pattern: str) -> Listing:
                    [full_url(fs, p) for p in sorted(ignored)])
 
 
+def footer_rows(url: str) -> int:
+    """The rows a shard holds, as its Parquet footer says: read without its data (on an object
+    store, the footer's ranged reads only), for a caller that needs every shard's size first.
+
+    Raises:
+        Unreadable: not a regular file, zero bytes, or not Parquet.
+        StorageError: the bytes cannot be fetched.
+    """
+    fs, path = url_to_fs(url)
+    try:
+        if _regular_file_info(fs, path)["size"] == 0:
+            raise Unreadable("zero-byte file")
+        with fs.open(path, "rb") as fh:
+            return pq.read_metadata(fh).num_rows
+    except Unreadable:
+        raise
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:   # the bytes: not Parquet
+        raise Unreadable(f"not a readable Parquet file: {one_line(exc)}") from None
+    except (OSError, ValueError) as exc:
+        if _is_changed(exc):
+            raise Unreadable(CHANGED) from None
+        raise StorageError(f"cannot read shard {url}: {exc}") from None
+
+
 def _is_metadata(name: str) -> bool:
     return name.startswith(METADATA_PREFIXES)
 
@@ -198,15 +222,52 @@ class ShardReader:
         except (Unreadable, StorageError):
             raise
         except Exception as exc:
-            if _is_changed(exc):
-                raise Unreadable(CHANGED) from None
-            # Bytes in memory cannot fail to fetch: any error is in the data. When streaming,
-            # an error of the file system (seen by HashingFile, whatever Arrow made of it) is a
-            # storage failure; any other is the data's (Arrow raises OSError for both).
-            self._raise_fetch_error()
-            if self._stream is not None:  # the bytes were fetched: the record keeps their digest
-                self._sha256 = self._digest_rest()
-            raise Unreadable(f"corrupt Parquet data: {one_line(exc)}") from None
+            self._raise_read_error(exc)
+
+    def take(self, rows: Any) -> pa.RecordBatch:
+        """The rows at shard row indices ``rows`` (ascending, distinct), in that order, read
+        from the row groups that hold them only (a sample of a large shard, streamed, holds one
+        row group at a time, not the shard). The shard's digest is not computed: a reader that
+        takes rows is not one whose digest is recorded (:meth:`close` it).
+
+        Raises:
+            Unreadable: corrupt data, or (streamed) the file changed while being read.
+            StorageError: (streamed) the file system failed.
+        """
+        import numpy as np
+
+        wanted = np.asarray(rows, dtype=np.int64)
+        meta = self._file.metadata
+        starts = np.cumsum([0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
+        groups = np.searchsorted(starts, wanted, side="right") - 1
+        parts = []
+        try:
+            for group in np.unique(groups):
+                table = self._file.read_row_group(int(group), use_threads=self._threads)
+                parts.append(table.take(wanted[groups == group] - starts[group]))
+        except (Unreadable, StorageError):
+            raise
+        except Exception as exc:
+            self._raise_read_error(exc)
+        table = pa.concat_tables(parts) if parts else self.schema.empty_table()
+        return table.combine_chunks().to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist(
+            [], schema=self.schema)
+
+    def close(self) -> None:
+        """Let go of a streamed shard's file (a reader read to its end closed it already)."""
+        if self._stream is not None:
+            self._stream.close()
+
+    def _raise_read_error(self, exc: BaseException) -> NoReturn:
+        if _is_changed(exc):
+            raise Unreadable(CHANGED) from None
+        # Bytes in memory cannot fail to fetch: any error is in the data. When streaming,
+        # an error of the file system (seen by HashingFile, whatever Arrow made of it) is a
+        # storage failure; any other is the data's (Arrow raises OSError for both).
+        self._raise_fetch_error()
+        if self._stream is not None:  # the bytes were fetched: the record keeps their digest
+            self._sha256 = self._digest_rest()
+        raise Unreadable(f"corrupt Parquet data: {one_line(exc)}") from None
 
     def _raise_fetch_error(self) -> None:
         """Raise the storage failure behind a streamed read's error, if there was one."""

@@ -29,15 +29,21 @@ def project(tmp_path_factory) -> Path:
 def quantized(project) -> Path:
     result = run_cli(*EXPORT, "--out", "models/q8.onnx", cwd=project)
     assert result.returncode == 0, result.stderr
-    assert "parity   INT8 vs FP32 on 1000 rows of testjob's input (y: score): KL" in result.stdout
+    assert ("parity   INT8 vs FP32 on 2000 rows of testjob's input, from 2 of 2 shards (y: score): KL"
+            in result.stdout)
     return project / "models" / "q8.onnx"
 
 
 def test_quantized_model_declares_its_figures_and_scores(project, quantized):
     record = json.loads(Path(f"{quantized}.quantization.json").read_text())
     assert record["precision"] == "int8" and record["quantization_method"] == "dynamic"
-    assert 0 < record["parity_kl"] <= 0.01 and record["parity_rows"] == 1000
+    assert 0 < record["parity_kl"] <= 0.01 and record["parity_rows"] == 2000
     assert 0 <= record["parity_flip_rate"] < 0.01 and record["parity_max_abs_diff"] > 0
+    # the sample: drawn from both shards, 1,000 rows each (the default 4,096 is more than there are)
+    assert record["sample_method"] == "stratified" and record["sample_seed"] == 0
+    assert record["sample_rows"] == 2000 and record["sample_shards"] == 2
+    assert record["sample_partition_shards"] == 2 and record["sample_partition_rows"] == 2000
+    assert record["sample"].startswith("2000 rows of testjob's input, from 2 of 2 shards")
     # what is in the file: its two MatMuls run as MatMulInteger (counted from its graph)
     import onnx
 
@@ -64,7 +70,8 @@ def test_quantized_model_declares_its_figures_and_scores(project, quantized):
     declared = json.loads(Path(f"{quantized}.batchinfer.json").read_text())
     assert declared["precision"] == "int8"
     for key in ("parity_kl", "parity_flip_rate", "sample_sha256", "quantization_method",
-                "source_model_sha256", "quantization_int8_nodes"):
+                "source_model_sha256", "quantization_int8_nodes", "sample_rows", "sample_shards",
+                "sample_partition_shards", "sample_seed", "sample_method"):
         assert declared[key] == str(record[key]), key
 
     # a run that does not declare int8 is a contract mismatch, before any work
@@ -81,6 +88,8 @@ def test_quantized_model_declares_its_figures_and_scores(project, quantized):
     metrics = json.loads((project / "out" / f"dt={DS}" / "_metrics.json").read_text())
     assert metrics["params"]["model.options.precision"] == "int8"
     assert metrics["params"]["model.parity_kl"] == declared["parity_kl"]
+    assert metrics["params"]["model.sample_rows"] == "2000"
+    assert metrics["params"]["model.sample_shards"] == "2"
     scores = predictions.column("y").to_numpy()
     assert predictions.num_rows == 2000 and np.all((scores > 0) & (scores < 1))
 
@@ -102,12 +111,14 @@ def test_fp32_run_of_an_old_declaration_is_unchanged(project):
     assert bf16.returncode == 3 and "stamped for fp32" in bf16.stderr
 
 
-@pytest.mark.parametrize("method", ["dynamic", "static"])
-def test_a_failing_gate_writes_nothing(project, method):
+# static: seed 2 draws a sample on which its KL passes (0.0057; at the default seed 0.0132, at 1
+# 0.041: MinMax ranges of 512 rows move with the rows), so that the flip rate is what refuses
+@pytest.mark.parametrize("method, seed", [("dynamic", []), ("static", ["--sample-seed", "2"])])
+def test_a_failing_gate_writes_nothing(project, method, seed):
     """Decisions that sit at the threshold: the FP32 median of the sample's scores, so rows on
     both sides of it lie within the quantization error and some flip; --max-flip-rate 0 refuses."""
     median = _median(project)
-    result = run_cli(*EXPORT, "--out", "models/refused.onnx", "--method", method,
+    result = run_cli(*EXPORT, "--out", "models/refused.onnx", "--method", method, *seed,
                      "--max-flip-rate", "0", "--threshold", repr(median), cwd=project)
     assert result.returncode == 5, result.stderr
     lines = result.stderr.strip().splitlines()
@@ -132,6 +143,63 @@ def test_a_failing_gate_leaves_an_existing_out_as_it_was(project):
         assert snapshot(project / "models") == before, "a refused export changed --out's folder"
     finally:
         previous.unlink()
+
+
+def test_the_gate_samples_every_shard_not_the_first(tmp_path):
+    """Eight shards: the first holds rows whose scores lie far from the threshold, the seven
+    after it rows within 0.002 of it. What the gate sampled before (the first rows of the first
+    shard: here, that shard whole) passes --max-flip-rate 0; the partition, sampled from every
+    shard, refuses: INT8 flips some of the later shards' decisions."""
+    numeric_project(tmp_path, shards=1, rows=10)
+    data = tmp_path / "data" / f"dt={DS}"
+    for old in data.iterdir():
+        old.unlink()
+    x = np.clip(np.random.default_rng(1).standard_normal((400_000, 4)), -3, 3).astype(np.float32)
+    scores = mlp_reference(x)
+    threshold = float(np.median(scores))
+    far, near = x[np.abs(scores - threshold) > 0.05][:1000], x[np.abs(scores - threshold) < 0.002]
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    first = 0
+    for s, rows in enumerate([far] + [near[i * 200:(i + 1) * 200] for i in range(7)]):
+        pq.write_table(pa.table({"id": np.arange(first, first + len(rows), dtype=np.int64),
+                                 **{f"f{i}": rows[:, i] for i in range(4)}}), data / f"part-{s:05d}.parquet")
+        first += len(rows)
+    gate = ("--max-flip-rate", "0", "--threshold", repr(threshold))
+    head = run_cli(*EXPORT, "--out", "models/head.onnx", *gate,
+                   "--set", "input.path=data/dt={ds}/part-00000.parquet", cwd=tmp_path)
+    assert head.returncode == 0, head.stderr
+    assert f"flip rate 0 at {threshold:g}" in head.stdout
+    assert "on 1000 rows of testjob's input, from 1 of 1 shards" in head.stdout
+    whole = run_cli(*EXPORT, "--out", "models/whole.onnx", *gate, cwd=tmp_path)
+    assert whole.returncode == 5, whole.stderr
+    line = one_line_error(whole, "export")
+    assert "INT8 output y flips" in line and f"at threshold {threshold:g} (> --max-flip-rate 0)" in line
+    assert "on 2400 rows of testjob's input, from 8 of 8 shards; nothing written" in line
+    assert not list((tmp_path / "models").glob("whole*"))
+
+
+def test_sample_rows_and_seed_are_honoured_and_recorded(project):
+    """1,200 of the partition's 2,000 rows (at a few hundred the KL rule's 32-bin histograms are
+    noisy enough to refuse: 0.011 at 300 rows)."""
+    result = run_cli(*EXPORT, "--out", "models/small.onnx", "--sample-rows", "1200", "--sample-seed", "7",
+                     cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert "on 1200 rows of testjob's input, from 2 of 2 shards (y: score)" in result.stdout
+    record = json.loads((project / "models" / "small.onnx.quantization.json").read_text())
+    assert record["parity_rows"] == record["sample_rows"] == 1200 and record["sample_seed"] == 7
+    assert record["sample_shards"] == 2 and record["sample_partition_rows"] == 2000
+    again = run_cli(*EXPORT, "--out", "models/small2.onnx", "--sample-rows", "1200", "--sample-seed", "7",
+                    cwd=project)
+    other = run_cli(*EXPORT, "--out", "models/small3.onnx", "--sample-rows", "1200", cwd=project)
+    assert again.returncode == other.returncode == 0, (again.stderr, other.stderr)
+    digest = {name: json.loads((project / "models" / f"{name}.onnx.quantization.json").read_text())["sample_sha256"]
+              for name in ("small", "small2", "small3")}
+    assert digest["small"] == digest["small2"] != digest["small3"]   # same seed same rows; seed 0 others
+    for name in ("small", "small2", "small3"):
+        for path in (project / "models").glob(f"{name}.onnx*"):
+            path.unlink()
 
 
 def _median(project: Path) -> float:
@@ -317,6 +385,15 @@ def test_embedding_names_an_output_for_the_cosine_bound(project, odd_models):
      "--threshold, --min-cosine go with --quantize int8"),
     (["--to", "tensorrt", "--quantize", "int8"], "--quantize int8 goes with --to onnx"),
     (["--to", "onnx", "--quantize", "int8"], "needs --sample JOB.yaml"),
+    (["--to", "onnx", "--sample-rows", "0"], "argument --sample-rows: 0: give at least 1 row"),
+    (["--to", "onnx", "--sample-rows", "-3"], "argument --sample-rows: -3: give at least 1 row"),
+    (["--to", "onnx", "--sample-rows", "1.5"], "argument --sample-rows: '1.5' is not a whole number of rows"),
+    (["--to", "onnx", "--sample-rows", "many"], "argument --sample-rows: 'many' is not a whole number"),
+    (["--to", "onnx", "--sample-seed", "-1"], "argument --sample-seed: -1: choose a seed from 0"),
+    (["--to", "onnx", "--sample-seed", "x"], "argument --sample-seed: 'x' is not a whole number"),
+    (["--to", "onnx", "--quantize", "int8", "--sample-rows", "10"], "--sample-rows goes with --sample JOB.yaml"),
+    (["--to", "onnx", "--sample-rows", "10", "--sample-seed", "1"],
+     "--sample-rows, --sample-seed go with --sample JOB.yaml"),
 ])
 def test_quantize_usage_errors(tmp_path, args, message):
     (tmp_path / "model.onnx").write_bytes(b"not read")

@@ -409,3 +409,26 @@ def test_every_key_of_a_declaration_is_one_of_its_fields_and_keeps_stamps_order(
     assert declared.backend == {"precision": "fp16", "tensorrt_version": "10.1",
                                 "quantization_scheme": "int8"}
     assert Declaration.of({"model_version": "m:1"}).missing() == [p for p in PARTS if p != "model_version"]
+
+
+# -- export --quantize's record ------------------------------------------------------------------
+
+def test_a_quantization_record_written_before_it_described_its_sample_still_reads(tmp_path):
+    """d4487dd's record (its sample the first rows of the first shard: no ``sample_rows``,
+    ``sample_seed``, … ) reads as the facts stamp declares, and a run reports them."""
+    from batchinfer.app.run_record import model_facts
+    from batchinfer.handlers.onnx import QUANTIZATION_SUFFIX, quantization_facts
+
+    model = tmp_path / "q8.onnx"
+    model.write_bytes((FIXTURES / "quantization.onnx").read_bytes())
+    record = json.loads((FIXTURES / "quantization.json").read_text())
+    (tmp_path / f"q8.onnx{QUANTIZATION_SUFFIX}").write_text(json.dumps(record))
+    facts = quantization_facts(str(model))
+    assert not any(k.startswith("sample_") and k != "sample_sha256" for k in facts)
+    assert facts["precision"] == "int8" and facts["sample_sha256"] == record["sample_sha256"]
+    assert facts["quantization_per_channel"] == "true" and facts["parity_rows"] == "200"
+    assert "model_sha256" not in facts and len(facts) == len(record) - 1
+    declared = Declaration.stamped(Triple("m:1-int8", "d" * 64, "feats@1", "p" * 64), facts)
+    assert declared.backend == facts
+    assert model_facts(declared)["model.sample_sha256"] == record["sample_sha256"]
+    assert model_facts(declared)["model.parity_kl"] == str(record["parity_kl"])
