@@ -23,7 +23,8 @@ peak; ``peak RSS`` cannot. The harness's own CPU time during each run is recorde
 
 After every size of every round, each other program's output is checked against batchinfer's
 output of that round (``output_check.py``: every id once, scores within 1e-5); a program that
-fails its check counts as failed. Results: a table on stdout and everything, raw runs included, in ``WORKDIR/results.json``.
+fails its check counts as failed. Results: a table on stdout and everything, raw runs included,
+in ``WORKDIR/results.json``.
 Outputs are removed after every run; the generated data is kept and reused by later runs with
 the same parameters (``make_data.py`` is deterministic; ``--regen`` forces it).
 """
