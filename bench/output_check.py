@@ -117,9 +117,3 @@ def compare(reference: tuple, candidate: tuple, kind: str) -> dict:
     return {**record, "min_cosine": worst, "median_cosine": float(np.median(cosine)),
             "bound": MIN_COSINE, "ok": bool(worst >= MIN_COSINE)}
 
-
-def label(check: dict | None) -> str:
-    """The table's word for a run's check: ``ok``, ``FAIL`` or ``-`` (nothing to compare with)."""
-    if not check or "ok" not in check:
-        return "-"
-    return "ok" if check["ok"] else "FAIL"
