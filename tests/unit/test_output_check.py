@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 from factories import REPO
 
 spec = importlib.util.spec_from_file_location("output_check", REPO / "bench" / "output_check.py")
