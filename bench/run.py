@@ -8,7 +8,7 @@ For each size the data is generated once with ``make_data.py`` (``--shards rows/
 the shard size is the same at every size, so peak memory can be compared across sizes). Then,
 round after round, every program runs on every size as its own process, in an order that
 rotates each round: the raw-model floor, stock Beam RunInference (smallest size only unless
-``--all-peers``), Ray Data (when ``ray`` imports) and batchinfer, run as a user runs it
+``--all-peers``), Ray Data, Daft and PySpark (each when it imports) and batchinfer, run as a user runs it
 (``python -m batchinfer run job.yaml --ds …`` in a job folder with a schema, a stamped model and
 an MLflow sqlite store created beforehand). A one-row partition measures start-up.
 
@@ -21,7 +21,10 @@ several): that is what counts for multi-process programs such as Ray. Sampling c
 peak; ``peak RSS`` cannot. The harness's own CPU time during each run is recorded
 (``harness_cpu_s``) so its perturbation is known.
 
-Results: a table on stdout and everything, raw runs included, in ``WORKDIR/results.json``.
+After every size of every round, each other program's output is checked against batchinfer's
+output of that round (``output_check.py``: every id once, scores within 1e-5); a program that
+fails its check counts as failed. Results: a table on stdout and everything, raw runs included,
+in ``WORKDIR/results.json``.
 Outputs are removed after every run; the generated data is kept and reused by later runs with
 the same parameters (``make_data.py`` is deterministic; ``--regen`` forces it).
 """
@@ -50,7 +53,16 @@ FEATURES = 32
 STARTUP_ROWS = 1
 PAGE = os.sysconf("SC_PAGE_SIZE")
 PSS_EVERY_S = 1.0  # multi-process trees: PSS at most this often (it is costly to read)
-PROGRAMS = ("floor", "batchinfer", "batchinfer_torch", "ray", "stock_beam")
+PROGRAMS = ("floor", "batchinfer", "batchinfer_torch", "ray", "stock_beam", "daft", "spark")
+# Optional peers: the module each needs; without it the program is "not installed" and skipped.
+OPTIONAL = {"ray": "ray", "daft": "daft", "spark": "pyspark"}
+PEER_SCRIPTS = {"floor": PEERS / "peer_floor.py", "stock_beam": PEERS / "peer_stock_beam.py",
+                "ray": PEERS / "peer_ray.py", "daft": HERE / "peer_daft.py", "spark": HERE / "peer_spark.py"}
+BATCHINFERS = ("batchinfer", "batchinfer_torch")
+SLOPE_PROGRAMS = ("floor", "batchinfer", "ray", "stock_beam", "daft", "spark")
+# Run by --peer-python: pyspark in the project's venv would slow batchinfer down (mlflow imports
+# pyspark whenever it is installed: 0.2 s of every start-up), and daft pins tqdm<4.68 (bench/README.md).
+PEER_VENV_PROGRAMS = ("daft", "spark")
 
 SCHEMA_SOURCE = '''\
 """bench_features, version 1: what make_data.py writes (id + 32 standard-normal float32s)."""
@@ -308,7 +320,7 @@ def versions(python: str) -> dict:
         import importlib.metadata as m, json, sys
         out = {"python": sys.version.split()[0]}
         for name in ("batchinfer", "apache-beam", "pyarrow", "onnxruntime", "numpy", "polars",
-                     "pandera", "mlflow", "ray", "torch"):
+                     "pandera", "mlflow", "ray", "torch", "daft", "pyspark"):
             try:
                 out[name] = m.version(name)
             except m.PackageNotFoundError:
@@ -349,13 +361,13 @@ def machine() -> dict:
 
 # -- the run -----------------------------------------------------------------------------------
 
-def plan_programs(args, sizes: list[int], ray_ok: bool) -> dict[int, list[str]]:
+def plan_programs(args, sizes: list[int], missing: set[str]) -> dict[int, list[str]]:
     wanted = [p for p in PROGRAMS if p in args.programs]
     plan = {}
     for rows in sizes:
         progs = []
         for p in wanted:
-            if p == "ray" and not ray_ok:
+            if p in missing:
                 continue
             if p == "stock_beam" and rows != min(sizes) and not args.all_peers:
                 continue
@@ -366,24 +378,27 @@ def plan_programs(args, sizes: list[int], ray_ok: bool) -> dict[int, list[str]]:
     return plan
 
 
-def command(program: str, python: str, data: Path, job: Path | None, out: Path, ds: str):
+def command(program: str, python: str, data: Path, job: Path | None, out: Path, ds: str,
+            peer_python: str | None = None):
     glob = str(data / "data" / "*.parquet")
     model = str(data / "model.onnx")
-    if program in ("batchinfer", "batchinfer_torch"):
+    if program in BATCHINFERS:
         return [python, "-m", "batchinfer", "run", job.name, "--ds", ds], job.parent
-    script = {"floor": "peer_floor.py", "stock_beam": "peer_stock_beam.py", "ray": "peer_ray.py"}[program]
-    return [python, str(PEERS / script), glob, model, str(out)], out.parent
+    if program in PEER_VENV_PROGRAMS and peer_python:
+        python = peer_python
+    return [python, str(PEER_SCRIPTS[program]), glob, model, str(out)], out.parent
 
 
-def run_one(program, rows, rnd, args, python, work, data, job, env) -> dict:
+def run_one(program, rows, rnd, args, python, work, data, job, env) -> tuple[dict, Path]:
+    """One timed run; returns its record and its output folder (kept for ``check_outputs``)."""
     ds = f"2026-01-{rnd + 1:02d}"
-    if program in ("batchinfer", "batchinfer_torch"):
+    if program in BATCHINFERS:
         out = job.parent / "out" / f"dt={ds}"
     else:
         out = work / "runs" / f"{program}-{rows}-r{rnd}"
     shutil.rmtree(out, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
-    cmd, cwd = command(program, python, data, job, out, ds)
+    cmd, cwd = command(program, python, data, job, out, ds, args.peer_python)
     log = work / "logs" / f"{program}-{rows}-r{rnd}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     res = measure(cmd, cwd=cwd, log=log, env=env, timeout=args.timeout, sample_s=args.sample,
@@ -391,7 +406,7 @@ def run_one(program, rows, rnd, args, python, work, data, job, env) -> dict:
     res.update({"program": program, "rows": rows, "round": rnd, "cmd": shlex.join(cmd),
                 "cwd": str(cwd)})
     try:
-        if program in ("batchinfer", "batchinfer_torch"):
+        if program in BATCHINFERS:
             res.update(batchinfer_result(out))
         elif out.exists():
             res["rows_out"] = parquet_rows(out, "*.parquet" if program != "stock_beam" else "part-*")
@@ -405,10 +420,41 @@ def run_one(program, rows, rnd, args, python, work, data, job, env) -> dict:
               f"rows_out={res.get('rows_out')} (log {log})", flush=True)
         for line in tail:
             print(f"       {line}", flush=True)
-    shutil.rmtree(out, ignore_errors=True)
-    if program in ("batchinfer", "batchinfer_torch"):
-        shutil.rmtree(out.parent, ignore_errors=True)
-    return res
+    return res, out
+
+
+def check_outputs(group: list[tuple[dict, Path]]) -> None:
+    """Every program's output of one size in one round against batchinfer's (output_check.py);
+    the verdict goes into each run's record (``check``) and a failed check fails the run. Then
+    the outputs are removed."""
+    import output_check
+
+    outs = {res["program"]: (res, out) for res, out in group}
+    reference = None
+    if "batchinfer" in outs and outs["batchinfer"][0]["ok"]:
+        try:
+            reference = output_check.read_columns(output_check.batchinfer_files(outs["batchinfer"][1]),
+                                                   "id", "score")
+        except Exception as exc:  # an unreadable reference: no check, said so
+            outs["batchinfer"][0]["check_error"] = f"{type(exc).__name__}: {exc}"
+    for program, (res, out) in outs.items():
+        if program == "batchinfer" or reference is None or res["rc"] != 0:
+            continue
+        try:
+            files = (output_check.batchinfer_files(out) if program in BATCHINFERS else
+                     output_check.peer_files(out, "part-*" if program == "stock_beam" else "*.parquet"))
+            res["check"] = output_check.compare(reference, output_check.read_columns(files, "id", "score"),
+                                                "score")
+        except Exception as exc:
+            res["check"] = {"ok": False, "reason": f"{type(exc).__name__}: {exc}"}
+        if not res["check"]["ok"]:
+            res["ok"] = False
+            print(f"    !! {program} at {res['rows']} rows, round {res['round']}: output check failed: "
+                  f"{ {k: v for k, v in res['check'].items() if k != 'ok'} }", flush=True)
+    for program, (_, out) in outs.items():
+        shutil.rmtree(out, ignore_errors=True)
+        if program in BATCHINFERS:
+            shutil.rmtree(out.parent, ignore_errors=True)
 
 
 def summarise(runs: list[dict], sizes: list[int], slope_pair: tuple[int, int] | None) -> dict:
@@ -419,6 +465,13 @@ def summarise(runs: list[dict], sizes: list[int], slope_pair: tuple[int, int] | 
     for (rows, prog), rs in sorted(by.items()):
         good = [r for r in rs if r["ok"]]
         entry = {"runs": len(rs), "ok": len(good)}
+        checked = [r["check"] for r in rs if "check" in r]
+        if checked:
+            entry["checks_passed"] = sum(bool(c.get("ok")) for c in checked)
+            entry["checks_run"] = len(checked)
+            diffs = [c["max_abs_diff"] for c in checked if "max_abs_diff" in c]
+            if diffs:
+                entry["worst_abs_diff"] = max(diffs)
         if good:
             walls = [r["wall_s"] for r in good]
             entry.update({
@@ -428,6 +481,10 @@ def summarise(runs: list[dict], sizes: list[int], slope_pair: tuple[int, int] | 
                 "peak_rss_mb": max(r.get("max_rss_mb") or 0 for r in good),
                 "peak_tree_mb": max(r["tree_mb"] for r in good),
                 "median_load1": statistics.median(r["load1_before"] for r in good)})
+            # cost per row of the whole process (start-up included): flat across sizes when a
+            # program's cost grows with the rows alone
+            entry["wall_us_per_row"] = entry["median_wall_s"] / rows * 1e6
+            entry["cpu_us_per_row"] = entry["median_cpu_s"] / rows * 1e6
             if prog == "batchinfer":
                 inner = [r["job_metrics"].get("wall_seconds") for r in good
                          if r.get("job_metrics", {}).get("wall_seconds")]
@@ -460,13 +517,13 @@ def summarise(runs: list[dict], sizes: list[int], slope_pair: tuple[int, int] | 
         lo, hi = slope_pair
         per_row = {"between_rows": [lo, hi]}
         for suffix, get in (("", med), ("_best", best)):
-            for p in ("floor", "batchinfer", "ray", "stock_beam"):
+            for p in SLOPE_PROGRAMS:
                 a, b = get(lo, p), get(hi, p)
                 if a is not None and b is not None and b > a:
                     per_row[f"{p}_rows_per_s{suffix}"] = (hi - lo) / (b - a)
             if suffix == "":
                 # CPU time is far less sensitive than wall time to other work on the machine.
-                for p in ("floor", "batchinfer", "ray", "stock_beam"):
+                for p in SLOPE_PROGRAMS:
                     a = table.get(str(lo), {}).get(p, {}).get("median_cpu_s")
                     b = table.get(str(hi), {}).get(p, {}).get("median_cpu_s")
                     if a is not None and b is not None:
@@ -486,7 +543,8 @@ def summarise(runs: list[dict], sizes: list[int], slope_pair: tuple[int, int] | 
 
 def print_table(summary: dict, sizes: list[int]) -> None:
     head = (f"{'rows':>9}  {'program':<11} {'wall s':>8} {'min-max':>13} {'x floor':>8} {'x best':>7} "
-            f"{'CPU s':>7} {'peak RSS MB':>11} {'tree MB':>8} {'ok':>5} {'load':>5}")
+            f"{'CPU s':>7} {'wall us/row':>11} {'CPU us/row':>10} {'peak RSS MB':>11} {'tree MB':>8} "
+            f"{'ok':>5} {'load':>5} {'check':>5}")
     print(head)
     print("-" * len(head))
     for rows in [STARTUP_ROWS, *sizes]:
@@ -497,20 +555,26 @@ def print_table(summary: dict, sizes: list[int]) -> None:
             e = progs.get(prog)
             if e is None:
                 continue
+            check = "-"
+            if e.get("checks_run"):
+                check = "ok" if e["checks_passed"] == e["checks_run"] else "FAIL"
             if "median_wall_s" not in e:
                 print(f"{rows:>9,}  {prog:<11} {'failed':>8} {'':>13} {'':>8} {'':>7} {'':>7} {'':>11} "
-                      f"{'':>8} {e['ok']}/{e['runs']:<3}")
+                      f"{'':>10} {'':>11} {'':>8} {e['ok']}/{e['runs']:<3} {'':>5} {check:>5}")
                 continue
             rng = f"{e['min_wall_s']:.2f}-{e['max_wall_s']:.2f}"
             x = f"{e['x_floor']:.2f}" if "x_floor" in e else "-"
             xb = f"{e['x_floor_best']:.2f}" if "x_floor_best" in e else "-"
             print(f"{rows:>9,}  {prog:<11} {e['median_wall_s']:>8.2f} {rng:>13} {x:>8} {xb:>7} "
-                  f"{e['median_cpu_s']:>7.2f} {e['peak_rss_mb']:>11.0f} {e['peak_tree_mb']:>8.0f} "
-                  f"{e['ok']}/{e['runs']:<3} {e['median_load1']:>5.1f}")
+                  f"{e['median_cpu_s']:>7.2f} {e['wall_us_per_row']:>11.2f} {e['cpu_us_per_row']:>10.2f} "
+                  f"{e['peak_rss_mb']:>11.0f} {e['peak_tree_mb']:>8.0f} "
+                  f"{e['ok']}/{e['runs']:<3} {e['median_load1']:>5.1f} {check:>5}")
     print()
     print("wall s: median of rounds; x floor: median / floor's median; x best: min / floor's min;")
-    print("CPU s: user+sys of the whole process tree; peak RSS: largest single process; tree MB: "
-          "sampled sum over the tree (PSS when several processes); load: 1-min load average")
+    print("CPU s: user+sys of the whole process tree; us/row: median wall or CPU / rows (start-up "
+          "included); peak RSS: largest single process; tree MB: sampled sum over the tree (PSS when "
+          "several processes); load: 1-min load average; check: output vs batchinfer's of the same "
+          "round (every id once, |score diff| <= 1e-5; a failed check fails the run)")
     print()
     st, sb = summary["startup"], summary["startup_best"]
     if st.get("batchinfer") is not None:
@@ -523,12 +587,12 @@ def print_table(summary: dict, sizes: list[int]) -> None:
         lo, hi = pr["between_rows"]
         for suffix, what in (("", "medians"), ("_best", "best runs")):
             parts = [f"{p} {pr[f'{p}_rows_per_s{suffix}']:,.0f}"
-                     for p in ("floor", "batchinfer", "ray", "stock_beam") if f"{p}_rows_per_s{suffix}" in pr]
+                     for p in SLOPE_PROGRAMS if f"{p}_rows_per_s{suffix}" in pr]
             print(f"per-row cost, slope {lo:,} -> {hi:,} rows, {what} (rows/s): " + ", ".join(parts))
             key = f"batchinfer_throughput_vs_floor{suffix}"
             if key in pr:
                 print(f"  throughput batchinfer / floor ({what}): {pr[key]:.2f}   [goal >= 0.90]")
-        parts = [f"{p} {pr[f'{p}_cpu_us_per_row']:.2f}" for p in ("floor", "batchinfer", "ray", "stock_beam")
+        parts = [f"{p} {pr[f'{p}_cpu_us_per_row']:.2f}" for p in SLOPE_PROGRAMS
                  if f"{p}_cpu_us_per_row" in pr]
         if parts:
             print(f"CPU per row, slope {lo:,} -> {hi:,} rows, medians (us/row): " + ", ".join(parts))
@@ -554,6 +618,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-startup", dest="startup", action="store_false",
                     help="skip the one-row start-up runs")
     ap.add_argument("--python", default=sys.executable, help="interpreter for every program")
+    ap.add_argument("--peer-python", default=os.environ.get("BATCHINFER_PEER_PYTHON"),
+                    help="interpreter for daft and spark (default $BATCHINFER_PEER_PYTHON, else "
+                         "--python): the peers' venv of bench/README.md")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per run before it is killed")
     ap.add_argument("--sample", type=float, default=0.25, help="seconds between tree-RSS samples")
     ap.add_argument("--regen", action="store_true", help="regenerate data even if present")
@@ -574,11 +641,17 @@ def main(argv=None) -> int:
 
     print(f"batchinfer bench: rows {sizes}, {args.rounds} rounds, {args.shard_rows:,} rows per shard, "
           f"workdir {work}", flush=True)
-    ray_ok = "ray" in args.programs and has_module(python, "ray")
+    args.peer_python = args.peer_python or python
+    missing = {p for p in OPTIONAL if p in args.programs and not has_module(
+        args.peer_python if p in PEER_VENV_PROGRAMS else python, OPTIONAL[p])}
+    if "spark" in args.programs and "spark" not in missing and shutil.which("java") is None:
+        missing.add("spark")   # pyspark without a JVM cannot start
     code_before = package_fingerprint(python)
     vers = versions(python)
-    if "ray" in args.programs and not ray_ok:
-        print("ray: not installed (Ray Data is left out)", flush=True)
+    if args.peer_python != python:
+        vers["peer_python"] = {"path": args.peer_python, **versions(args.peer_python)}
+    for p in sorted(missing):
+        print(f"{p}: not installed (left out; bench/README.md has the install line)", flush=True)
 
     # data and jobs, once per size
     tracking = f"sqlite:///{work / 'mlflow.db'}"
@@ -597,7 +670,7 @@ def main(argv=None) -> int:
             torch_jobs[rows] = make_job(python, work / "jobs" / f"torch-{rows}", data_dirs[rows], rows,
                                         tracking, backend="torch")
 
-    plan = plan_programs(args, sizes, ray_ok)
+    plan = plan_programs(args, sizes, missing)
     order = ([STARTUP_ROWS] if args.startup else []) + sizes
     runs = []
     for rnd in range(args.rounds):
@@ -607,13 +680,16 @@ def main(argv=None) -> int:
                 continue
             k = rnd % len(progs)
             rotated = progs[k:] + progs[:k]  # each round starts with the next program
+            group = []
             for prog in rotated:
                 job = torch_jobs.get(rows) if prog == "batchinfer_torch" else jobs.get(rows)
-                res = run_one(prog, rows, rnd, args, python, work, data_dirs[rows], job, env)
+                res, out = run_one(prog, rows, rnd, args, python, work, data_dirs[rows], job, env)
                 runs.append(res)
+                group.append((res, out))
                 print(f"  round {rnd + 1}/{args.rounds}  {rows:>10,} rows  {prog:<11} "
                       f"{res['wall_s']:7.2f} s  {res.get('max_rss_mb', 0):6.0f} MB  "
                       f"load {res['load1_before']:.1f}{'' if res['ok'] else '  FAILED'}", flush=True)
+            check_outputs(group)   # after the round's last program: the order does not matter
 
     slope_pair = None
     if 2_000_000 in sizes and 8_000_000 in sizes:
@@ -631,8 +707,8 @@ def main(argv=None) -> int:
         entry = summary["table"].get(str(rows), {}).get("batchinfer_torch", {})
         if "x_onnxruntime" in entry:
             print(f"torch backend / onnxruntime backend at {rows:,} rows: {entry['x_onnxruntime']:.2f}x whole-job wall")
-    if not ray_ok and "ray" in args.programs:
-        print("ray: not installed")
+    for p in sorted(missing):
+        print(f"{p}: not installed")
     print(f"batchinfer code {code_before.get('sha256', '?')[:12]}"
           + ("" if code_after == code_before else
              f" -> {code_after.get('sha256', '?')[:12]}: the package CHANGED during this run"))
@@ -646,7 +722,8 @@ def main(argv=None) -> int:
         "machine": machine(), "versions": vers,
         "batchinfer_code": {"before": code_before, "after": code_after,
                             "changed_during_run": code_after != code_before},
-        "ray": "installed" if ray_ok else "not installed",
+        "ray": "not installed" if "ray" in missing else "installed",
+        "not_installed": sorted(missing),
         "data_generation_s": {str(k): v for k, v in gen_s.items()},
         "summary": summary, "runs": runs,
     }
