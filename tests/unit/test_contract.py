@@ -526,3 +526,23 @@ def test_stack_float32_empty_batch():
     batch = pa.record_batch({"a": pa.array([], pa.float64())})
     out = stack_float32(batch, ["a"])
     assert out.shape == (0, 1) and out.dtype == np.float32
+
+
+def test_a_model_without_external_data_is_told_so_without_onnx_and_anything_else_is_left_to_it(tmp_path):
+    """The fast path (no ``onnx`` import) answers only for a file that reads as a ModelProto with
+    a graph and holds no ``location`` key; every other file goes to onnx, which reads or refuses
+    it as before."""
+    from batchinfer.triple.contract import _refers_to_no_external_data, onnx_external_locations
+
+    plain = make_mlp_onnx(tmp_path / "plain" / "model.onnx")
+    external, _ = _external_model(tmp_path / "ext")
+    assert _refers_to_no_external_data(plain) and onnx_external_locations(plain) == []
+    assert not _refers_to_no_external_data(external)            # holds "location": onnx reads it
+    assert onnx_external_locations(external) != []
+    for name, data in [("text.onnx", b"not a model\n"), ("empty.onnx", b""),
+                       ("cut.onnx", plain.read_bytes()[:-3]), ("no-graph.onnx", b"\x08\x07")]:
+        bad = tmp_path / name
+        bad.write_bytes(data)
+        assert not _refers_to_no_external_data(bad), name      # left to onnx
+    with pytest.raises(ModelFileError, match="is not a readable ONNX model"):
+        onnx_external_locations(tmp_path / "text.onnx")
