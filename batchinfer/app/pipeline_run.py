@@ -84,9 +84,12 @@ def build_job(resolved: Resolved, champion: "ModelRun", attempt: Attempt,
 def run_pipeline(resolved: Resolved, champion: "ModelRun", attempt: Attempt, header: Manifest,
                  baseline: Baseline | None = None,
                  watch: "Callable[[int, str], Any] | None" = None,
-                 challengers: "Sequence[ModelRun]" = (), resume: Resume | None = None) -> None:
+                 challengers: "Sequence[ModelRun]" = (), resume: Resume | None = None, *,
+                 run_id: Any = None) -> None:
     """Run the Beam pipeline into ``attempt``, up to and including its commit step; it scores
-    the shards ``resume`` does not adopt (all without one).
+    the shards ``resume`` does not adopt (all without one); ``run_id`` (an
+    :class:`~batchinfer.pipeline.commit_step.InThisProcess`) gives the commit step the MLflow
+    run's id that the header leaves out.
 
     ``watch(shards, live)`` gives a context manager that shows progress while the pipeline runs
     (``app/run_progress.py``): ``live`` says where figures come from on this runner
@@ -111,7 +114,7 @@ def run_pipeline(resolved: Resolved, champion: "ModelRun", attempt: Attempt, hea
         with watch(to_score, live) if watch else contextlib.nullcontext() as watching:
             follow = watching.follow if watching is not None else (lambda result: None)
             with pipeline_handing_over(options, follow) as pipeline:
-                build(pipeline, *pipeline_plans(resolved, attempt, header, baseline, resume),
+                build(pipeline, *pipeline_plans(resolved, attempt, header, baseline, resume, run_id),
                       models=(champion, *challengers))
             if watching is not None:
                 watching.end(pipeline.result)
@@ -127,7 +130,8 @@ def run_pipeline(resolved: Resolved, champion: "ModelRun", attempt: Attempt, hea
 
 
 def pipeline_plans(resolved: Resolved, attempt: Attempt, header: Manifest,
-                   baseline: Baseline | None = None, resume: Resume | None = None) -> tuple[Any, Any]:
+                   baseline: Baseline | None = None, resume: Resume | None = None,
+                   run_id: Any = None) -> tuple[Any, Any]:
     """The pipeline's :class:`ScoringPlan` and :class:`CommitPlan` for ``attempt``; with a
     ``resume``, the pipeline reads and scores only the shards it does not adopt, and the commit
     step takes the adopted ones' results as they are; with a baseline, the writer stage counts
@@ -156,7 +160,7 @@ def pipeline_plans(resolved: Resolved, attempt: Attempt, header: Manifest,
     commit = CommitPlan(output_url=output, attempt=attempt.attempt, sink=sink,
                         replacing=attempt.replacing, shard_count=len(resolved.shards),
                         header=header, breach=spec.quarantine.breach, drift=gate,
-                        preprocess=spec.preprocess, clock=attempt.clock, adopted=adopted,
+                        preprocess=spec.preprocess, clock=attempt.clock, adopted=adopted, run_id=run_id,
                         max_incomplete=(spec.explain.max_incomplete_fraction
                                         if spec.explain and spec.explain.method in COMPLETE_METHODS
                                         else None))

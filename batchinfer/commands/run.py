@@ -181,6 +181,8 @@ class Launch:
         header: the manifest as known before any work (it names the MLflow run).
         resume: the shards it adopts instead of scoring them: from crashed attempts, and with
             ``--update`` the committed shards it keeps.
+        run_id: the MLflow run's id for a commit step in this process, asked for at the commit
+            (None: it is in the header).
     """
 
     champion: "ModelRun"
@@ -190,6 +192,7 @@ class Launch:
     attempt: Attempt
     header: Manifest
     resume: Resume = field(default_factory=Resume)
+    run_id: Any = None   # pipeline.commit_step.InThisProcess (imported with Beam, when it runs)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -437,12 +440,19 @@ def launch(run: Resolution, decision: Decision, resumed: Resume, tracking: "Trac
         progress(resumed.summary(total, total - len(adopted.adopted)))
     progress(f"scoring {total - len(adopted.adopted)} shards into {run.shown} "
              f"(attempt {attempt.attempt}, {spec.runner.name} runner, {champion.device})")
-    # The manifest names the MLflow run, so its id is needed before the pipeline starts (the
-    # helper opened it meanwhile).
-    header = pipeline_run.manifest_header(job, attempt, champion, run.started, tracking.wait(),
-                                     challengers, resolved.input_table())
+    # The manifest names the MLflow run. A commit step in this process asks for its id when it
+    # writes the manifest, so the pipeline starts while the helper opens the run (~0.5-0.9 s of
+    # the start otherwise); one elsewhere gets it in the graph, waited for here.
+    from ..pipeline.commit_step import InThisProcess
+    from ..pipeline.runner_options import live_metrics
+
+    here = live_metrics(spec.runner.name, spec.runner.options) == "process"
+    run_id = InThisProcess(tracking.wait) if here else None
+    header = pipeline_run.manifest_header(job, attempt, champion, run.started,
+                                          None if here else tracking.wait(),
+                                          challengers, resolved.input_table())
     return Launch(champion=champion, challengers=challengers, load_s=load_s,
-                  baseline=baseline, attempt=attempt, header=header, resume=adopted)
+                  baseline=baseline, attempt=attempt, header=header, resume=adopted, run_id=run_id)
 
 
 def score(run: Resolution, launched: Launch, tracking: "TrackingRun",
@@ -461,7 +471,8 @@ def score(run: Resolution, launched: Launch, tracking: "TrackingRun",
     t_pipeline = time.perf_counter()
     try:
         pipeline_run.run_pipeline(resolved, launched.champion, attempt, launched.header,
-                             launched.baseline, watch, launched.challengers, launched.resume)
+                                  launched.baseline, watch, launched.challengers, launched.resume,
+                                  run_id=launched.run_id)
     except KeyboardInterrupt:  # Ctrl-C: commit nothing, keep what is finished, say so in MLflow
         winner = attempt.committed_meanwhile()
         if winner is None or winner.attempt != attempt.attempt:  # never undo a commit
@@ -479,6 +490,9 @@ def score(run: Resolution, launched: Launch, tracking: "TrackingRun",
             _stopped(attempt, run)
             tracking.finish({"attempt": attempt.attempt}, {}, {}, "FAILED")
             raise
+    finally:
+        if launched.run_id is not None:
+            launched.run_id.forget()
     return Scored(pipeline_s=time.perf_counter() - t_pipeline)
 
 

@@ -214,6 +214,7 @@ class TrackingRun:
         self.run_id: str | None = None
         self.error: str | None = None
         self._opened = False
+        self._waiting = threading.Lock()   # wait() from the commit step's thread and the launcher's
         self._asked = False   # anything sent to the helper: else close() keeps it for the next run
         self._env = {**MLFLOW_DEFAULTS, **os.environ}
         self._child: Helper | None
@@ -283,16 +284,17 @@ class TrackingRun:
 
     def wait(self, timeout: float = 120.0) -> str | None:
         """Wait for the run to open; return its id (None if MLflow failed)."""
-        if self._child is None or self._opened:
+        with self._waiting:
+            if self._child is None or self._opened:
+                return self.run_id
+            self._opened = True
+            try:
+                reply = self._receive(timeout)
+                self.run_id, self.error = reply.get("run_id"), reply.get("error")
+            except (TimeoutError, ConnectionError, ValueError, OSError) as exc:
+                self.error = short_error(exc)
+                self._close()
             return self.run_id
-        self._opened = True
-        try:
-            reply = self._receive(timeout)
-            self.run_id, self.error = reply.get("run_id"), reply.get("error")
-        except (TimeoutError, ConnectionError, ValueError, OSError) as exc:
-            self.error = short_error(exc)
-            self._close()
-        return self.run_id
 
     def finish(self, params: Mapping[str, Any], metrics: Mapping[str, float],
                artifacts: Mapping[str, str], status: str = "FINISHED",

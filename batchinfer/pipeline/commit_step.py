@@ -33,6 +33,31 @@ from ..redaction import Deferred
 from ..rows.drift import DriftGate, MergedProfiles
 from .prepare import preprocess_fault
 
+
+class InThisProcess:
+    """A value this process learns later (the MLflow run's id: the helper opens the run while the
+    pipeline scores), for a step that runs in this process (the commit step on the in-process
+    direct runner). Beam pickles every step as it builds the graph; what travels is a key into
+    this process's table, so building never waits, and :meth:`value` asks when the step needs it.
+    A copy that finds no entry (a process that is not the launcher's) has None: the manifest
+    then names no MLflow run, as when tracking failed, and the launcher's record says why."""
+
+    _table: dict[str, Callable[[], "str | None"]] = {}
+
+    def __init__(self, get: Callable[[], "str | None"]):
+        import uuid
+
+        self.key = uuid.uuid4().hex
+        InThisProcess._table[self.key] = get
+
+    def value(self) -> "str | None":
+        get = InThisProcess._table.get(self.key)
+        return get() if get is not None else None
+
+    def forget(self) -> None:
+        InThisProcess._table.pop(self.key, None)
+
+
 # The quarantine thresholds: (rows_in, rows quarantined, unreadable shards) → why the partition
 # must not commit, or None (spec.QuarantineSpec.breach; a bound method of a pydantic model pickles).
 Breach = Callable[[int, int, int], "str | None"]
@@ -53,6 +78,9 @@ class CommitPlan:
         header: the manifest as the launcher knows it before any work (job, ds, triple, spec hash,
             runner, device, start time, MLflow run id); the commit step adds the end time, the
             shards and the totals.
+        run_id: the MLflow run's id where the launcher did not know it as the graph was built
+            (:class:`InThisProcess`: the commit step runs in the launcher's process), asked for
+            as the manifest is made; None: the header's.
         breach: the quarantine thresholds (see :data:`Breach`).
         drift: with a monitoring baseline, the gate that refuses a partition that drifted above
             the ``fail`` limits (exit 4; the launcher keeps the drift report); None without one.
@@ -75,6 +103,7 @@ class CommitPlan:
     # completeness (contract §6 "Explanations"); None: no such check.
     max_incomplete: float | None = None
     sink: Sink = FILES    # how the partition is stored (io/sinks.py)
+    run_id: InThisProcess | None = None
 
     def begin(self) -> Attempt:
         return PartitionCommit(self.output_url.value(), self.sink).begin(self.attempt, replacing=self.replacing,
@@ -131,7 +160,9 @@ class CommitPartition(beam.DoFn):
                                     error=type(refusal).__name__)
         else:
             records = tuple(folded.records)
-            manifest = dataclasses.replace(plan.header, finished_at=rfc3339(plan.clock()),
+            header = plan.header if plan.run_id is None else dataclasses.replace(
+                plan.header, mlflow_run_id=plan.run_id.value())
+            manifest = dataclasses.replace(header, finished_at=rfc3339(plan.clock()),
                                            totals=summary.totals, shards=records,
                                            challengers=folded.challenger_entries(plan.header.challengers))
             t0 = time.perf_counter()
