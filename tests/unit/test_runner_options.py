@@ -364,3 +364,20 @@ def test_a_retried_commit_step_is_its_own_commit_never_aborted(tmp_path):
     assert (tmp_path / "out" / data_file).read_bytes() == b"rows"
     assert not (tmp_path / "out" / "_tmp").exists()
 
+
+
+def test_the_commit_step_in_this_process_asks_for_the_mlflow_run_id_when_it_writes_the_manifest():
+    """Beam pickles the commit step as the graph is built: what travels is a key, so building
+    never waits for the helper; the id is asked for when the step needs it, and a copy in a
+    process that has no entry (not the launcher's) gets None, as when tracking failed."""
+    import pickle
+
+    from batchinfer.pipeline.commit_step import InThisProcess
+
+    asked = []
+    later = InThisProcess(lambda: asked.append(1) or "run-42")
+    copy = pickle.loads(pickle.dumps(later))
+    assert asked == []                                    # pickling asked nothing
+    assert copy.value() == "run-42" and asked == [1]      # asked when the step needs it
+    later.forget()
+    assert copy.value() is None                           # elsewhere (or after the run): None
