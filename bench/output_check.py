@@ -92,14 +92,14 @@ def _align_dense(reference_ids: np.ndarray, candidate_ids: np.ndarray) -> dict:
     return {"index": index, "missing": missing, "duplicates": duplicates, "extra": extra}
 
 
-def compare(reference: tuple, candidate: tuple, kind: str) -> dict:
+def compare(reference: tuple, candidate: tuple, kind: str, min_cosine: float = MIN_COSINE) -> dict:
     """The check's record (what results.json keeps): ``ok``, the row counts and the figure.
 
     Args:
         reference: batchinfer's ``(ids, values)``.
         candidate: the peer's ``(ids, values)``.
         kind: ``"score"`` (max abs diff ≤ MAX_ABS_DIFF) or ``"embedding"`` (min cosine ≥
-            MIN_COSINE).
+            ``min_cosine``, MIN_COSINE unless given).
     """
     (ref_ids, ref_values), (cand_ids, cand_values) = reference, candidate
     found = align(ref_ids, cand_ids)
@@ -115,5 +115,5 @@ def compare(reference: tuple, candidate: tuple, kind: str) -> dict:
     cosine = (matched * ref_values).sum(1) / np.where(norms == 0, 1.0, norms)
     worst = float(cosine.min())
     return {**record, "min_cosine": worst, "median_cosine": float(np.median(cosine)),
-            "bound": MIN_COSINE, "ok": bool(worst >= MIN_COSINE)}
+            "bound": min_cosine, "ok": bool(worst >= min_cosine)}
 
