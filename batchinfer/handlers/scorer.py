@@ -23,6 +23,7 @@ row order of calls sized by tokens.
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -256,19 +257,30 @@ class Scorer:
                 calls = calls[1:]
             return self._calls_at_once(model, inputs, calls, tally, by_tokens, sequences, parts, threads)
         for lo, hi, width in calls:
-            chunk = _call_inputs(inputs, lo, hi, width, by_tokens, sequences)
-            try:
-                out = self._predict(model, chunk, hi - lo, tally)
-            except Exception as exc:
-                if not self._is_out_of_memory(exc):
-                    raise
-                self.oom_policy.back_off(exc, hi - lo, width, by_tokens=by_tokens is not None)
-                tally.oom_backoffs += 1
+            made = functools.partial(self._predict, model,
+                                     _call_inputs(inputs, lo, hi, width, by_tokens, sequences), hi - lo, tally)
+            if not self._took(made, (lo, hi, width), tally, by_tokens, parts):
                 return lo
-            self.batch_contract.check(out, hi - lo)
-            parts.append(out)
-            tally.padded_tokens += (hi - lo) * width
         return None
+
+    def _took(self, made: Callable[[], dict[str, np.ndarray]], call: Call, tally: _Tally,
+              by_tokens: Optional[np.ndarray], parts: list[dict[str, np.ndarray]]) -> bool:
+        """One call's outputs (``made()``: the call, or its future's result) held to the batch
+        contract and appended to ``parts``; False when it ran out of device memory (the policy
+        has halved the calls: plan again from its first row)."""
+        lo, hi, width = call
+        try:
+            out = made()
+        except Exception as exc:
+            if not self._is_out_of_memory(exc):
+                raise
+            self.oom_policy.back_off(exc, hi - lo, width, by_tokens=by_tokens is not None)
+            tally.oom_backoffs += 1
+            return False
+        self.batch_contract.check(out, hi - lo)
+        parts.append(out)
+        tally.padded_tokens += (hi - lo) * width
+        return True
 
     def _calls_at_once(self, model: LoadedModel, inputs: dict[str, np.ndarray], calls: list[Call],
                        tally: _Tally, by_tokens: Optional[np.ndarray], sequences: frozenset[str],
@@ -286,18 +298,9 @@ class Scorer:
         t0 = time.perf_counter()
         futures: list[Future] = [pool.submit(call, *c) for c in calls]
         try:
-            for (lo, hi, width), future in zip(calls, futures):
-                try:
-                    out = future.result()
-                except Exception as exc:
-                    if not self._is_out_of_memory(exc):
-                        raise
-                    self.oom_policy.back_off(exc, hi - lo, width, by_tokens=by_tokens is not None)
-                    tally.oom_backoffs += 1
-                    return lo
-                self.batch_contract.check(out, hi - lo)
-                parts.append(out)
-                tally.padded_tokens += (hi - lo) * width
+            for each, future in zip(calls, futures):
+                if not self._took(future.result, each, tally, by_tokens, parts):
+                    return each[0]
             return None
         finally:
             for future in futures:
