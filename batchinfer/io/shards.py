@@ -249,9 +249,9 @@ class ShardReader:
             raise
         except Exception as exc:
             self._raise_read_error(exc)
-        table = pa.concat_tables(parts) if parts else self.schema.empty_table()
-        return table.combine_chunks().to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist(
-            [], schema=self.schema)
+        if not parts:
+            return pa.RecordBatch.from_pylist([], schema=self.schema)
+        return pa.concat_tables(parts).combine_chunks().to_batches()[0]
 
     def close(self) -> None:
         """Let go of a streamed shard's file (a reader read to its end closed it already)."""
@@ -478,11 +478,13 @@ def decoded_ahead(batches: Iterator[pa.RecordBatch], pool: Executor
     """``batches``, each with the seconds it took to decode, the next one decoded on ``pool``
     (one thread) while the caller works on the one it was given.
 
-    Decoding releases the GIL; so do the model's calls that the caller's batch goes on to. One
-    batch ahead, never more: memory stays one batch per shard being read. What the reader
-    raises reaches the caller where the batch would have. The generator is advanced by one
-    thread at a time (the pool's, or none), and a caller that stops early waits for the decode in
-    flight, so nothing reads a shard after its reader is dropped.
+    Decoding releases the GIL; so do the model's calls that the caller's batch goes on to. On
+    local files at 8M rows this was within noise (bench/README, issue 35): both cores are busy
+    scoring there. Where a shard streams from an object store, the next batch's bytes are
+    fetched while this one is scored. One batch ahead, never more: memory stays one batch per
+    shard being read. What the reader raises reaches the caller where the batch would have. The
+    generator is advanced by one thread at a time (the pool's, or none), and a caller that stops
+    early waits for the decode in flight, so nothing reads a shard after its reader is dropped.
     """
     def step() -> tuple[Any, float]:
         t0 = time.perf_counter()

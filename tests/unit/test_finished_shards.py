@@ -68,3 +68,47 @@ def test_the_commit_joins_a_part_only_if_it_accounts_for_the_champions_rows():
     assert champion.joined({"c": good}).challengers == {"c": good}
     with pytest.raises(RuntimeError, match="accounting failed for challenger c on shard s0"):
         champion.joined({"c": ChallengerShard(path="s0", rows_scored=9, rows_rejected=0)})
+
+
+def test_the_next_batch_is_decoded_on_the_pool_while_the_caller_holds_this_one():
+    """``decoded_ahead``: batch k+1 is being read (on the pool's thread) before the caller is
+    done with batch k; what the reader raises comes where its batch would have; a caller that
+    stops early leaves no read running."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pyarrow as pa
+
+    from batchinfer.io.shards import Unreadable, decoded_ahead
+
+    log: list[tuple[str, int, str]] = []
+    reading = threading.Event()
+
+    def reader(fail_at=None):
+        for k in range(3):
+            log.append(("read", k, threading.current_thread().name))
+            if k == fail_at:
+                raise Unreadable("corrupt Parquet data")
+            if k == 1:
+                reading.set()
+            yield pa.record_batch({"x": [k]})
+
+    with ThreadPoolExecutor(1, thread_name_prefix="decode") as pool:
+        got = []
+        for batch, seconds in decoded_ahead(reader(), pool):
+            if batch.column(0)[0].as_py() == 0:
+                assert reading.wait(5)           # batch 1 read while batch 0 is still ours
+            got.append(batch.column(0)[0].as_py())
+            assert seconds >= 0
+        assert got == [0, 1, 2]
+        assert {name for _, _, name in log} == {"decode_0"}
+        seen = []
+        with pytest.raises(Unreadable):
+            for batch, _ in decoded_ahead(reader(fail_at=2), pool):
+                seen.append(batch.column(0)[0].as_py())
+        assert seen == [0, 1]                    # the error where batch 2 would have come
+        log.clear()
+        ahead = decoded_ahead(reader(), pool)
+        next(ahead)
+        ahead.close()                            # stops early: waits for the read in flight
+        assert [k for _, k, _ in log] == [0, 1]
