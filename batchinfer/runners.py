@@ -47,6 +47,9 @@ class Runner:
             its multi_processing mode); ``result`` — the pipeline result's Beam metrics,
             polled; ``end`` — none: the runner reports its metrics when the job ends. Every
             runner's final figures are its Beam metrics.
+        cloud_clients: its launcher may need Beam's own Google Cloud and AWS clients (the
+            Dataflow API, staging to ``gs://``). False: when its check is the first thing to
+            import Beam, Beam is imported without them (:data:`batchinfer.imports.CLOUD_CLIENTS`).
     """
 
     name: str
@@ -62,6 +65,7 @@ class Runner:
     job_service: bool = False
     fixes: str = ""
     live_metrics: str = "end"
+    cloud_clients: bool = True
 
     def with_defaults(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """``options`` with :attr:`defaults` first, unless it sets one of them already."""
@@ -128,7 +132,7 @@ BUILTIN: tuple[Runner, ...] = (
               "FnApiRunner for batch pipelines. batchinfer names the FnApiRunner directly: the "
               "same engine, predictably, on any machine. It honours --direct_num_workers and "
               "--direct_running_mode.",
-        live_metrics="process"),
+        live_metrics="process", cloud_clients=False),
     # `portable` hands every option to its job service, which may be Flink's, Spark's, Prism's
     # or Kafka Streams' job server, or Beam's Python one (an FnApiRunner: direct_*).
     Runner(

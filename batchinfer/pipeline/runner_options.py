@@ -19,6 +19,7 @@ from typing import Any, Iterator, Mapping
 
 from .. import runners
 from ..errors import RuntimeFailure, SpecError
+from ..imports import import_beam
 
 log = logging.getLogger("batchinfer")
 
@@ -185,6 +186,7 @@ def check(name: str, options: Mapping[str, Any]) -> None:
         SpecError: options unknown to the runner, or that Beam cannot parse or refuses (exit 2).
         RuntimeFailure: the runner's package is missing (exit 5, like a missing backend).
     """
+    import_beam(cloud_clients=runners.get(name).cloud_clients)  # before anything imports Beam
     passed = _passed.get()
     if passed is None:
         _check(name, options)

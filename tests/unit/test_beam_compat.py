@@ -7,6 +7,7 @@ import pickle
 import sys
 
 import apache_beam as beam
+import pytest
 
 
 def test_run_inference_base_imports_without_torch_or_boto3():
@@ -18,6 +19,36 @@ def test_run_inference_base_imports_without_torch_or_boto3():
             "print(c.RunInference.__name__, 'torch' in sys.modules, 'boto3' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["RunInference", "False", "False"], out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("runner, hidden", [("direct", True), ("dataflow", False)])
+def test_a_runner_check_imports_beam_first_and_direct_without_its_cloud_clients(runner, hidden):
+    """The runner check is what imports Beam first in a run: through beam_compat (torch and
+    boto3 hidden: Beam's options module would import boto3 otherwise), and for the direct
+    runner without the Dataflow client and Beam's GCS/S3/BigQuery I/O, which stay importable.
+    (Dataflow's whole check would look for its staging bucket online: its first step only.)"""
+    import importlib.util
+    import subprocess
+
+    from batchinfer.imports import CLOUD_CLIENTS
+
+    if runner == "dataflow" and importlib.util.find_spec("google.cloud.dataflow") is None:
+        pytest.skip("the dataflow extra is not installed")
+    first_step = ("from batchinfer.pipeline.runner_options import check; check('direct', {})"
+                  if runner == "direct" else "from batchinfer import runners; "
+                  "from batchinfer.imports import import_beam; "
+                  "import_beam(cloud_clients=runners.get('dataflow').cloud_clients)")
+    code = (f"import sys; from batchinfer.imports import CLOUD_CLIENTS as C; {first_step}; "
+            "print('boto3' in sys.modules, *(c in sys.modules for c in C)); "
+            "import apache_beam.io.gcp.gcsfilesystem, apache_beam.io.aws.s3filesystem; "
+            "from apache_beam.io.filesystems import FileSystems; "
+            "print(type(FileSystems.get_filesystem('gs://b/x')).__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    first, second = out.stdout.splitlines()
+    installed = [importlib.util.find_spec(c.rsplit(".", 1)[0]) is not None for c in CLOUD_CLIENTS]
+    assert first.split() == ["False", *(str(not hidden and i) for i in installed)], out.stdout
+    assert second == "GCSFileSystem"   # registered once something imports it
 
 
 def test_model_handler_has_the_hooks_batchinfer_overrides():
