@@ -1,4 +1,4 @@
-"""The history page: a :class:`~batchinfer.app.history.History` as one self-contained HTML file
+"""The history page: a :class:`~batchinfer.app.job_history.History` as one self-contained HTML file
 (inline CSS and SVG, no script, no network), styled and escaped as the job report is
 (:mod:`batchinfer.app.html_parts`).
 
@@ -15,9 +15,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from .history import History
 from .html_parts import COLORS, CSS, Raw, number, pill, table
 from .html_parts import escape as e
+from .job_history import History
 
 WIDTH, LEFT, RIGHT = 1120, 170, 14      # every plot's width and its margins (px)
 GAP, CHANGE, SCORED = "#cfd8dc", "#6a1b9a", "#1565c0"

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from batchinfer.app.history import DateRecords, build_history
 from batchinfer.app.history_page import render_history
+from batchinfer.app.job_history import DateRecords, build_history
 from batchinfer.codec import json_validated
 from batchinfer.io.records import Manifest
 
