@@ -7,7 +7,7 @@ committed partition) are grey columns on every plot, and each change of the trip
 declared model options is a numbered dashed line on every plot, numbered as in the table of
 changes. Made to stay readable at 365 dates × 50 features: heatmap cells shrink to the width
 the page has, date and row labels thin out, and cells of one colour next to each other are drawn
-as one path (the page of 365 × 50 is a few hundred KB, tests/unit/test_history.py). Pure.
+as one path (the page of 365 × 50 is a few hundred KB, tests/unit/test_job_history.py). Pure.
 """
 from __future__ import annotations
 
@@ -355,7 +355,9 @@ def _compute_section(history: History) -> str:
             + '<p class="muted">wall: the run from start to commit; compute: every stage\'s seconds summed '
             "over batches (work, which overlaps across workers). Reused: shards an earlier attempt "
             "scored (a crashed one the run resumed, or the partition an update kept)</p>"
-            + bars_plot(history, [("shards reused", "#00897b", reused)]) + "</section>")
+            + (bars_plot(history, [("shards reused", "#00897b", reused)]) if any(reused) else
+               '<p class="muted">no committed date reused a shard: each scored all of its own</p>')
+            + "</section>")
 
 
 def _dates_section(history: History) -> str:
