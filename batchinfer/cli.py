@@ -27,7 +27,7 @@ from .redaction import redact
 
 # Each command's module in batchinfer.cli_commands, named as the command, in the order of
 # `batchinfer --help`. Its HELP is that line; its add_arguments, execute and result do the rest.
-COMMANDS = ("run", "backfill", "profile", "report", "validate", "plan", "inspect", "diff", "export",
+COMMANDS = ("run", "backfill", "profile", "report", "history", "validate", "plan", "inspect", "diff", "export",
             "stamp", "schema", "track", "demo")
 
 

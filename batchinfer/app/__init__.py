@@ -13,7 +13,10 @@
 - ``run_progress``: live progress of a run while it scores;
 - ``run_record``: the record of a run (MLflow, ``_metrics.json``, ``_profile.json``, the drift
   report);
-- ``job_report``: the job report (``report.html``).
+- ``job_report``: the job report (``report.html``);
+- ``job_history``: a job over a range of dates, from each date's records (``batchinfer history``,
+  pure), and ``history_page``, its page;
+- ``html_parts``: what the report and the history page share (stylesheet, escaping, tables).
 
 May import every package below the commands (``spec``, ``triple``, ``rows``, ``io``,
 ``handlers``, ``pipeline``, ``beam_compat``) and the core; never ``convert``, ``commands``,

@@ -6,10 +6,8 @@ hand-made SVG: a few bars and rectangles need no plotting library, and the file 
 """
 from __future__ import annotations
 
-import html
 import json
-import math
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..errors import SpecError
 from ..io.outputs import MANIFEST, METRICS, PROFILE, REPORT
@@ -19,66 +17,15 @@ from ..io.records import Manifest, MetricsRecord
 from ..profile_records import RunProfile
 from ..triple.contract import PARTS
 
-COLORS = {"ok": "#2e7d32", "warn": "#ef6c00", "fail": "#c62828", "none": "#607d8b"}
+# Shared with the history page (app/history_page.py), under the names this module always used.
+from .html_parts import COLORS, CSS, Raw
+from .html_parts import escape as _e
+from .html_parts import number as _num
+from .html_parts import pill as _pill
+from .html_parts import table as _table
+
 BASE, RUN = "#90a4ae", "#1565c0"
 STAGES = ("read", "validate", "preprocess", "infer", "hash", "profile", "write")
-
-CSS = """
-body{font-family:-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;margin:0;background:#f5f6f8;color:#1d232b}
-header{background:#1d2b3a;color:#fff;padding:18px 28px}header h1{margin:0;font-size:22px}
-header .sub{opacity:.8;font-size:13px;margin-top:4px}
-main{padding:18px 28px;max-width:1180px}
-section{background:#fff;border-radius:8px;padding:14px 18px;margin:0 0 16px;box-shadow:0 1px 2px rgba(0,0,0,.08)}
-h2{font-size:16px;margin:0 0 10px}table{border-collapse:collapse;font-size:13px;width:100%}
-th,td{text-align:left;padding:4px 8px;border-bottom:1px solid #e3e6ea}th{background:#f0f2f5}
-td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}
-.cards{display:flex;gap:10px;flex-wrap:wrap}.card{background:#fff;border-radius:8px;padding:10px 14px;
-min-width:110px;box-shadow:0 1px 2px rgba(0,0,0,.08)}.card b{display:block;font-size:20px}
-.card span{font-size:12px;color:#5b6570}.pill{color:#fff;border-radius:10px;padding:1px 8px;font-size:12px}
-.card b .pill{color:#fff;font-size:16px;padding:2px 12px;display:inline-block;margin-bottom:2px}
-.grid{display:flex;flex-wrap:wrap;gap:14px}.grid figure{margin:0}figcaption{font-size:12px;color:#5b6570}
-.muted{color:#5b6570;font-size:13px}code{font-size:12px}
-"""
-
-
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _num(value: Any, digits: int = 4) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "–"
-    if isinstance(value, float):
-        if value == int(value) and abs(value) < 1e15 or abs(value) >= 1000:
-            return f"{value:,.0f}"
-        return f"{value:.{digits}g}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return _e(value)
-
-
-class Raw(str):
-    """Markup made here, put into a table cell as it is (every other cell is escaped)."""
-
-
-def _pill(level: str) -> Raw:
-    return Raw(f'<span class="pill" style="background:{COLORS.get(level, "#607d8b")}">{_e(level)}</span>')
-
-
-def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]], numeric: Sequence[int] = ()) -> str:
-    head = "".join(f'<th class="n">{_e(h)}</th>' if i in numeric else f"<th>{_e(h)}</th>"
-                   for i, h in enumerate(headers))
-    body = []
-    for row in rows:
-        cells = []
-        for i, cell in enumerate(row):
-            if isinstance(cell, Raw):
-                text = str(cell)
-            else:
-                text = _num(cell) if i in numeric else _e(cell if cell is not None else "–")
-            cells.append(f'<td class="n">{text}</td>' if i in numeric else f"<td>{text}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
 def hbars(items: Sequence[tuple[str, float, str]], *, width: int = 560, unit: str = "",

@@ -1,5 +1,5 @@
 """The commands of the command line, one module per command, named as the command: ``run``,
-``backfill``, ``profile``, ``report``, ``validate``, ``plan``, ``inspect``, ``diff``, ``export``,
+``backfill``, ``profile``, ``report``, ``history``, ``validate``, ``plan``, ``inspect``, ``diff``, ``export``,
 ``stamp``, ``schema``, ``track``, ``demo``. Each declares its ``HELP`` line and its arguments
 (``add_arguments``), and ``execute(args)`` returns a typed result that renders itself
 (:class:`results.Result`); the work is in ``commands``, ``app``, ``convert`` and ``demo``, imported

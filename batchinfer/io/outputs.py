@@ -52,6 +52,7 @@ TABLE_FOLDERS = {QUARANTINE: "_quarantine", CHALLENGERS: "_challengers"}   # tab
 METRICS = "_metrics.json"
 PROFILE = "_profile.json"     # the run's column statistics and drift (monitoring), beside METRICS
 REPORT = "report.html"        # the job report, beside METRICS
+HISTORY = "history.html"      # `batchinfer history`'s page by default: in its last date's records
 DRIFT = "_drift"              # <attempt>.json/.html of runs that drift stopped (not cleaned up)
 # `<UTC time>-<8 hex>` (contract §6). Cleanup removes only folders named like this: output.path is
 # the user's, and a folder of theirs that happens to sit in predictions/ is not ours to delete.

@@ -11,7 +11,6 @@ import os
 import re
 import select
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from browser import pixel_spread, render
 
 from factories import DS, kept_for_resume, make_shards, numeric_project, one_line_error, read_partition, run_cli
 
@@ -267,34 +267,6 @@ def test_progress_bar_on_a_terminal(project):
 
 
 # -- the report in a real browser ---------------------------------------------------------------
-
-def chromium() -> str | None:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None and os.environ.get("BATCHINFER_REQUIRE_CHROMIUM"):
-        pytest.fail("chromium is required here (BATCHINFER_REQUIRE_CHROMIUM) but not installed")
-    return found
-
-
-def render(page: Path, shot: Path, height: int = 2400) -> list[str]:
-    """Screenshot ``page`` in headless Chromium; return the console messages it logged."""
-    browser = chromium()
-    if browser is None:
-        pytest.skip("chromium is not installed (apt-get install -y chromium; CI installs it)")
-    result = subprocess.run(
-        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-         "--no-first-run", "--enable-logging=stderr", "--v=0", f"--window-size=1280,{height}",
-         f"--user-data-dir={shot.parent / 'chromium-profile'}", f"--screenshot={shot}",
-         page.as_uri()], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0 and shot.exists(), result.stderr[-2000:]
-    return [line for line in result.stderr.splitlines() if ":CONSOLE" in line]
-
-
-def pixel_spread(shot: Path) -> float:
-    from PIL import Image
-
-    image = np.asarray(Image.open(shot).convert("L"), dtype=np.float64)
-    return float(image.std())
-
 
 def test_console_check_catches_an_error_and_blank_check_a_blank_page(tmp_path):
     """The two checks below can fail: a script error is seen, a blank page has no spread."""

@@ -314,3 +314,28 @@ def test_a_delta_table_input_on_s3_is_scored_at_the_version_it_pins(
                     mode="append", partition_by=["dt"], storage_options=options)
     again = run_cli("run", str(job), "--ds", DS, cwd=tmp_path, env=s3_server.env)
     assert again.returncode == 0 and "nothing to do" in again.stdout, again.stderr
+
+
+def test_history_of_a_delta_output_on_s3(tmp_path, s3_server, new_bucket, stamped_template):
+    """``batchinfer history`` reads a table output's records on the object store, from the job
+    and from the tables' root, and writes its page there beside the last date's report."""
+    import json
+
+    fs = s3_server.s3fs()
+    job = s3_project(stamped_template, tmp_path, new_bucket, fs)
+    tables = f"s3://{new_bucket}/tables"
+    table_output = ("--set", "output.format=delta", "--set", f"output.path={tables}")
+    scored = run_cli("run", str(job), "--ds", DS, *table_output, cwd=tmp_path, env=s3_server.env)
+    assert scored.returncode == 0, scored.stderr
+    before = "2026-01-14"
+    by_job = run_cli("history", str(job), "--start", before, "--end", DS, *table_output, cwd=tmp_path,
+                     env=s3_server.env)
+    assert by_job.returncode == 0, by_job.stderr
+    page = fs.cat_file(f"{new_bucket}/tables/_batchinfer/dt={DS}/history.html").decode()
+    assert f"<td>{before}</td>" in page and f"<td>{DS}</td>" in page
+    by_root = run_cli("history", tables, "--start", before, "--end", DS, "--json", cwd=tmp_path,
+                      env=s3_server.env)
+    assert by_root.returncode == 0, by_root.stderr
+    data = json.loads(by_root.stdout)
+    assert data["states"] == ["missing", "committed"] and data["rows"]["in"] == [None, SHARDS * ROWS]
+    assert data["notes"] == {} and data["attempts"][1] in page
