@@ -13,6 +13,7 @@ import pytest
 from factories import DS, mlp_reference, numeric_project, one_line_error, read_partition, run_cli, save_onnx, snapshot
 
 pytest.importorskip("onnxruntime.quantization")
+pytestmark = pytest.mark.slow   # CLI runs, as in every e2e module (the sample: tests/unit/test_export_sample.py)
 
 EXPORT = ("export", "models/model.onnx", "--to", "onnx", "--quantize", "int8",
           "--sample", "job.yaml", "--ds", DS)
@@ -445,7 +446,6 @@ def _minilm_export(job: Path, out: str, *extra: str):
                    env={"HF_HUB_OFFLINE": "1"})
 
 
-@pytest.mark.slow
 def test_minilm_int8_passes_the_cosine_gate_and_runs(minilm):
     """At the default bound (0.99) the recipe passes, judged as an embedding by cosine; the INT8
     model then runs the job (token-sized calls) and its embeddings keep that cosine with FP32's."""
@@ -489,7 +489,6 @@ def test_minilm_int8_passes_the_cosine_gate_and_runs(minilm):
     assert len(cosines) == 40 and cosines.min() >= 0.99 and np.abs(a - b).max() > 0
 
 
-@pytest.mark.slow
 def test_minilm_impossible_cosine_bound_refuses_and_writes_nothing(minilm):
     result = _minilm_export(minilm, "model/refused.onnx", *MINILM_RECIPE, "--min-cosine", "0.999999")
     assert result.returncode == 5, result.stderr
@@ -501,7 +500,6 @@ def test_minilm_impossible_cosine_bound_refuses_and_writes_nothing(minilm):
         "a refused model (or its smoothed scratch) left files behind"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["--keep-fp32", "node_MatMul_"], "--keep-fp32 'node_MatMul_' matches none of all-MiniLM-L6-v2.onnx's"),
     (["--keep-fp32", "layer.(0"], "--keep-fp32 'layer.(0' is not a regular expression"),
