@@ -16,6 +16,13 @@ shards scored and the removed ones dropped (docs/contract.md §5.3 "Update"), wh
 would fail its task (exit 3: another set of shards); with no shard changed it is the no-op it
 always was. ``update: false`` is for a job whose partitions must never change once committed.
 
+History: after ``score``, the ``history`` task runs ``batchinfer history JOB --start S --end DS``
+for the last ``history_days`` dates (30 by default, none before the DAG's start date): one page
+of the job over time, written beside that date's report (README "History"). It reads what the
+runs committed and recomputes nothing, so it takes a second or two. ``history_days: 0`` leaves
+the task out. A failed history task fails the DAG run although the date was scored: its page
+is how the model's owner sees the job, and a store it cannot write is worth a look.
+
 Why one DAG per job, not one DAG for all: each job keeps its own run history, catch-up and
 failure state. A job added to the folder later catches up from its own start date (in a shared
 DAG, runs already done would never get its task); one job's contract failure fails its own run
@@ -114,6 +121,8 @@ class Nightly(BaseModel):
     marker_timeout_hours: float = Field(default=12, gt=0, allow_inf_nan=False)
     # Shards that arrive after the commit are scored when the date runs again (run --update).
     update: bool = True
+    # The history task's page covers this many dates, ending at the run's (0: no history task).
+    history_days: int = Field(default=30, ge=0, le=3660)
 
     @field_validator("start_date", mode="before")
     @classmethod
@@ -227,10 +236,19 @@ def run_args(job_file: str, ds: str, *, update: bool) -> list[str]:
     return ["run", job_file, "--ds", ds, *(["--update"] if update else [])]
 
 
-def score_partition(job_file: str, ds: str, *, marker_checked: bool, update: bool = True) -> str:
-    """``batchinfer run JOB --ds DS [--update]`` in a child process; how it ended decides retry
-    or not (:func:`outcome`)."""
-    command = [sys.executable, "-m", "batchinfer", *run_args(job_file, ds, update=update)]
+def history_args(job_file: str, ds: str, *, days: int, first: date) -> list[str]:
+    """The history task's ``batchinfer`` arguments: the ``days`` dates ending at ``ds``, none
+    before ``first`` (the DAG's start date: earlier dates would all be gaps)."""
+    end = date.fromisoformat(ds)
+    start = max(end - timedelta(days=days - 1), min(first, end))
+    return ["history", job_file, "--start", start.isoformat(), "--end", ds]
+
+
+def run_batchinfer(job_file: str, args: list[str]) -> tuple[int, str, str, dict]:
+    """``python -m batchinfer ARGS`` in a child process, in the job's folder, with
+    ``$BATCHINFER_ERROR_FILE``; its output logged. Returns its exit code, stdout, stderr and
+    error record (:func:`read_error`)."""
+    command = [sys.executable, "-m", "batchinfer", *args]
     log.info("running %s", " ".join(command))
     with tempfile.TemporaryDirectory(prefix="batchinfer-task-") as scratch:
         error_file = Path(scratch) / "error.json"
@@ -244,7 +262,27 @@ def score_partition(job_file: str, ds: str, *, marker_checked: bool, update: boo
         log.info("%s", line)
     for line in stderr.splitlines():
         log.warning("%s", line)
-    return outcome(child.returncode, stdout, stderr, error, marker_checked=marker_checked)
+    return child.returncode, stdout, stderr, error
+
+
+def score_partition(job_file: str, ds: str, *, marker_checked: bool, update: bool = True) -> str:
+    """``batchinfer run JOB --ds DS [--update]`` in a child process; how it ended decides retry
+    or not (:func:`outcome`)."""
+    code, stdout, stderr, error = run_batchinfer(job_file, run_args(job_file, ds, update=update))
+    return outcome(code, stdout, stderr, error, marker_checked=marker_checked)
+
+
+def history_page(job_file: str, ds: str, *, days: int, first: date) -> str:
+    """``batchinfer history`` of the last ``days`` dates (:func:`history_args`) in a child
+    process: its summary line, or exit 2 (the job's mistake) failing at once, anything else
+    retried (a store that could not be read or written)."""
+    code, stdout, stderr, _ = run_batchinfer(job_file, history_args(job_file, ds, days=days, first=first))
+    if code == 0:
+        return stdout.strip()
+    why = (stderr.strip().splitlines() or [f"batchinfer exited {code}"])[-1]
+    if code == 2:
+        raise AirflowFailException(f"usage or spec error (exit 2), not retried: {why}")
+    raise AirflowException(f"exit {code}, will retry if tries are left: {why}")
 
 
 def outcome(code: int, stdout: str, stderr: str, error: dict, *, marker_checked: bool) -> str:
@@ -309,7 +347,8 @@ def stop_child_on_sigterm(child: subprocess.Popen) -> Iterator[None]:
 
 
 def build_dag(job_folder: Path, dag_id: str) -> DAG:
-    """The DAG of one job folder: [wait_for_marker →] score. ValueError for a bad configuration."""
+    """The DAG of one job folder: [wait_for_marker →] score [→ history]. ValueError for a bad
+    configuration."""
     config = read_config(job_folder)
     job_file = str(job_folder / "job.yaml")
     check_job(Path(job_file))
@@ -326,15 +365,7 @@ def build_dag(job_folder: Path, dag_id: str) -> DAG:
                       "retry_delay": timedelta(minutes=config.retry_delay_minutes)},
         tags=["batchinfer"],
     ) as dag:
-        @task(task_id="score")
-        def score(ds: str | None = None) -> str:
-            assert ds is not None  # Airflow passes the run's date by name
-            return score_partition(job_file, ds, marker_checked=marker is not None,
-                                   update=config.update)
-
-        if marker is None:
-            score()
-        else:
+        if marker is not None:
             # reschedule: between pokes the sensor gives its worker slot back (waits are hours).
             @task.sensor(task_id="wait_for_marker", mode="reschedule",
                          poke_interval=config.marker_poke_minutes * 60,
@@ -343,7 +374,24 @@ def build_dag(job_folder: Path, dag_id: str) -> DAG:
                 assert ds is not None
                 return marker_present(job_file, ds, marker)
 
-            wait_for_marker() >> score()
+            waited = wait_for_marker()
+
+        @task(task_id="score")
+        def score(ds: str | None = None) -> str:
+            assert ds is not None  # Airflow passes the run's date by name
+            return score_partition(job_file, ds, marker_checked=marker is not None,
+                                   update=config.update)
+
+        scored = score()
+        if marker is not None:
+            waited >> scored
+        if config.history_days:
+            @task(task_id="history")
+            def history(ds: str | None = None) -> str:
+                assert ds is not None
+                return history_page(job_file, ds, days=config.history_days, first=start)
+
+            scored >> history()
     dag.validate()  # what the DagBag checks before it takes a DAG: here it fails this job only
     return dag
 

@@ -282,9 +282,11 @@ def test_dagbag_has_one_dag_per_job_with_retries_schedule_and_catchup(parsed):
     demo, plain = parsed["dags"][DAG_ID], parsed["dags"]["nightly_plain"]
     assert demo["tasks"] == {
         "wait_for_marker": {"retries": 2, "retry_delay": 0.0, "downstream": ["score"], "mode": "reschedule"},
-        "score": {"retries": 2, "retry_delay": 0.0, "downstream": [], "mode": None}}
+        "score": {"retries": 2, "retry_delay": 0.0, "downstream": ["history"], "mode": None},
+        "history": {"retries": 2, "retry_delay": 0.0, "downstream": [], "mode": None}}
     # Without nightly.yaml: no marker, no sensor, the defaults.
-    assert plain["tasks"] == {"score": {"retries": 3, "retry_delay": 600.0, "downstream": [], "mode": None}}
+    assert plain["tasks"] == {"score": {"retries": 3, "retry_delay": 600.0, "downstream": ["history"], "mode": None},
+                              "history": {"retries": 3, "retry_delay": 600.0, "downstream": [], "mode": None}}
     for dag in (demo, plain):
         assert dag["schedule"] == "CronDataIntervalTimetable(expression='0 2 * * *', timezone='UTC')"
         assert dag["catchup"] is True and dag["max_active_runs"] == 1
@@ -301,8 +303,8 @@ def test_the_repository_jobs_folder_is_the_default(parses):
     parsed = parses["default"]
     assert parsed["errors"] == {}
     assert sorted(parsed["dags"]) == ["nightly_credit_risk", "nightly_text_embeddings"]
-    assert sorted(parsed["dags"]["nightly_credit_risk"]["tasks"]) == ["score", "wait_for_marker"]
-    assert sorted(parsed["dags"]["nightly_text_embeddings"]["tasks"]) == ["score"]
+    assert sorted(parsed["dags"]["nightly_credit_risk"]["tasks"]) == ["history", "score", "wait_for_marker"]
+    assert sorted(parsed["dags"]["nightly_text_embeddings"]["tasks"]) == ["history", "score"]
 
 
 NOT_INT = "Input should be a valid integer"
@@ -367,8 +369,8 @@ def bad_jobs(parses) -> dict:
 
 def test_bad_jobs_do_not_stop_the_good_ones(bad_jobs):
     assert bad_jobs["errors"] == {}  # an import error would stop every DAG of the file
-    assert sorted(bad_jobs["dags"]["nightly_good"]["tasks"]) == ["score"]
-    assert sorted(bad_jobs["dags"]["nightly_dotted"]["tasks"]) == ["score", "wait_for_marker"]
+    assert sorted(bad_jobs["dags"]["nightly_good"]["tasks"]) == ["history", "score"]
+    assert sorted(bad_jobs["dags"]["nightly_dotted"]["tasks"]) == ["history", "score", "wait_for_marker"]
     assert len(bad_jobs["dags"]) == len(BAD_JOBS) + 2
     assert bad_jobs["heavy"] == []
 
@@ -428,8 +430,15 @@ def test_nightly_run_waits_for_the_marker_commits_reruns_as_a_no_op_and_updates_
         (data / "_SUCCESS").write_text("")
 
     log = dags_test(airflow, ds, when_waiting=marker_arrives)
-    assert tries(airflow, ds) == {"wait_for_marker": ("success", 1), "score": ("success", 1)}, log
+    assert tries(airflow, ds) == {"wait_for_marker": ("success", 1), "score": ("success", 1),
+                                  "history": ("success", 1)}, log
     assert f"committed {out} (attempt" in log
+    # The history task: the job's dates up to this one (none before the DAG's start date),
+    # beside this date's report.
+    assert (f"wrote {out}/history.html: 15 dates from 2026-01-01 to {ds}, 1 committed, 14 gap(s) "
+            f"(14 missing)") in log
+    page = (out / "history.html").read_text()
+    assert "credit_risk_demo" in page and ds in page
     predictions, quarantine, manifest = check_partition(out, shards_of(data))
     assert manifest["ds"] == ds and manifest["job"] == "credit_risk_demo"
     assert manifest["totals"]["rows_in"] == ROWS and manifest["totals"]["shards"] == SHARDS
@@ -449,7 +458,8 @@ def test_nightly_run_waits_for_the_marker_commits_reruns_as_a_no_op_and_updates_
         refused = dags_test(airflow, ds)
     finally:
         write_nightly(airflow["job"], NIGHTLY)
-    assert tries(airflow, ds) == {"wait_for_marker": ("success", 1), "score": ("failed", 1)}, refused
+    assert tries(airflow, ds) == {"wait_for_marker": ("success", 1), "score": ("failed", 1),
+                                  "history": ("upstream_failed", 0)}, refused
     assert "contract failure (exit 3), not retried: batchinfer run: " in refused
     assert snapshot(out) == before
     # By default the score task (here in this process: its command is checked in
@@ -480,6 +490,31 @@ def test_the_score_task_runs_update_unless_the_job_says_not(airflow, nightly):
         assert dag_of(nightly, airflow, DAG_ID).description == f"batchinfer run {job} --ds {{{{ ds }}}}"
     finally:
         write_nightly(airflow["job"], NIGHTLY)
+
+
+def test_the_history_task_covers_the_last_dates_from_the_start_date_and_can_be_left_out(airflow, nightly):
+    """``history_days`` dates ending at the run's, none before the DAG's start date; 0: no task.
+    The task fails at once on exit 2 (here: its last date has no committed partition, which
+    cannot happen after a successful score, but is the command's own refusal)."""
+    from datetime import date
+
+    job = str(airflow["job"] / "job.yaml")
+    first = date(2026, 1, 1)
+    assert nightly.history_args(job, "2026-03-15", days=30, first=first) == [
+        "history", job, "--start", "2026-02-14", "--end", "2026-03-15"]
+    assert nightly.history_args(job, "2026-01-10", days=30, first=first)[2:4] == ["--start", "2026-01-01"]
+    assert nightly.history_args(job, "2026-01-10", days=1, first=first)[2:4] == ["--start", "2026-01-10"]
+    assert nightly.read_config(airflow["job"]).history_days == 30
+    write_nightly(airflow["job"], {**NIGHTLY, "history_days": 0})
+    try:
+        assert dag_of(nightly, airflow, DAG_ID).task_ids == ["wait_for_marker", "score"]
+    finally:
+        write_nightly(airflow["job"], NIGHTLY)
+    with pytest.raises(Exception) as failed:
+        nightly.history_page(job, "2026-02-27", days=3, first=first)
+    assert fails_now(failed.value), failed.value
+    assert ("usage or spec error (exit 2), not retried: batchinfer history: the last date 2026-02-27 "
+            "has no committed partition") in str(failed.value)
 
 
 def test_a_contract_violation_fails_once_without_retry_and_commits_nothing(airflow, nightly):
@@ -545,7 +580,7 @@ def test_exit_2_after_the_marker_is_not_retried(airflow, nightly):
 def test_a_bad_configuration_fails_its_dag_at_once_and_the_others_still_run(airflow, nightly):
     """The stand-in DAG's one task fails at once, without retry: its run fails."""
     dag = nightly.nightly_broken  # built when the file was imported, beside the good DAGs
-    assert nightly.nightly_credit_risk_demo.task_ids == ["wait_for_marker", "score"]
+    assert nightly.nightly_credit_risk_demo.task_ids == ["wait_for_marker", "score", "history"]
     assert dag.task_ids == ["configuration_error"] and dag.get_task("configuration_error").retries == 0
     with pytest.raises(Exception) as failed:
         dag.get_task("configuration_error").python_callable()
@@ -587,7 +622,7 @@ def test_a_setup_mistake_fails_the_task_at_once_without_a_marker(airflow, nightl
     write_nightly(airflow["setup"], {"retries": 2, "retry_delay_minutes": 0})
     partition(airflow, ds)
     dag = dag_of(nightly, airflow, SETUP_DAG)
-    assert dag.task_ids == ["score"] and dag.get_task("score").retries == 2
+    assert dag.task_ids == ["score", "history"] and dag.get_task("score").retries == 2
     failed = score(nightly, airflow, ds, SETUP_DAG)
     assert fails_now(failed), failed
     assert "usage or spec error (exit 2), not retried: batchinfer run: " in str(failed)
@@ -599,7 +634,7 @@ def test_no_shard_yet_is_retried_without_a_marker(airflow, nightly):
     write_setup_job(airflow["setup"], airflow["job"])
     write_nightly(airflow["setup"], {"retries": 2, "retry_delay_minutes": 0})
     dag = dag_of(nightly, airflow, SETUP_DAG)
-    assert dag.task_ids == ["score"] and dag.get_task("score").retries == 2  # 3 tries
+    assert dag.task_ids == ["score", "history"] and dag.get_task("score").retries == 2  # 3 tries
     for _ in range(3):  # each try: retried while tries are left
         failed = score(nightly, airflow, ds, SETUP_DAG)
         assert retried(failed), failed
@@ -666,4 +701,5 @@ def test_readme_nightly_section_runs_as_written_after_the_demo(tmp_path):
     assert manifest["ds"] == ds and manifest["job"] == "credit_risk_nightly"
     assert manifest["totals"]["rows_in"] == 1200 and manifest["triple"]["model_version"] == "credit_risk:1"
     assert task_states(clone / "demo" / "airflow" / "airflow.db", "nightly_credit_risk", ds) == {
-        "wait_for_marker": ("success", 1), "score": ("success", 1)}
+        "wait_for_marker": ("success", 1), "score": ("success", 1), "history": ("success", 1)}
+    assert (clone / "demo" / "scores" / f"dt={ds}" / "history.html").is_file()
