@@ -82,6 +82,19 @@ def make_shards(folder: Path, shards: int = 3, rows: int = 1000, n_features: int
     return paths
 
 
+def shifted_shards(folder: Path, shift: float, *, rows: int, seed: int = 0) -> None:
+    """:func:`make_shards`' two shards (same seed: the baseline's rows) with f0 moved by ``shift``
+    standard deviations: drift of a known size."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for path in make_shards(folder, shards=2, rows=rows, seed=seed):
+        table = pq.read_table(path)
+        f0 = table.column("f0").to_numpy() + np.float32(shift)
+        pq.write_table(table.set_column(1, "f0", pa.array(f0.astype(np.float32))), path)
+
+
 def spoil_rows(shard: Path, rows: Sequence[int], column: str = "f0") -> None:
     """Put a value out of the schema's range (50.0; feats allows [-10, 10]) in ``rows`` of
     ``column`` of a shard: those rows are quarantined."""

@@ -13,12 +13,10 @@ import re
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from browser import pixel_spread, render
 
-from factories import DS, make_shards, numeric_project, one_line_error, run_cli
+from factories import DS, numeric_project, one_line_error, run_cli, shifted_shards
 
 pytestmark = pytest.mark.slow
 
@@ -27,10 +25,7 @@ MONITOR = {"baseline": "baseline.json", "warn": {"psi": 0.05}, "fail": {"psi": 0
 
 
 def shifted(folder: Path, shift: float) -> None:
-    for path in make_shards(folder, shards=2, rows=500):
-        table = pq.read_table(path)
-        f0 = table.column("f0").to_numpy() + np.float32(shift)
-        pq.write_table(table.set_column(1, "f0", pa.array(f0.astype(np.float32))), path)
+    shifted_shards(folder, shift, rows=500)
 
 
 @pytest.fixture(scope="module")

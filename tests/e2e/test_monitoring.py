@@ -21,7 +21,16 @@ import pyarrow.parquet as pq
 import pytest
 from browser import pixel_spread, render
 
-from factories import DS, kept_for_resume, make_shards, numeric_project, one_line_error, read_partition, run_cli
+from factories import (
+    DS,
+    kept_for_resume,
+    make_shards,
+    numeric_project,
+    one_line_error,
+    read_partition,
+    run_cli,
+    shifted_shards,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -29,12 +38,8 @@ WARN_DS, FAIL_DS, SAME_DS = "2026-01-20", "2026-01-21", "2026-01-22"
 MONITOR = {"baseline": "baseline.json", "warn": {"psi": 0.05}, "fail": {"psi": 0.5, "ks": 0.4}}
 
 
-def shifted(folder: Path, shift: float, seed: int = 0) -> None:
-    """The baseline's rows (same seed) with f0 moved by ``shift`` standard deviations."""
-    for path in make_shards(folder, shards=2, rows=2000, seed=seed):
-        table = pq.read_table(path)
-        f0 = table.column("f0").to_numpy() + np.float32(shift)
-        pq.write_table(table.set_column(1, "f0", pa.array(f0.astype(np.float32))), path)
+def shifted(folder: Path, shift: float) -> None:
+    shifted_shards(folder, shift, rows=2000)
 
 
 @pytest.fixture(scope="module")
