@@ -236,6 +236,49 @@ def run_args(job_file: str, ds: str, *, update: bool) -> list[str]:
     return ["run", job_file, "--ds", ds, *(["--update"] if update else [])]
 
 
+# The task's run, as batchinfer's OpenLineage events name their parent (docs/contract.md §6
+# "Lineage"): `namespace/job/run id`, the names dbt's OpenLineage integration reads too.
+PARENT_ENV, ROOT_ENV = "OPENLINEAGE_PARENT_ID", "OPENLINEAGE_ROOT_PARENT_ID"
+
+
+def lineage_parent(ti: Any, dag_run: Any) -> dict[str, str]:
+    """The task's run and its DAG run as Airflow's OpenLineage provider names them, for the
+    child's events to join the provider's: its macros ``lineage_parent_id`` and
+    ``lineage_root_parent_id`` when the provider is installed; else the same names made the way
+    it makes them (namespace ``[openlineage] namespace``, else ``$OPENLINEAGE_NAMESPACE``, else
+    ``default``; job ``<dag_id>.<task_id>`` and ``<dag_id>``; run ids the client's
+    ``generate_static_uuid`` of the logical date and ``<namespace>.<dag_id>.<task_id>.<try>.<map
+    index>`` or ``<namespace>.<dag_id>.<clear number>``). {} without the OpenLineage client."""
+    try:
+        from airflow.providers.openlineage.plugins import macros
+
+        return {PARENT_ENV: macros.lineage_parent_id(ti), ROOT_ENV: macros.lineage_root_parent_id(ti)}
+    except ImportError:
+        pass
+    try:
+        from openlineage.client.uuid import generate_static_uuid
+    except ImportError:
+        return {}
+    namespace = _lineage_namespace()
+    when = getattr(dag_run, "logical_date", None) or dag_run.run_after
+    task_run = generate_static_uuid(
+        instant=when, data=f"{namespace}.{ti.dag_id}.{ti.task_id}.{ti.try_number}.{ti.map_index}".encode())
+    dag_run_id = generate_static_uuid(
+        instant=when, data=f"{namespace}.{ti.dag_id}.{getattr(dag_run, 'clear_number', 0) or 0}".encode())
+    return {PARENT_ENV: f"{namespace}/{ti.dag_id}.{ti.task_id}/{task_run}",
+            ROOT_ENV: f"{namespace}/{ti.dag_id}/{dag_run_id}"}
+
+
+def _lineage_namespace() -> str:
+    try:
+        from airflow.configuration import conf
+
+        configured = conf.get("openlineage", "namespace", fallback="")
+    except Exception:  # no Airflow configuration to read: the environment's, as the provider falls back
+        configured = ""
+    return configured or os.getenv("OPENLINEAGE_NAMESPACE", "default")
+
+
 def history_args(job_file: str, ds: str, *, days: int, first: date) -> list[str]:
     """The history task's ``batchinfer`` arguments: the ``days`` dates ending at ``ds``, none
     before ``first`` (the DAG's start date: earlier dates would all be gaps)."""
@@ -244,17 +287,18 @@ def history_args(job_file: str, ds: str, *, days: int, first: date) -> list[str]
     return ["history", job_file, "--start", start.isoformat(), "--end", ds]
 
 
-def run_batchinfer(job_file: str, args: list[str]) -> tuple[int, str, str, dict]:
+def run_batchinfer(job_file: str, args: list[str], *, env: dict[str, str] | None = None,
+                   ) -> tuple[int, str, str, dict]:
     """``python -m batchinfer ARGS`` in a child process, in the job's folder, with
-    ``$BATCHINFER_ERROR_FILE``; its output logged. Returns its exit code, stdout, stderr and
-    error record (:func:`read_error`)."""
+    ``$BATCHINFER_ERROR_FILE`` and ``env`` added to this process's environment; its output
+    logged. Returns its exit code, stdout, stderr and error record (:func:`read_error`)."""
     command = [sys.executable, "-m", "batchinfer", *args]
     log.info("running %s", " ".join(command))
     with tempfile.TemporaryDirectory(prefix="batchinfer-task-") as scratch:
         error_file = Path(scratch) / "error.json"
         child = subprocess.Popen(command, cwd=Path(job_file).parent, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True,
-                                 env={**os.environ, ERROR_FILE_ENV: str(error_file)})
+                                 env={**os.environ, **(env or {}), ERROR_FILE_ENV: str(error_file)})
         with stop_child_on_sigterm(child):
             stdout, stderr = child.communicate()
         error = read_error(error_file)
@@ -265,10 +309,12 @@ def run_batchinfer(job_file: str, args: list[str]) -> tuple[int, str, str, dict]
     return child.returncode, stdout, stderr, error
 
 
-def score_partition(job_file: str, ds: str, *, marker_checked: bool, update: bool = True) -> str:
-    """``batchinfer run JOB --ds DS [--update]`` in a child process; how it ended decides retry
-    or not (:func:`outcome`)."""
-    code, stdout, stderr, error = run_batchinfer(job_file, run_args(job_file, ds, update=update))
+def score_partition(job_file: str, ds: str, *, marker_checked: bool, update: bool = True,
+                    lineage: dict[str, str] | None = None) -> str:
+    """``batchinfer run JOB --ds DS [--update]`` in a child process (``lineage``: its events'
+    parent, :func:`lineage_parent`); how it ended decides retry or not (:func:`outcome`)."""
+    code, stdout, stderr, error = run_batchinfer(job_file, run_args(job_file, ds, update=update),
+                                                 env=lineage)
     return outcome(code, stdout, stderr, error, marker_checked=marker_checked)
 
 
@@ -377,10 +423,10 @@ def build_dag(job_folder: Path, dag_id: str) -> DAG:
             waited = wait_for_marker()
 
         @task(task_id="score")
-        def score(ds: str | None = None) -> str:
-            assert ds is not None  # Airflow passes the run's date by name
+        def score(ds: str | None = None, ti: Any = None, dag_run: Any = None) -> str:
+            assert ds is not None  # Airflow passes the run's date (and task instance) by name
             return score_partition(job_file, ds, marker_checked=marker is not None,
-                                   update=config.update)
+                                   update=config.update, lineage=lineage_parent(ti, dag_run))
 
         scored = score()
         if marker is not None:

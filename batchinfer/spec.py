@@ -388,6 +388,32 @@ class TrackingSpec(_Strict):
     experiment: str | None = None  # default: the job's name
 
 
+class LineageSpec(_Strict):
+    """Where a run's OpenLineage events go (``batchinfer.io.lineage``; contract §6 "Lineage").
+    ``transport``: ``http`` (``url``, ``endpoint``, ``api_key`` as ``${NAME}``), ``file`` (one
+    event per line appended to ``path``, relative to the job file) or ``console`` (stderr).
+    ``namespace``: the job's (default ``$OPENLINEAGE_NAMESPACE``, else ``batchinfer``).
+    ``timeout_s``: the most a send may take; a send that fails never fails the run."""
+
+    transport: Literal["http", "file", "console"]
+    url: str | None = Field(default=None, min_length=1)
+    endpoint: str = "api/v1/lineage"
+    api_key: str | None = Field(default=None, min_length=1)
+    path: str | None = Field(default=None, min_length=1)
+    namespace: str | None = Field(default=None, min_length=1)
+    timeout_s: float = Field(default=2.0, gt=0, le=60, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _keys_of_its_transport(self) -> "LineageSpec":
+        needs = {"http": "url", "file": "path"}.get(self.transport)
+        if needs and getattr(self, needs) is None:
+            raise ValueError(f"lineage.transport {self.transport} needs lineage.{needs}")
+        for key, transport in (("url", "http"), ("api_key", "http"), ("path", "file")):
+            if getattr(self, key) is not None and self.transport != transport:
+                raise ValueError(f"lineage.{key} is for lineage.transport {transport}: leave it out")
+        return self
+
+
 def _known_runner(name: Any) -> Any:
     """``name`` if a runner has it (:mod:`batchinfer.runners`); refused as pydantic refuses a
     value outside a ``Literal``, naming the known runners."""
@@ -428,6 +454,7 @@ class JobSpec(_Strict):
     runner: RunnerSpec = Field(default_factory=RunnerSpec)
     monitor: MonitorSpec | None = None
     explain: ExplainSpec | None = None
+    lineage: LineageSpec | None = None   # None: events only where the environment configures them
     # Variables whose ${NAME} values are secrets whatever they are called (besides the names
     # redaction.SECRET_WORDS marks): never shown, logged or written.
     secrets: list[Annotated[str, Field(pattern=f"^{ENV_NAME}$")]] = Field(default_factory=list)
@@ -457,8 +484,8 @@ class Job:
         path: the job file.
         ds: the partition date, or None.
         spec_sha256: sha256 of the spec after --set, before templating.
-        work_sha256: the same without its ``runner`` section: of what the job scores, not of
-            where (every runner commits the same partition, docs/runners.md), so a rerun on
+        work_sha256: the same without its ``runner`` (and ``lineage``) section: of what the job
+            scores, not of where (every runner commits the same partition, docs/runners.md), so a rerun on
             another cluster — a new scheduler address — resumes what the lost one finished
             (the attempt key, contract §5.3 "Resume").
         secrets: the secret environment values substituted for ``${NAME}``, by name (what
@@ -505,7 +532,8 @@ def load_job(path: str | os.PathLike, *, ds: str | None = None,
     for item in overrides:
         apply_override(data, item)
     spec_sha256 = hashlib.sha256(canonical_json(data).encode()).hexdigest()
-    work = {k: v for k, v in data.items() if k != "runner"}
+    # Nor where its lineage events go: a new receiver does not make another partition.
+    work = {k: v for k, v in data.items() if k not in ("runner", "lineage")}
     work_sha256 = hashlib.sha256(canonical_json(work).encode()).hexdigest()
     # validate before templating: errors name keys, not values
     listed = parse_spec(data, source=job_path.name).secrets
@@ -712,7 +740,10 @@ def _resolve_paths(spec: JobSpec, folder: Path) -> JobSpec:
         update={"baseline": spec.monitor.baseline and resolve_path(spec.monitor.baseline, folder)})
     explain = spec.explain and spec.explain.model_copy(
         update={"background": spec.explain.background and resolve_path(spec.explain.background, folder)})
+    lineage = spec.lineage and spec.lineage.model_copy(
+        update={"path": spec.lineage.path and resolve_path(spec.lineage.path, folder)})
     return spec.model_copy(update={
+        "lineage": lineage,
         "monitor": monitor,
         "explain": explain,
         "input": _resolve_input(spec.input, folder),

@@ -29,7 +29,7 @@ LONGEST_FIRST = [
     "unit/test_property.py", "conformance/test_backends.py", "with_servers/test_iceberg_s3.py",
     "faults/test_update_faults.py", "faults/test_interrupt.py", "e2e/test_e2e_token_batches.py",
     "unit/test_registries.py", "unit/test_validation.py", "conformance/test_unavailable.py",
-    "e2e/test_e2e_errors.py", "e2e/test_triple_code.py", "with_servers/test_tracking_batches.py",
+    "e2e/test_lineage.py", "e2e/test_e2e_errors.py", "e2e/test_triple_code.py", "with_servers/test_tracking_batches.py",
 ]
 
 # Modules that use the session's `mlflow server` (servers.mlflow_live) go to one worker, as one

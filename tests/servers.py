@@ -16,6 +16,7 @@ import contextlib
 import functools
 import http.client
 import http.server
+import json
 import os
 import shutil
 import signal
@@ -807,3 +808,49 @@ def finish_all(procs: "list[subprocess.Popen] | list[forkserver.Run]",
                 proc.kill()
                 proc.wait()
     return results
+
+
+class LineageReceiver:
+    """An HTTP server in this process that takes OpenLineage events as Marquez does (``POST
+    /api/v1/lineage``, 201) and keeps each one with its path and headers; ``events()`` waits for
+    at least ``count`` of them."""
+
+    def __init__(self) -> None:
+        received: list[tuple[str, dict, dict]] = []
+        self.received = received
+        arrived = threading.Condition()
+        self._arrived = arrived
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with arrived:
+                    received.append((self.path, dict(self.headers), json.loads(body)))
+                    arrived.notify_all()
+                self.send_response(201)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer((HOST, 0), Handler)
+        self.url = f"http://{HOST}:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def events(self, count: int = 0, timeout: float = 30.0) -> list[dict]:
+        with self._arrived:
+            self._arrived.wait_for(lambda: len(self.received) >= count, timeout)
+            return [event for _, _, event in self.received]
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.fixture
+def lineage_receiver() -> Iterator[LineageReceiver]:
+    receiver = LineageReceiver()
+    yield receiver
+    receiver.close()

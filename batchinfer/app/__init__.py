@@ -17,6 +17,8 @@
 - ``job_history``: a job over a range of dates, from each date's records (``batchinfer history``,
   pure), and ``history_page``, its page;
 - ``html_parts``: what the report and the history page share (stylesheet, escaping, tables).
+- ``run_lineage``: a run's OpenLineage events as its phases pass (``io.lineage`` builds and
+  sends them).
 
 May import every package below the commands (``spec``, ``triple``, ``rows``, ``io``,
 ``handlers``, ``pipeline``, ``beam_compat``) and the core; never ``convert``, ``commands``,

@@ -50,6 +50,7 @@ from ..app.resolve import (
     shown_partition,
     sink_of,
 )
+from ..app.run_lineage import RunLineageLog
 from ..clock import Clock, utc_now
 from ..errors import (
     BatchInferError,
@@ -57,6 +58,7 @@ from ..errors import (
     DataQualityError,
     ModelError,
     PreprocessError,
+    one_line,
 )
 from ..io.commit import Attempt, CommitOutcome, Decision, Identity, PartitionCommit, not_committed, triple_conflict
 from ..io.commit import decide as decide_partition
@@ -65,7 +67,7 @@ from ..io.resume import Resume
 from ..io.resume import find as resume_shards
 from ..io.update import Update, current_digests, plan_update
 from ..pipeline.runner_options import check as check_runner
-from ..redaction import mask
+from ..redaction import mask, redact
 from ..rows.columns import attribution_column
 from ..rows.drift import Baseline, DriftVerdict, observe
 from ..spec import Job
@@ -119,28 +121,47 @@ def run_job(job: Job, *, overwrite: bool = False, update: bool = False, dry_run:
     """
     t0, started = time.perf_counter(), clock()
     spec = job.spec
+    attempt_id = new_attempt(started)
     if tracking is None and not dry_run:
         from ..io.tracking import TrackingRun
 
         tracking = TrackingRun(spec.tracking.uri, spec.tracking.experiment or spec.name)
+    # The run's OpenLineage events (contract §6 "Lineage"); a dry run does no work and has none.
+    lineage = None if dry_run else RunLineageLog.of(job, attempt_id, started, clock)
     try:
         run = resolve_run(job, started=started, t0=t0, clock=clock, update=update,
-                          overwrite=overwrite)
+                          overwrite=overwrite, attempt=attempt_id)
+        if lineage is not None:
+            lineage.resolved(run.resolved, run.wanted.model_options, run.wanted.challengers)
         decision = decide(run, overwrite, update)
         if decision.action == "reuse":
-            return reuse(run, decision, dry_run)
+            return _reused(job, reuse(run, decision, dry_run), lineage)
         updated = updating(run, decision)
         if updated is not None and updated.unchanged:
-            return reuse(run, decision, dry_run, updated)
+            return _reused(job, reuse(run, decision, dry_run, updated), lineage)
         resumed = resume(run, decision, updated)
         if dry_run:
             return rehearse(run, decision, resumed, updated)
         assert tracking is not None
+        if lineage is not None:
+            lineage.start()
         launched = launch(run, decision, resumed, tracking, progress, updated)
         scored = score(run, launched, tracking, watch)
         if isinstance(scored, Outcome):  # another run committed first, while this one scored
-            return scored
-        return publish(run, launched, scored, read_back(run, launched), tracking)
+            return _reused(job, scored, lineage)
+        return publish(run, launched, scored, read_back(run, launched), tracking, lineage,
+                       "update" if updated is not None else "score")
+    except KeyboardInterrupt:
+        if lineage is not None:
+            lineage.abort()
+        raise
+    except Exception as exc:
+        if lineage is not None:
+            code = exc.exit_code if isinstance(exc, BatchInferError) else 5
+            line = error_line(exc) if isinstance(exc, BatchInferError) else (
+                f"unexpected {type(exc).__name__}: {one_line(exc)}")
+            lineage.fail(job.display(redact(line)), code, type(exc).__name__)
+        raise
     finally:
         if tracking is not None:
             tracking.close()  # a no-op once the run was finished; else no run is left behind
@@ -167,6 +188,7 @@ class Resolution:
     started: datetime
     t0: float
     clock: Clock
+    attempt: str = ""   # the attempt id a launch begins (its lineage events' run id is of it)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,8 +236,16 @@ class ReadBack:
     verdict: DriftVerdict
 
 
+def _reused(job: Job, outcome: Outcome, lineage: RunLineageLog | None) -> Outcome:
+    """A run that found the partition committed as it would commit it (a no-op, or a lost race
+    to another run): START and COMPLETE, with that commit (action ``noop`` or ``lost_race``)."""
+    if lineage is not None and outcome.manifest is not None:
+        lineage.complete(job, outcome.manifest, outcome.status)
+    return outcome
+
+
 def resolve_run(job: Job, *, started: datetime, t0: float, clock: Clock,
-                update: bool = False, overwrite: bool = False) -> Resolution:
+                update: bool = False, overwrite: bool = False, attempt: str = "") -> Resolution:
     """Phase 1: resolve and check the contract, the runner's options and the baseline. A table
     input is read at the version the committed partition's manifest names, unless the job
     names one or ``update`` (then the latest:
@@ -234,7 +264,7 @@ def resolve_run(job: Job, *, started: datetime, t0: float, clock: Clock,
     return Resolution(job=job, resolved=resolved, baseline=baseline,
                       partition=partition, shown=shown_partition(job),
                       wanted=_identity(job, resolved),
-                      started=started, t0=t0, clock=clock)
+                      started=started, t0=t0, clock=clock, attempt=attempt or new_attempt(started))
 
 
 def _identity(job: Job, resolved: Resolved) -> Identity:
@@ -393,7 +423,7 @@ def rehearse(run: Resolution, decision: Decision, resumed: Resume | None = None,
     if runners.get(spec.runner.name).builds_job:  # build the runner's job too, submit nothing
         champion = model_runs.load_champion(resolved)
         challengers = model_runs.load_challengers(resolved, champion)
-        attempt = run.partition.begin(new_attempt(started), replacing=decision.manifest,
+        attempt = run.partition.begin(run.attempt, replacing=decision.manifest,
                                       clock=run.clock)
         header = pipeline_run.manifest_header(job, attempt, champion, started, None, challengers,
                                          resolved.input_table())
@@ -419,7 +449,7 @@ def launch(run: Resolution, decision: Decision, resumed: Resume, tracking: "Trac
             champion.explain is not None) else []
         baseline = baseline.for_run([*resolved.features, *champion.columns, *attributions])
     tracking.prepare()  # the checks passed: the store may be touched
-    attempt = run.partition.begin(new_attempt(run.started), replacing=decision.manifest,
+    attempt = run.partition.begin(run.attempt, replacing=decision.manifest,
                                   clock=run.clock)
     attempt.start(resume_key(job, resolved))
     tracking.open(f"{spec.name}-{job.ds or attempt.attempt}",
@@ -515,7 +545,8 @@ def read_back(run: Resolution, launched: Launch) -> ReadBack:
 
 
 def publish(run: Resolution, launched: Launch, scored: Scored, read: ReadBack,
-            tracking: "TrackingRun") -> Outcome:
+            tracking: "TrackingRun", lineage: RunLineageLog | None = None,
+            action: str = "score") -> Outcome:
     """Phase 5: a refusal becomes its exit code, a lost race exit 0 (or 3); a commit is logged
     to MLflow and kept in ``_metrics.json``, ``_profile.json`` and ``report.html``. Nothing here
     can undo a commit.
@@ -535,9 +566,12 @@ def publish(run: Resolution, launched: Launch, scored: Scored, read: ReadBack,
         if outcome.status == "conflict":
             raise triple_conflict(
                 run.shown, outcome.manifest.triple if outcome.manifest else {}, run.wanted.triple)
-        return _lost(outcome.manifest, run)
+        return _reused(run.job, _lost(outcome.manifest, run), lineage)
     manifest = outcome.manifest
     run.partition.tidy(manifest)  # the commit step's record
+    if lineage is not None:   # after the commit, before MLflow: its metrics count what failed
+        lineage.complete(run.job, manifest, action, quarantine=run_record.quarantine_counts(read.summary),
+                         drift_level=verdict.level, drift=[d.to_dict() for d in verdict.drifts])
     # Without results the record was lost; the manifest has the counts.
     totals = read.totals if read.totals.shards else manifest.totals
     job, device = run.job, launched.champion.device
@@ -549,7 +583,8 @@ def publish(run: Resolution, launched: Launch, scored: Scored, read: ReadBack,
         params=run_record.run_params(job, run.resolved, attempt.attempt, device),
         metrics={**run_record.run_metrics(totals, scored.pipeline_s, wall_s, read.summary,
                                      launched.load_s, verdict, attempt=attempt.attempt),
-                 "commit_seconds": outcome.seconds},
+                 "commit_seconds": outcome.seconds,
+                 **({"lineage_errors": float(lineage.errors)} if lineage is not None else {})},
         tags={**tags, **run_record.table_tags(manifest)})
     line = run_record.publish(job, tracking, attempt.layout, manifest, kept,
                           run_record.profile_record(job, verdict, launched.baseline, read.summary))

@@ -6,8 +6,8 @@ manifest (``manifest``) and the commit protocol over it (``commit``), adopting a
 attempt's shards (``resume``) and updating a partition whose shards changed (``update``), the
 table formats (``formats``: the registry; ``sinks``: where a commit writes; ``delta_tables``,
 ``iceberg_tables``; ``tables_in``: what every table input shares), reading a committed
-partition whatever its format (``partitions``), MLflow (``tracking``), and fsspec URLs
-(``storage``).
+partition whatever its format (``partitions``), MLflow (``tracking``), OpenLineage events
+(``lineage``), and fsspec URLs (``storage``).
 
 May import only the core (``errors``, ``faults``, ``redaction``, ``codec``, ``profile_records``).
 """

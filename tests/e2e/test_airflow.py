@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from factories import REPO, check_partition, kept_for_resume, one_line_error, run_cli, snapshot
+from lineage_schemas import read_events, validate
 
 pytestmark = pytest.mark.slow
 
@@ -72,7 +73,15 @@ def airflow(tmp_path_factory) -> dict:
     write_setup_job(setup, job)
     home = root / "home"
     env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
-           "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "BATCHINFER_JOBS_DIR": str(root / "jobs")}
+           "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "BATCHINFER_JOBS_DIR": str(root / "jobs"),
+           # batchinfer's OpenLineage events (contract §6 "Lineage"), configured as the client
+           # reads its environment: appended to one file.
+           "OPENLINEAGE__TRANSPORT__TYPE": "file", "OPENLINEAGE__TRANSPORT__APPEND": "true",
+           "OPENLINEAGE__TRANSPORT__LOG_FILE_PATH": str(root / "lineage.jsonl"),
+           # this checkout's batchinfer in the task's child (the venv's editable install may be another's)
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    for name in ("OPENLINEAGE_URL", "OPENLINEAGE_CONFIG", "OPENLINEAGE_NAMESPACE", "OPENLINEAGE_DISABLED"):
+        env.pop(name, None)
     env.pop(UNSET, None)
     bad = write_bad_jobs(root / "bad-jobs", job)
     jobs_dirs = {"demo": env["BATCHINFER_JOBS_DIR"], "default": None, "bad": str(bad)}
@@ -440,6 +449,21 @@ def test_nightly_run_waits_for_the_marker_commits_reruns_as_a_no_op_and_updates_
     page = (out / "history.html").read_text()
     assert "credit_risk_demo" in page and ds in page
     predictions, quarantine, manifest = check_partition(out, shards_of(data))
+    # The score task's run is the parent of batchinfer's run, named as Airflow's OpenLineage
+    # provider names it: these run ids are what apache-airflow-providers-openlineage 2.20.3's
+    # build_task_instance_ol_run_id (try 1, map index -1) and build_dag_run_ol_run_id (clear
+    # number 0) give for this DAG at 2026-01-15T00:00Z, namespace "default".
+    events = read_events(airflow["home"].parent / "lineage.jsonl")
+    assert [e["eventType"] for e in events] == ["START", "COMPLETE"]
+    for event in events:
+        validate(event)
+        parent = event["run"]["facets"]["parent"]
+        assert (parent["job"]["namespace"], parent["job"]["name"], parent["run"]["runId"]) == (
+            "default", f"{DAG_ID}.score", "019bbef3-b000-7313-9c08-0b7915827c1c")
+        assert (parent["root"]["job"]["name"], parent["root"]["run"]["runId"]) == (
+            DAG_ID, "019bbef3-b000-7b78-a1f3-2abd68b8fcb9")
+        assert event["job"]["name"] == "credit_risk_demo"
+        assert event["run"]["facets"]["batchinfer_run"]["attempt"] == manifest["attempt"]
     assert manifest["ds"] == ds and manifest["job"] == "credit_risk_demo"
     assert manifest["totals"]["rows_in"] == ROWS and manifest["totals"]["shards"] == SHARDS
     assert (predictions.num_rows, quarantine.num_rows) == (ROWS - BAD_ROWS, BAD_ROWS)
