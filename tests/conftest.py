@@ -4,10 +4,31 @@
 test modules in every folder import ``factories``, ``servers`` and ``forkserver`` by name;
 ``outcomes`` records what each test of the session came to.
 """
+import os
+import sys
 from collections import Counter
 from pathlib import Path
 
+import artefacts
 import pytest
+
+
+def _keep_bytecode() -> None:
+    """With ``PYTHONDONTWRITEBYTECODE`` set (this machine's environment sets it), every run
+    compiles the project anew in each process and pytest rewrites every test module's asserts
+    again: 14.8 s instead of 8.3 s to collect the dev loop, 66 s instead of 50 s for all of it.
+    The variable's point is no ``__pycache__`` beside the sources, so the suite keeps its
+    bytecode in the test cache instead (``sys.pycache_prefix``, which pytest's rewrite cache
+    honours), for itself and, through the environment, for every process it starts."""
+    if not sys.dont_write_bytecode:
+        return
+    prefix = str(artefacts.root() / "pycache")
+    sys.pycache_prefix, sys.dont_write_bytecode = prefix, False
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    os.environ["PYTHONPYCACHEPREFIX"] = prefix
+
+
+_keep_bytecode()
 
 pytest_plugins = ["servers", "factories", "outcomes"]
 
