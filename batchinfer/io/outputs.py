@@ -29,6 +29,7 @@ manifest is of exactly the bytes written, and an object store sees one request p
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -159,7 +160,8 @@ def challenger_folder(name: str) -> str:
 
 
 def parquet_bytes(table: pa.Table, *, dictionary: list[str] | None = None,
-                  statistics: list[str] | None = None, arrow_schema: bool = True) -> bytes:
+                  statistics: list[str] | None = None, uncompressed: list[str] | None = None,
+                  arrow_schema: bool = True) -> bytes:
     """Serialise ``table`` as Parquet.
 
     Args:
@@ -167,16 +169,34 @@ def parquet_bytes(table: pa.Table, *, dictionary: list[str] | None = None,
             high-cardinality columns (hashes, scores) only to give up costs more than writing.
         statistics: columns to keep min/max statistics for (default: all); statistics of
             long unique strings cost time and help no reader.
+        uncompressed: columns written without compression (the others: Snappy, Parquet's
+            default); random digits gain little from it at a high price.
         arrow_schema: keep the Arrow schema in the file's metadata (pyarrow then reads the
             triple's columns as dictionaries). Iceberg's files leave it out: Iceberg has no
             dictionary type, and its readers warned once per file for each such column.
     """
     sink = pa.BufferOutputStream()
+    compression: str | dict[str, str] = "snappy"
+    if uncompressed:
+        compression = _compression(table.schema, tuple(uncompressed))
     pq.write_table(table, sink,
                    use_dictionary=True if dictionary is None else dictionary,
                    write_statistics=True if statistics is None else statistics,
-                   store_schema=arrow_schema)
+                   compression=compression, store_schema=arrow_schema)
     return sink.getvalue().to_pybytes()
+
+
+@functools.lru_cache(maxsize=64)
+def _compression(schema: pa.Schema, uncompressed: tuple[str, ...]) -> dict[str, str]:
+    """Each Parquet leaf column of ``schema`` → its codec: none under the top-level columns
+    ``uncompressed``, Snappy elsewhere. pyarrow takes a codec per leaf path (``vec.list.element``
+    for a list column) and leaves a leaf it is not given uncompressed, so every leaf is named; the
+    paths are Parquet's own, read from an empty file of the schema (once per schema)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(schema.empty_table(), sink)
+    paths = pq.read_metadata(pa.BufferReader(sink.getvalue())).schema
+    return {paths.column(i).path: "none" if paths.column(i).path.split(".")[0] in uncompressed
+            else "snappy" for i in range(len(paths))}
 
 
 def write_file(fs: AbstractFileSystem, path: str, data: bytes) -> str:

@@ -22,8 +22,10 @@ from ..errors import SpecError
 
 # How a prediction file stores a column: dictionary-encoded (one value repeated per batch), with
 # min/max statistics (readers prune by it), or neither (a dictionary tried on hashes or scores
-# only to be given up costs more than writing them; measured: 36 → 13 ms CPU per 65,536-row file).
-Encoding = Literal["dictionary", "statistics", "plain"]
+# only to be given up costs more than writing them; measured: 36 → 13 ms CPU per 65,536-row file),
+# and "uncompressed" besides: random hex digits, which Snappy shrinks by 16 % (1.31 → 1.10 MB a
+# 65,536-row file) for 6 of the file's 19 ms of encoding (bench/README.md, issue 35).
+Encoding = Literal["dictionary", "statistics", "plain", "uncompressed"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,7 +54,7 @@ CONSTANT = "dictionary<values=string, indices=int32, ordered=0>"   # one value p
 # -- prediction files: the audit columns, in the order they follow the id and prediction columns
 SOURCE_SHARD = Column(name="_source_shard", type=STRING, encoding="dictionary")
 SOURCE_ROW = Column(name="_source_row", type=INT64, encoding="statistics")
-INPUT_HASH = Column(name="_input_hash", type=STRING, compared=True)
+INPUT_HASH = Column(name="_input_hash", type=STRING, encoding="uncompressed", compared=True)
 # The triple's parts (triple/contract.py's Triple, field by field), one column each.
 TRIPLE = {part: Column(name=f"_{part}", type=CONSTANT, encoding="dictionary")
           for part in ("model_version", "model_digest", "schema_version", "preprocess_hash")}
@@ -95,7 +97,8 @@ def prediction_encoding(id_columns: Sequence[str]) -> dict[str, list[str]]:
     audit columns as declared, and statistics on the id columns too (readers look rows up by
     them)."""
     return {"dictionary": [c.name for c in AUDIT if c.encoding == "dictionary"],
-            "statistics": [*id_columns, *(c.name for c in AUDIT if c.encoding == "statistics")]}
+            "statistics": [*id_columns, *(c.name for c in AUDIT if c.encoding == "statistics")],
+            "uncompressed": [c.name for c in AUDIT if c.encoding == "uncompressed"]}
 
 
 def check_output_columns(id_columns: Sequence[str], predictions: Mapping[str, str], *,

@@ -137,10 +137,13 @@ def stack_float32(batch: pa.RecordBatch, features: Sequence[str]) -> np.ndarray:
     Nulls become NaN (a schema that allows nulls in a feature should say how to fill them in a
     preprocess function instead).
     """
-    out = np.empty((batch.num_rows, len(features)), dtype=np.float32)
+    # Each column is copied whole into a row of [features, rows], then the matrix is transposed
+    # in one copy: writing the columns straight into [rows, features] strides every value by a
+    # row's width, 2.7x slower (13.1 against 4.8 ms a 65,536 x 32 batch, bench/README.md).
+    by_feature = np.empty((len(features), batch.num_rows), dtype=np.float32)
     for i, name in enumerate(features):
         column = batch.column(name)
         if column.null_count:
             column = column.cast(pa.float64()).fill_null(np.nan)
-        out[:, i] = column.to_numpy(zero_copy_only=False)
-    return out
+        by_feature[i] = column.to_numpy(zero_copy_only=False)
+    return np.ascontiguousarray(by_feature.T)

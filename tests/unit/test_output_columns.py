@@ -91,8 +91,10 @@ def test_prediction_files_hold_exactly_the_declared_columns(tmp_path, rejects):
         dictionary = any("DICTIONARY" in e for e in chunk.encodings)
         assert dictionary == (name in encoding["dictionary"]), name
         assert chunk.is_stats_set == (name in encoding["statistics"]), name
+        assert chunk.compression == ("UNCOMPRESSED" if name in encoding["uncompressed"] else "SNAPPY"), name
     assert set(encoding["dictionary"]) == {c.name for c in columns.AUDIT if c.encoding == "dictionary"}
     assert encoding["statistics"] == ["id", columns.SOURCE_ROW.name]
+    assert encoding["uncompressed"] == [columns.INPUT_HASH.name]
 
 
 def test_the_audit_part_computes_every_declared_audit_column_and_no_other():
