@@ -154,13 +154,18 @@ class ShardReader:
         hasher: where to compute the sha256 of a shard held in memory (an executor: hashlib
             releases the GIL, so the digest is computed while the caller parses and scores);
             None, or a shard of at most ``INLINE_HASH_BYTES``, computes it here.
+        pooled_decode: whether Arrow's thread pool decodes the columns of a shard larger than
+            ``THREADED_DECODE_BYTES``. A caller that decodes one batch ahead on a thread of its
+            own (the pipeline's ``decoded_ahead``) says no: the pool shortens a batch's decode
+            by a quarter but adds a third to its CPU (bench/README.md, issue 35), on cores the
+            model's calls already keep busy.
 
     Raises:
         Unreadable: not a regular file, zero bytes, or not Parquet.
         StorageError: the bytes cannot be fetched.
     """
 
-    def __init__(self, url: str, hasher: Optional[Executor] = None):
+    def __init__(self, url: str, hasher: Optional[Executor] = None, *, pooled_decode: bool = True):
         self.url = url
         self._fs, self._path = fs, path = url_to_fs(url)
         self._stream: HashingFile | None = None
@@ -169,7 +174,7 @@ class ShardReader:
             size = info["size"]
             if size == 0:
                 raise Unreadable("zero-byte file")
-            self._threads = size > THREADED_DECODE_BYTES
+            self._threads = pooled_decode and size > THREADED_DECODE_BYTES
             if size <= MAX_IN_MEMORY_BYTES:
                 data = fs.cat_file(path)
                 if hasher is None or size <= INLINE_HASH_BYTES:

@@ -255,7 +255,7 @@ class ReadShard(beam.DoFn):
         index, deferred = element
         t0 = time.perf_counter()
         try:
-            reader = ShardReader(deferred.value(), hasher=self._hasher)
+            reader = ShardReader(deferred.value(), hasher=self._hasher, pooled_decode=False)
         except Unreadable as exc:
             counters.shard_unreadable(index)
             yield self._finished(index, ShardInfo(None, None, str(exc)))

@@ -12,7 +12,8 @@ their sha256 (files carry measured times) or ids. Everything else is determinist
 of one column, type, order, encoding choice, file name or statistic fails here.
 
 ``tests/e2e/written_f694606.json`` was made by this test at f694606 (``BATCHINFER_WRITE_EXPECTED=1``
-writes it anew: only for a change of the contract, docs/contract.md §4).
+writes it anew: only for a change of the contract, docs/contract.md §4). One edit since, by hand:
+``_input_hash`` stored without Snappy (issue 35, rows/columns.py), its chunks' compression only.
 """
 from __future__ import annotations
 

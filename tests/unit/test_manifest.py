@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchinfer.errors import NoShardsError
+from batchinfer.io import shards as shards_module
 from batchinfer.io.manifest import (
     clean_after_commit,
     create_manifest,
@@ -622,3 +623,25 @@ def test_streamed_shard_whose_store_fails_mid_read_is_a_storage_error(tmp_path, 
     reader._stream._raw.read = broken
     with pytest.raises(StorageError, match="connection reset"):
         list(reader.batches(100))
+
+
+def test_a_large_shard_decodes_on_arrows_pool_unless_the_caller_decodes_ahead(tmp_path, monkeypatch):
+    """The pipeline decodes one batch ahead on its own thread (``decoded_ahead``), so its reader
+    keeps Arrow's pool out (a third more decode CPU on busy cores, bench/README.md); other
+    readers of a large shard keep it. Both read the same rows."""
+    path = tmp_path / "big.parquet"
+    pq.write_table(pa.table({f"f{i}": np.random.default_rng(i).random(40_000) for i in range(16)}),
+                   path, compression="none")
+    assert path.stat().st_size > shards_module.THREADED_DECODE_BYTES
+    asked: list[bool] = []
+    iter_batches = pq.ParquetFile.iter_batches
+
+    def recording(self, *args, use_threads=True, **kwargs):
+        asked.append(use_threads)
+        return iter_batches(self, *args, use_threads=use_threads, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", recording)
+    pooled = pa.Table.from_batches(list(ShardReader(str(path)).batches(10_000)))
+    alone = pa.Table.from_batches(list(ShardReader(str(path), pooled_decode=False).batches(10_000)))
+    assert asked == [True, False]
+    assert alone.equals(pooled)
