@@ -34,7 +34,9 @@ from batchinfer.io.outputs import (
 from batchinfer.io.records import FileRecord, Manifest, ModelStats, ShardRecord, Totals
 from batchinfer.io.shards import Shard, ShardReader, Unreadable, list_shards
 from batchinfer.pipeline.shard_reports import BatchRecord, ShardInfo, fold_shard
+from batchinfer.pipeline.transforms import ReadShard, ScoringPlan
 from batchinfer.pipeline.writer.predictions import prediction_array
+from batchinfer.redaction import Deferred
 from factories import make_shards
 
 
@@ -627,8 +629,8 @@ def test_streamed_shard_whose_store_fails_mid_read_is_a_storage_error(tmp_path, 
 
 def test_a_large_shard_decodes_on_arrows_pool_unless_the_caller_decodes_ahead(tmp_path, monkeypatch):
     """The pipeline decodes one batch ahead on its own thread (``decoded_ahead``), so its reader
-    keeps Arrow's pool out (a third more decode CPU on busy cores, bench/README.md); other
-    readers of a large shard keep it. Both read the same rows."""
+    (``ReadShard``) keeps Arrow's pool out (a third more decode CPU on busy cores,
+    bench/README.md); other readers of a large shard keep it. All read the same rows."""
     path = tmp_path / "big.parquet"
     pq.write_table(pa.table({f"f{i}": np.random.default_rng(i).random(40_000) for i in range(16)}),
                    path, compression="none")
@@ -643,5 +645,16 @@ def test_a_large_shard_decodes_on_arrows_pool_unless_the_caller_decodes_ahead(tm
     monkeypatch.setattr(pq.ParquetFile, "iter_batches", recording)
     pooled = pa.Table.from_batches(list(ShardReader(str(path)).batches(10_000)))
     alone = pa.Table.from_batches(list(ShardReader(str(path), pooled_decode=False).batches(10_000)))
-    assert asked == [True, False]
+    plan = ScoringPlan(shard_urls=(Deferred(str(path)),), shard_names=("big.parquet",),
+                       output_url=Deferred(str(tmp_path / "out")), attempt="A1", batch_rows=10_000,
+                       schema=None, preprocessor=None,  # type: ignore[arg-type]
+                       id_columns=())
+    read = ReadShard(plan)
+    read.setup()
+    try:
+        chunks = list(read.process((0, Deferred(str(path)))))
+    finally:
+        read.teardown()
+    assert asked == [True, False, False]
     assert alone.equals(pooled)
+    assert pa.Table.from_batches([c.batch for c in chunks]).equals(pooled)
